@@ -1,0 +1,377 @@
+//! GGML tensor types: block sizes and dequantizers (reference semantics of llama.cpp's
+//! `ggml-quants.c`, written from the block layouts below).
+//!
+//! | type | elements/block | bytes/block | layout |
+//! |------|----------------|-------------|--------|
+//! | F32  | 1   | 4   | f32 |
+//! | F16  | 1   | 2   | f16 |
+//! | BF16 | 1   | 2   | bf16 |
+//! | Q4_0 | 32  | 18  | d: f16, qs[16]: low nibbles = x[0..16], high = x[16..32]; x = (q - 8) * d |
+//! | Q4_1 | 32  | 20  | d: f16, m: f16, qs[16]; x = q * d + m |
+//! | Q5_0 | 32  | 22  | d: f16, qh: u32 (5th bits), qs[16]; x = (q - 16) * d |
+//! | Q8_0 | 32  | 34  | d: f16, qs[32]: i8; x = q * d |
+//! | Q4_K | 256 | 144 | d: f16, dmin: f16, scales[12] (8 x 6-bit scale/min pairs), qs[128] |
+//! | Q6_K | 256 | 210 | ql[128], qh[64], scales[16]: i8, d: f16 |
+
+use half::{bf16, f16};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
+    BF16,
+}
+
+/// The name llama.cpp gives a type id (for error messages), "unknown" otherwise.
+pub fn type_name(id: u32) -> &'static str {
+    match id {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        6 => "Q5_0",
+        7 => "Q5_1",
+        8 => "Q8_0",
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
+        15 => "Q8_K",
+        16..=23 => "IQ*",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        30 => "BF16",
+        _ => "unknown",
+    }
+}
+
+impl GgmlType {
+    pub fn from_id(id: u32) -> Option<Self> {
+        Some(match id {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
+            8 => GgmlType::Q8_0,
+            9 => GgmlType::Q8_1,
+            10 => GgmlType::Q2K,
+            11 => GgmlType::Q3K,
+            12 => GgmlType::Q4K,
+            13 => GgmlType::Q5K,
+            14 => GgmlType::Q6K,
+            15 => GgmlType::Q8K,
+            30 => GgmlType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// Types this crate can dequantize.
+    pub fn is_supported(self) -> bool {
+        matches!(
+            self,
+            GgmlType::F32
+                | GgmlType::F16
+                | GgmlType::BF16
+                | GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q8_0
+                | GgmlType::Q4K
+                | GgmlType::Q6K
+        )
+    }
+
+    pub fn block_elements(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
+            GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q8K => 256,
+        }
+    }
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q8_1 => 36,
+            GgmlType::Q2K => 84,
+            GgmlType::Q3K => 110,
+            GgmlType::Q4K => 144,
+            GgmlType::Q5K => 176,
+            GgmlType::Q6K => 210,
+            GgmlType::Q8K => 292,
+        }
+    }
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Dequantizes `bytes` (a whole number of blocks of type `t`) into `out`.
+/// Panics if the sizes disagree or the type is unsupported: callers validate first
+/// (`GgufFile::open` checks sizes, `GgufFile::dequantize_f32` checks support).
+pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let be = t.block_elements();
+    let bb = t.block_bytes();
+    assert_eq!(bytes.len() / bb * be, out.len(), "dequantize: byte and element counts disagree");
+    let f: fn(&[u8], &mut [f32]) = match t {
+        GgmlType::F32 => |b, o| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => |b, o| o[0] = f16_at(b, 0),
+        GgmlType::BF16 => |b, o| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        GgmlType::Q4_0 => dequant_block_q4_0,
+        GgmlType::Q4_1 => dequant_block_q4_1,
+        GgmlType::Q5_0 => dequant_block_q5_0,
+        GgmlType::Q8_0 => dequant_block_q8_0,
+        GgmlType::Q4K => dequant_block_q4_k,
+        GgmlType::Q6K => dequant_block_q6_k,
+        other => panic!("dequantize: {other:?} is not supported"),
+    };
+    for (b, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        f(b, o);
+    }
+}
+
+pub fn dequant_block_q4_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let qs = &b[2..18];
+    for j in 0..16 {
+        out[j] = ((qs[j] & 0x0F) as i32 - 8) as f32 * d;
+        out[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+    }
+}
+
+pub fn dequant_block_q4_1(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let m = f16_at(b, 2);
+    let qs = &b[4..20];
+    for j in 0..16 {
+        out[j] = (qs[j] & 0x0F) as f32 * d + m;
+        out[j + 16] = (qs[j] >> 4) as f32 * d + m;
+    }
+}
+
+pub fn dequant_block_q5_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let qs = &b[6..22];
+    for j in 0..16 {
+        let xh0 = ((qh >> j) << 4) & 0x10;
+        let xh1 = (qh >> (j + 12)) & 0x10;
+        let x0 = ((qs[j] as u32 & 0x0F) | xh0) as i32 - 16;
+        let x1 = ((qs[j] as u32 >> 4) | xh1) as i32 - 16;
+        out[j] = x0 as f32 * d;
+        out[j + 16] = x1 as f32 * d;
+    }
+}
+
+pub fn dequant_block_q8_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for j in 0..32 {
+        out[j] = (b[2 + j] as i8) as f32 * d;
+    }
+}
+
+/// The j-th 6-bit (scale, min) pair of a K-quant `scales[12]` array.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+pub fn dequant_block_q4_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qs = &b[16..144];
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(out.chunks_exact_mut(64)).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
+        for l in 0..32 {
+            y[l] = d1 * (q[l] & 0x0F) as f32 - min1;
+            y[l + 32] = d2 * (q[l] >> 4) as f32 - min2;
+        }
+    }
+}
+
+pub fn dequant_block_q6_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 208);
+    for half_block in 0..2 {
+        let ql = &b[half_block * 64..half_block * 64 + 64];
+        let qh = &b[128 + half_block * 32..128 + half_block * 32 + 32];
+        let sc = &b[192 + half_block * 8..192 + half_block * 8 + 8];
+        let y = &mut out[half_block * 128..half_block * 128 + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+            y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+            y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+            y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_le_bytes()
+    }
+
+    #[test]
+    fn q4_0_block() {
+        let mut b = Vec::from(h(0.5));
+        // qs[j]: low nibble j % 16, high nibble 15 - j % 16
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let mut out = [0f32; 32];
+        dequantize(GgmlType::Q4_0, &b, &mut out);
+        for j in 0..16 {
+            assert_eq!(out[j], (j as f32 - 8.0) * 0.5);
+            assert_eq!(out[j + 16], ((15 - j) as f32 - 8.0) * 0.5);
+        }
+    }
+
+    #[test]
+    fn q4_1_block() {
+        let mut b = Vec::from(h(0.25));
+        b.extend(h(-1.0));
+        b.extend((0..16u8).map(|j| j | (3 << 4)));
+        let mut out = [0f32; 32];
+        dequantize(GgmlType::Q4_1, &b, &mut out);
+        assert_eq!(out[0], -1.0);
+        assert_eq!(out[15], 15.0 * 0.25 - 1.0);
+        assert_eq!(out[16], 3.0 * 0.25 - 1.0);
+    }
+
+    #[test]
+    fn q5_0_block() {
+        let mut b = Vec::from(h(1.0));
+        // fifth bit of element i is qh bit i: set for elements 1 and 18
+        let qh: u32 = (1 << 1) | (1 << 18);
+        b.extend(qh.to_le_bytes());
+        b.extend([0x21u8; 16]); // low nibble 1, high nibble 2
+        let mut out = [0f32; 32];
+        dequantize(GgmlType::Q5_0, &b, &mut out);
+        assert_eq!(out[0], 1.0 - 16.0);
+        assert_eq!(out[1], (1 + 16) as f32 - 16.0);
+        assert_eq!(out[16], 2.0 - 16.0);
+        assert_eq!(out[18], (2 + 16) as f32 - 16.0);
+    }
+
+    #[test]
+    fn q8_0_block() {
+        let mut b = Vec::from(h(2.0));
+        b.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let mut out = [0f32; 32];
+        dequantize(GgmlType::Q8_0, &b, &mut out);
+        for j in 0..32 {
+            assert_eq!(out[j], (j as f32 - 16.0) * 2.0);
+        }
+    }
+
+    #[test]
+    fn q4_k_block() {
+        let mut b = Vec::from(h(0.5)); // d
+        b.extend(h(0.25)); // dmin
+        // scales: sub-blocks 0..4 scale = j+1, min = j; sub-blocks 4..8 scale = 9, min = 5 (no high bits)
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            scales[j] = (j as u8) + 1;
+            scales[j + 4] = j as u8;
+        }
+        for j in 8..12 {
+            scales[j] = 9 | (5 << 4);
+        }
+        b.extend(scales);
+        b.extend([0x73u8; 128]); // low nibble 3, high nibble 7
+        let mut out = [0f32; 256];
+        dequantize(GgmlType::Q4K, &b, &mut out);
+        // sub-block 0 (elements 0..32): scale 1, min 0, low nibbles
+        assert_eq!(out[0], 0.5 * 1.0 * 3.0 - 0.0);
+        // sub-block 1 (32..64): scale 2, min 1, high nibbles
+        assert_eq!(out[32], 0.5 * 2.0 * 7.0 - 0.25 * 1.0);
+        // sub-block 5 (160..192): scale 9, min 5, high nibbles
+        assert_eq!(out[160], 0.5 * 9.0 * 7.0 - 0.25 * 5.0);
+    }
+
+    #[test]
+    fn q4_k_high_scale_bits() {
+        // sub-block 4 takes its upper two scale bits from scales[0] >> 6 and min bits from scales[4] >> 6
+        let mut scales = [0u8; 12];
+        scales[0] = 0b1100_0000; // scale hi bits for j=4 -> 3 << 4 = 48
+        scales[4] = 0b0100_0000; // min hi bits for j=4 -> 1 << 4 = 16
+        scales[8] = 0x21; // low nibble scale 1, high nibble min 2
+        assert_eq!(scale_min_k4(4, &scales), (1 | 48, 2 | 16));
+        assert_eq!(scale_min_k4(0, &scales), (0, 0));
+    }
+
+    #[test]
+    fn q6_k_block() {
+        let mut b = vec![0u8; 210];
+        // element 0: ql low nibble 5, qh bits 0..2 = 2 -> q = 5 | 32 = 37 -> 37 - 32 = 5
+        b[0] = 5;
+        b[128] = 2;
+        // element 96 (q4 of l=0): ql[32] high nibble 1, qh[0] bits 6..8 = 1 -> 1 | 16 = 17 -> -15
+        b[32] = 1 << 4;
+        b[128] |= 1 << 6;
+        for s in 0..16 {
+            b[192 + s] = (s as i8 - 4) as u8;
+        }
+        b[208..210].copy_from_slice(&h(0.5));
+        let mut out = [0f32; 256];
+        dequantize(GgmlType::Q6K, &b, &mut out);
+        assert_eq!(out[0], 0.5 * -4.0 * 5.0);
+        assert_eq!(out[96], 0.5 * (6 - 4) as f32 * -15.0);
+        // element 1: all-zero bits -> q = -32, scale index 0
+        assert_eq!(out[1], 0.5 * -4.0 * -32.0);
+        // element 128 lives in the second half: scales[8] = 4
+        assert_eq!(out[128], 0.5 * 4.0 * -32.0);
+    }
+
+    #[test]
+    fn f16_bf16_f32() {
+        let mut out = [0f32; 2];
+        dequantize(GgmlType::F16, &[h(1.5), h(-2.0)].concat(), &mut out);
+        assert_eq!(out, [1.5, -2.0]);
+        let bytes: Vec<u8> = [bf16::from_f32(3.0), bf16::from_f32(-0.5)].iter().flat_map(|x| x.to_le_bytes()).collect();
+        dequantize(GgmlType::BF16, &bytes, &mut out);
+        assert_eq!(out, [3.0, -0.5]);
+        let bytes: Vec<u8> = [7.25f32, -1.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        dequantize(GgmlType::F32, &bytes, &mut out);
+        assert_eq!(out, [7.25, -1.0]);
+    }
+}

@@ -1,0 +1,341 @@
+//! GGUF, llama.cpp's model container (versions 2 and 3).
+//!
+//! Layout (little-endian):
+//! ```text
+//! "GGUF" | version u32 | n_tensors u64 | n_kv u64
+//! n_kv x  (key: string, value_type u32, value)
+//! n_tensors x (name: string, n_dims u32, ne[n_dims] u64, ggml_type u32, offset u64)
+//! padding to `general.alignment` (default 32)
+//! tensor data; each tensor at data_start + offset
+//! ```
+//! A string is `len u64` + UTF-8 bytes. `ne[0]` is the contiguous (fastest) dimension, so a
+//! Hugging Face matrix `[out, in]` appears as `ne = [in, out]`.
+
+use crate::error::{FormatError, Result};
+use crate::ggml_quants::GgmlType;
+use memmap2::Mmap;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl GgufValue {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::U8(v) => Some(v as u64),
+            GgufValue::U16(v) => Some(v as u64),
+            GgufValue::U32(v) => Some(v as u64),
+            GgufValue::U64(v) => Some(v),
+            GgufValue::I8(v) if v >= 0 => Some(v as u64),
+            GgufValue::I16(v) if v >= 0 => Some(v as u64),
+            GgufValue::I32(v) if v >= 0 => Some(v as u64),
+            GgufValue::I64(v) if v >= 0 => Some(v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v as f64),
+            GgufValue::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the tensor table.
+#[derive(Debug, Clone)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// GGML order: `ne[0]` is the contiguous dimension.
+    pub ne: Vec<u64>,
+    pub ggml_type_id: u32,
+    /// Absolute byte offset of the tensor's data in the file.
+    pub file_offset: u64,
+    pub n_bytes: u64,
+}
+
+impl GgufTensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.ne.iter().product()
+    }
+    /// Shape in row-major (Hugging Face) order: the reverse of `ne`.
+    pub fn shape_row_major(&self) -> Vec<usize> {
+        self.ne.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// A memory-mapped, validated GGUF file.
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, GgufValue>,
+    pub tensors: Vec<GgufTensorInfo>,
+    mmap: Mmap,
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
+        match end {
+            Some(end) => {
+                let s = &self.bytes[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(FormatError::Truncated {
+                path: self.path.to_path_buf(),
+                offset: self.pos as u64,
+                what: what.to_string(),
+                needed: n as u64,
+                file_bytes: self.bytes.len() as u64,
+            }),
+        }
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+    fn corrupt(&self, what: String) -> FormatError {
+        FormatError::Corrupt { path: self.path.to_path_buf(), offset: self.pos as u64, what }
+    }
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        if len > self.bytes.len() as u64 {
+            return Err(self.corrupt(format!("{what}: string length {len} exceeds the file size")));
+        }
+        let start = self.pos;
+        let raw = self.take(len as usize, what)?;
+        String::from_utf8(raw.to_vec()).map_err(|_| FormatError::Corrupt {
+            path: self.path.to_path_buf(),
+            offset: start as u64,
+            what: format!("{what}: not valid UTF-8"),
+        })
+    }
+    fn value(&mut self, type_id: u32, key: &str, depth: u32) -> Result<GgufValue> {
+        Ok(match type_id {
+            0 => GgufValue::U8(self.take(1, key)?[0]),
+            1 => GgufValue::I8(self.take(1, key)?[0] as i8),
+            2 => GgufValue::U16(u16::from_le_bytes(self.take(2, key)?.try_into().unwrap())),
+            3 => GgufValue::I16(i16::from_le_bytes(self.take(2, key)?.try_into().unwrap())),
+            4 => GgufValue::U32(self.u32(key)?),
+            5 => GgufValue::I32(self.u32(key)? as i32),
+            6 => GgufValue::F32(f32::from_bits(self.u32(key)?)),
+            7 => GgufValue::Bool(self.take(1, key)?[0] != 0),
+            8 => GgufValue::String(self.string(key)?),
+            9 => {
+                if depth > 2 {
+                    return Err(self.corrupt(format!("{key}: arrays nested too deeply")));
+                }
+                let elem_type = self.u32(key)?;
+                let n = self.u64(key)?;
+                if n > self.bytes.len() as u64 {
+                    return Err(self.corrupt(format!("{key}: array length {n} exceeds the file size")));
+                }
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(self.value(elem_type, key, depth + 1)?);
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(self.u64(key)?),
+            11 => GgufValue::I64(self.u64(key)? as i64),
+            12 => GgufValue::F64(f64::from_bits(self.u64(key)?)),
+            other => return Err(self.corrupt(format!("{key}: unknown metadata value type {other}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens, maps and validates a GGUF file: header, metadata, tensor table, and that every
+    /// tensor's bytes lie inside the file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+        // SAFETY: the file is opened read-only; we never hand out a mutable view, and a
+        // concurrent truncation by another process is outside what any reader can defend against.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
+        let mut c = Cursor { bytes: &mmap, pos: 0, path };
+        let magic: [u8; 4] = c.take(4, "magic")?.try_into().unwrap();
+        if &magic != b"GGUF" {
+            return Err(FormatError::NotGguf { path: path.to_path_buf(), magic });
+        }
+        let version = c.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(FormatError::GgufVersion { path: path.to_path_buf(), version });
+        }
+        let n_tensors = c.u64("tensor count")?;
+        let n_kv = c.u64("metadata count")?;
+        if n_tensors > 1 << 24 || n_kv > 1 << 24 {
+            return Err(c.corrupt(format!("implausible counts: {n_tensors} tensors, {n_kv} metadata keys")));
+        }
+        let mut metadata = BTreeMap::new();
+        for _ in 0..n_kv {
+            let key = c.string("metadata key")?;
+            let type_id = c.u32(&key)?;
+            let v = c.value(type_id, &key, 0)?;
+            metadata.insert(key, v);
+        }
+        let mut raw = Vec::with_capacity(n_tensors as usize);
+        for _ in 0..n_tensors {
+            let name = c.string("tensor name")?;
+            let n_dims = c.u32(&name)?;
+            if n_dims == 0 || n_dims > 4 {
+                return Err(c.corrupt(format!("tensor '{name}': {n_dims} dimensions")));
+            }
+            let mut ne = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                ne.push(c.u64(&name)?);
+            }
+            let ggml_type_id = c.u32(&name)?;
+            let offset = c.u64(&name)?;
+            raw.push((name, ne, ggml_type_id, offset));
+        }
+        let alignment = metadata.get("general.alignment").and_then(|v| v.as_u64()).unwrap_or(32);
+        if alignment == 0 || !alignment.is_power_of_two() {
+            return Err(c.corrupt(format!("general.alignment {alignment} is not a power of two")));
+        }
+        let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
+        let file_bytes = mmap.len() as u64;
+        let mut tensors = Vec::with_capacity(raw.len());
+        for (name, ne, ggml_type_id, offset) in raw {
+            let n_elements: u64 = ne.iter().product();
+            // Unknown types are kept in the table (a model may carry tensors we never read);
+            // reading one reports UnsupportedTensorType.
+            let n_bytes = match GgmlType::from_id(ggml_type_id) {
+                Some(t) => {
+                    if n_elements % t.block_elements() as u64 != 0 {
+                        return Err(FormatError::Corrupt {
+                            path: path.to_path_buf(),
+                            offset: data_start + offset,
+                            what: format!("tensor '{name}': {n_elements} elements is not a whole number of {:?} blocks", t),
+                        });
+                    }
+                    n_elements / t.block_elements() as u64 * t.block_bytes() as u64
+                }
+                None => 0,
+            };
+            let file_offset = data_start + offset;
+            if file_offset + n_bytes > file_bytes {
+                return Err(FormatError::Truncated {
+                    path: path.to_path_buf(),
+                    offset: file_offset,
+                    what: format!("tensor '{name}'"),
+                    needed: n_bytes,
+                    file_bytes,
+                });
+            }
+            tensors.push(GgufTensorInfo { name, ne, ggml_type_id, file_offset, n_bytes });
+        }
+        Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, mmap })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    pub fn require(&self, key: &str) -> Result<&GgufValue> {
+        self.metadata
+            .get(key)
+            .ok_or_else(|| FormatError::MissingKey { path: self.path.clone(), key: key.to_string() })
+    }
+
+    pub fn require_u64(&self, key: &str) -> Result<u64> {
+        self.require(key)?.as_u64().ok_or_else(|| FormatError::WrongKeyType {
+            path: self.path.clone(),
+            key: key.to_string(),
+            expected: "unsigned integer",
+        })
+    }
+
+    pub fn require_f64(&self, key: &str) -> Result<f64> {
+        self.require(key)?.as_f64().ok_or_else(|| FormatError::WrongKeyType {
+            path: self.path.clone(),
+            key: key.to_string(),
+            expected: "number",
+        })
+    }
+
+    pub fn require_str(&self, key: &str) -> Result<&str> {
+        self.require(key)?.as_str().ok_or_else(|| FormatError::WrongKeyType {
+            path: self.path.clone(),
+            key: key.to_string(),
+            expected: "string",
+        })
+    }
+
+    /// A string array (e.g. `tokenizer.ggml.tokens`).
+    pub fn require_str_array(&self, key: &str) -> Result<Vec<&str>> {
+        let wrong = || FormatError::WrongKeyType { path: self.path.clone(), key: key.to_string(), expected: "array of strings" };
+        let arr = self.require(key)?.as_array().ok_or_else(wrong)?;
+        arr.iter().map(|v| v.as_str().ok_or_else(wrong)).collect()
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The raw bytes of a tensor (bounds were checked by `open`).
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {
+        &self.mmap[info.file_offset as usize..(info.file_offset + info.n_bytes) as usize]
+    }
+
+    /// Dequantizes a tensor to f32, in row-major order (`ne[0]` contiguous).
+    pub fn dequantize_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let info = self
+            .tensor(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
+        let t = GgmlType::from_id(info.ggml_type_id).filter(|t| t.is_supported()).ok_or_else(|| {
+            FormatError::UnsupportedTensorType {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                type_id: info.ggml_type_id,
+                type_name: crate::ggml_quants::type_name(info.ggml_type_id).to_string(),
+            }
+        })?;
+        let mut out = vec![0f32; info.n_elements() as usize];
+        crate::ggml_quants::dequantize(t, self.tensor_bytes(info), &mut out);
+        Ok(out)
+    }
+}

@@ -1,0 +1,16 @@
+//! `formats` owns every byte layout of the project and nothing else: it depends on neither
+//! `prep` nor `runtime`, and both read and write files only through it.
+//!
+//! - [`gguf`]: the GGUF container (llama.cpp's model file) — header, metadata, tensor table.
+//! - [`ggml_quants`]: block layouts of GGML tensor types and their dequantizers.
+//! - [`model_dir`]: the canonical model directory (`config.json`, `tokenizer.json`,
+//!   f16 `*.safetensors` with Hugging Face tensor names) and its config.
+//! - [`safetensors_io`]: memory-mapped reading and writing of safetensors files.
+
+pub mod error;
+pub mod ggml_quants;
+pub mod gguf;
+pub mod model_dir;
+pub mod safetensors_io;
+
+pub use error::FormatError;

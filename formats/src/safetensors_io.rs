@@ -1,0 +1,113 @@
+//! Memory-mapped safetensors reading (validated up front) and atomic f16 writing.
+
+use crate::error::{FormatError, Result};
+use half::f16;
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::io::Write;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where one tensor lives inside a mapped file.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub byte_range: Range<usize>,
+}
+
+/// A safetensors file mapped into memory; tensor bytes are borrowed from the map.
+pub struct MappedSafetensors {
+    pub path: PathBuf,
+    pub mmap: Arc<Mmap>,
+    pub tensors: HashMap<String, TensorEntry>,
+}
+
+impl MappedSafetensors {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+        // SAFETY: read-only map of a file we do not modify; see GgufFile::open.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
+        let st = SafeTensors::deserialize(&mmap)
+            .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
+        let base = mmap.as_ptr() as usize;
+        let mut tensors = HashMap::new();
+        for (name, view) in st.tensors() {
+            let start = view.data().as_ptr() as usize - base;
+            tensors.insert(
+                name,
+                TensorEntry { dtype: view.dtype(), shape: view.shape().to_vec(), byte_range: start..start + view.data().len() },
+            );
+        }
+        drop(st);
+        Ok(MappedSafetensors { path: path.to_path_buf(), mmap: Arc::new(mmap), tensors })
+    }
+
+    pub fn bytes(&self, e: &TensorEntry) -> &[u8] {
+        &self.mmap[e.byte_range.clone()]
+    }
+}
+
+/// Converts a tensor's bytes (F16, BF16 or F32) to f16 values.
+pub fn to_f16_vec(path: &Path, name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f16>> {
+    Ok(match dtype {
+        Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32()))
+            .collect(),
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
+        other => {
+            return Err(FormatError::DtypeMismatch {
+                path: path.to_path_buf(),
+                tensor: name.to_string(),
+                dtype: format!("{other:?}"),
+                expected: "F16, BF16 or F32",
+            })
+        }
+    })
+}
+
+/// One f16 tensor to write.
+pub struct F16Tensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f16>,
+}
+
+/// Writes f16 tensors to `path` atomically (a temporary file renamed into place), so a
+/// half-written file is never taken for a good one.
+pub fn write_f16_safetensors(path: &Path, tensors: &[F16Tensor], metadata: Option<HashMap<String, String>>) -> Result<()> {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+            let view = safetensors::tensor::TensorView::new(Dtype::F16, t.shape.clone(), bytes)
+                .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{}': {e}", t.name) })?;
+            Ok((t.name.clone(), view))
+        })
+        .collect::<Result<_>>()?;
+    let tmp = tmp_path(path);
+    let bytes = safetensors::serialize(views, metadata)
+        .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
+    write_atomic(&tmp, path, &bytes)
+}
+
+/// `<path>.tmp` beside the destination.
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+/// Writes `bytes` to `tmp`, fsyncs, and renames it to `path`.
+pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(tmp).map_err(|e| FormatError::io(tmp, e))?;
+    f.write_all(bytes).map_err(|e| FormatError::io(tmp, e))?;
+    f.sync_all().map_err(|e| FormatError::io(tmp, e))?;
+    drop(f);
+    std::fs::rename(tmp, path).map_err(|e| FormatError::io(path, e))
+}

@@ -1,0 +1,273 @@
+//! `prep import`: a GGUF file or a Hugging Face directory -> the canonical model directory
+//! (`config.json`, `tokenizer.json`, f16 `model.safetensors` with Hugging Face tensor names).
+
+use anyhow::{bail, Context, Result};
+use formats::gguf::GgufFile;
+use formats::model_dir::{self, Architecture, ModelConfig};
+use formats::safetensors_io::{self, F16Tensor, MappedSafetensors};
+use formats::FormatError;
+use half::f16;
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Debug, Serialize)]
+pub struct ImportSummary {
+    pub source: String,
+    pub out: String,
+    pub architecture: String,
+    pub tensors: usize,
+    pub parameters: u64,
+    pub safetensors_bytes: u64,
+}
+
+pub fn import(input: &Path, out: &Path, show_progress: bool) -> Result<ImportSummary> {
+    if !input.exists() {
+        bail!("{}: no such file or directory", input.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create output directory", out.display()))?;
+    let (config, tokenizer, tensors) = if input.is_dir() {
+        import_hf_dir(input, show_progress)?
+    } else {
+        import_gguf(input, show_progress)?
+    };
+    // The tokenizer must cover the embedding rows the model has.
+    let tok_path = out.join(model_dir::TOKENIZER_FILE);
+    let parameters: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+    let st_path = out.join("model.safetensors");
+    safetensors_io::write_f16_safetensors(&st_path, &tensors, None)?;
+    safetensors_io::write_atomic(&safetensors_io::tmp_path(&tok_path), &tok_path, tokenizer.as_bytes())?;
+    let cfg_path = out.join(model_dir::CONFIG_FILE);
+    let cfg_text = serde_json::to_string_pretty(&config)?;
+    safetensors_io::write_atomic(&safetensors_io::tmp_path(&cfg_path), &cfg_path, cfg_text.as_bytes())?;
+    Ok(ImportSummary {
+        source: input.display().to_string(),
+        out: out.display().to_string(),
+        architecture: config.model_type.clone(),
+        tensors: tensors.len(),
+        parameters,
+        safetensors_bytes: std::fs::metadata(&st_path)?.len(),
+    })
+}
+
+fn progress(n: usize, show: bool, msg: &'static str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(n as u64);
+    pb.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tensors ({elapsed})").unwrap());
+    pb.set_message(msg);
+    pb
+}
+
+/// llama.cpp's converter permutes the rows of q_proj/k_proj of llama-family models so that
+/// RoPE rotates adjacent pairs; Hugging Face layout rotates the two halves of each head.
+/// This undoes it: GGUF row (h, b, a) holds HF row (h, a, b), with a in {0,1}, b < head_dim/2.
+fn unpermute_rope_rows(w: &[f32], n_heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let head_dim = rows / n_heads;
+    let half = head_dim / 2;
+    let mut out = vec![0f32; w.len()];
+    for h in 0..n_heads {
+        for a in 0..2 {
+            for b in 0..half {
+                let hf_row = h * head_dim + a * half + b;
+                let gguf_row = h * head_dim + b * 2 + a;
+                out[hf_row * cols..(hf_row + 1) * cols].copy_from_slice(&w[gguf_row * cols..(gguf_row + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// GGUF tensor name -> Hugging Face name.
+fn hf_name(gguf_name: &str) -> Option<String> {
+    Some(match gguf_name {
+        "token_embd.weight" => model_dir::EMBED_TOKENS.to_string(),
+        "output_norm.weight" => model_dir::FINAL_NORM.to_string(),
+        "output.weight" => model_dir::LM_HEAD.to_string(),
+        _ => {
+            let rest = gguf_name.strip_prefix("blk.")?;
+            let (layer, suffix) = rest.split_once('.')?;
+            let layer: usize = layer.parse().ok()?;
+            let n = model_dir::layer_tensor_names(layer);
+            match suffix {
+                "attn_norm.weight" => n.attn_norm,
+                "attn_q.weight" => n.q_proj,
+                "attn_k.weight" => n.k_proj,
+                "attn_v.weight" => n.v_proj,
+                "attn_output.weight" => n.o_proj,
+                "attn_q.bias" => n.q_bias,
+                "attn_k.bias" => n.k_bias,
+                "attn_v.bias" => n.v_bias,
+                "ffn_norm.weight" => n.mlp_norm,
+                "ffn_gate.weight" => n.gate_proj,
+                "ffn_up.weight" => n.up_proj,
+                "ffn_down.weight" => n.down_proj,
+                _ => return None,
+            }
+        }
+    })
+}
+
+fn gguf_config(g: &GgufFile) -> Result<(ModelConfig, Architecture)> {
+    let arch_name = g.require_str("general.architecture")?;
+    let arch = Architecture::from_model_type(arch_name)
+        .ok_or_else(|| FormatError::UnsupportedArchitecture { path: g.path.clone(), arch: arch_name.to_string() })?;
+    let k = |s: &str| format!("{arch_name}.{s}");
+    let n_vocab = g.require_str_array("tokenizer.ggml.tokens")?.len();
+    let head_count = g.require_u64(&k("attention.head_count"))? as usize;
+    let hidden = g.require_u64(&k("embedding_length"))? as usize;
+    let head_dim = g.get(&k("attention.key_length")).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let eos = g.get("tokenizer.ggml.eos_token_id").and_then(|v| v.as_u64());
+    let cfg = ModelConfig {
+        model_type: arch_name.to_string(),
+        architectures: vec![match arch {
+            Architecture::Llama => "LlamaForCausalLM".into(),
+            Architecture::Qwen2 => "Qwen2ForCausalLM".into(),
+        }],
+        hidden_size: hidden,
+        intermediate_size: g.require_u64(&k("feed_forward_length"))? as usize,
+        num_hidden_layers: g.require_u64(&k("block_count"))? as usize,
+        num_attention_heads: head_count,
+        num_key_value_heads: Some(g.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).unwrap_or(head_count as u64) as usize),
+        head_dim: head_dim.filter(|&d| d != hidden / head_count),
+        rms_norm_eps: g.require_f64(&k("attention.layer_norm_rms_epsilon"))?,
+        rope_theta: g.get(&k("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
+        vocab_size: g.get(&k("vocab_size")).and_then(|v| v.as_u64()).map(|v| v as usize).unwrap_or(n_vocab),
+        max_position_embeddings: g.get(&k("context_length")).and_then(|v| v.as_u64()).unwrap_or(2048) as usize,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        bos_token_id: g.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64()).map(|v| v as u32),
+        eos_token_id: eos.map(|v| serde_json::json!(v)),
+        rope_scaling: None,
+        torch_dtype: Some("float16".into()),
+    };
+    cfg.validate(&g.path)?;
+    Ok((cfg, arch))
+}
+
+type Imported = (ModelConfig, String, Vec<F16Tensor>);
+
+fn import_gguf(path: &Path, show_progress: bool) -> Result<Imported> {
+    let g = GgufFile::open(path)?;
+    let (cfg, arch) = gguf_config(&g)?;
+    let tokenizer = crate::tokenizer_json::tokenizer_json_from_gguf(&g)?;
+    let pb = progress(g.tensors.len(), show_progress, "dequantizing");
+    let tensors: Vec<F16Tensor> = g
+        .tensors
+        .par_iter()
+        .map(|info| {
+            let name = hf_name(&info.name).with_context(|| {
+                format!("{}: tensor '{}' has no Hugging Face counterpart in a {} model", path.display(), info.name, cfg.model_type)
+            })?;
+            let shape = info.shape_row_major();
+            let mut values = g.dequantize_f32(&info.name)?;
+            if arch == Architecture::Llama && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")) {
+                let n_heads = if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() };
+                values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
+            }
+            pb.inc(1);
+            Ok(F16Tensor { name, shape, data: values.iter().map(|&x| f16::from_f32(x)).collect() })
+        })
+        .collect::<Result<_>>()?;
+    pb.finish_and_clear();
+    check_tensor_set(path, &cfg, arch, &tensors)?;
+    Ok((cfg, serde_json::to_string(&tokenizer)?, tensors))
+}
+
+fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
+    let cfg = ModelConfig::load(dir)?;
+    let arch = cfg.validate(&dir.join(model_dir::CONFIG_FILE))?;
+    let tok_path = dir.join(model_dir::TOKENIZER_FILE);
+    let tokenizer = std::fs::read_to_string(&tok_path).with_context(|| format!("{}: cannot read", tok_path.display()))?;
+    let mut tensors = Vec::new();
+    for file in model_dir::safetensors_files(dir)? {
+        let st = MappedSafetensors::open(&file)?;
+        let pb = progress(st.tensors.len(), show_progress, "converting");
+        let mut names: Vec<&String> = st.tensors.keys().collect();
+        names.sort();
+        for name in names {
+            let e = &st.tensors[name];
+            if name.ends_with("rotary_emb.inv_freq") {
+                continue;
+            }
+            tensors.push(F16Tensor {
+                name: name.clone(),
+                shape: e.shape.clone(),
+                data: safetensors_io::to_f16_vec(&file, name, e.dtype, st.bytes(e))?,
+            });
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+    }
+    check_tensor_set(dir, &cfg, arch, &tensors)?;
+    Ok((cfg, tokenizer, tensors))
+}
+
+/// Every tensor the runtime needs is present with the shape the config implies.
+fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors: &[F16Tensor]) -> Result<()> {
+    let find = |name: &str| tensors.iter().find(|t| t.name == name);
+    let expect = |name: &str, shape: Vec<usize>| -> Result<()> {
+        let t = find(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.to_string() })?;
+        if t.shape != shape {
+            return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.to_string(), expected: shape, actual: t.shape.clone() }.into());
+        }
+        Ok(())
+    };
+    let (d, ff, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim());
+    let (q_dim, kv_dim) = (cfg.num_attention_heads * hd, cfg.n_kv_heads() * hd);
+    expect(model_dir::EMBED_TOKENS, vec![cfg.vocab_size, d])?;
+    expect(model_dir::FINAL_NORM, vec![d])?;
+    if !cfg.tie_word_embeddings {
+        expect(model_dir::LM_HEAD, vec![cfg.vocab_size, d])?;
+    }
+    for l in 0..cfg.num_hidden_layers {
+        let n = model_dir::layer_tensor_names(l);
+        expect(&n.attn_norm, vec![d])?;
+        expect(&n.q_proj, vec![q_dim, d])?;
+        expect(&n.k_proj, vec![kv_dim, d])?;
+        expect(&n.v_proj, vec![kv_dim, d])?;
+        expect(&n.o_proj, vec![d, q_dim])?;
+        if arch == Architecture::Qwen2 {
+            expect(&n.q_bias, vec![q_dim])?;
+            expect(&n.k_bias, vec![kv_dim])?;
+            expect(&n.v_bias, vec![kv_dim])?;
+        }
+        expect(&n.mlp_norm, vec![d])?;
+        expect(&n.gate_proj, vec![ff, d])?;
+        expect(&n.up_proj, vec![ff, d])?;
+        expect(&n.down_proj, vec![d, ff])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permutation() {
+        // llama.cpp: w.reshape(n_head, 2, hd/2, cols).swapaxes(1, 2)
+        let (n_heads, hd, cols) = (2, 4, 3);
+        let rows = n_heads * hd;
+        let hf: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let mut gguf = vec![0f32; hf.len()];
+        for h in 0..n_heads {
+            for a in 0..2 {
+                for b in 0..hd / 2 {
+                    let src = h * hd + a * (hd / 2) + b;
+                    let dst = h * hd + b * 2 + a;
+                    gguf[dst * cols..(dst + 1) * cols].copy_from_slice(&hf[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        assert_eq!(unpermute_rope_rows(&gguf, n_heads, rows, cols), hf);
+    }
+
+    #[test]
+    fn gguf_names_map_to_hf() {
+        assert_eq!(hf_name("blk.3.ffn_gate.weight").unwrap(), "model.layers.3.mlp.gate_proj.weight");
+        assert_eq!(hf_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert!(hf_name("blk.3.something_else").is_none());
+    }
+}

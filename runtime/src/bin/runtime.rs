@@ -1,0 +1,124 @@
+//! `runtime`: run, score and (later) stream a model on the device.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use runtime::generate::{generate, GenerateOptions};
+use runtime::sampler::Sampler;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "runtime", version, about = "Run a model whose weights live on storage")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text after a prompt; prints prefill and decode tok/s.
+    Run {
+        /// Model directory (or, later, a prepared manifest.toml).
+        model: PathBuf,
+        #[arg(long, short = 'p')]
+        prompt: String,
+        /// Tokens to generate.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+        n: usize,
+        /// 0 = greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temp: f32,
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// KV cache positions (default: prompt + n).
+        #[arg(long)]
+        ctx: Option<usize>,
+        /// Keep generating after an end-of-sequence token.
+        #[arg(long)]
+        ignore_eos: bool,
+        /// Print one JSON object at the end instead of streaming text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Perplexity of a text file with llama-perplexity's protocol.
+    Perplexity {
+        model: PathBuf,
+        #[arg(long)]
+        text: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        /// Score only the first N chunks.
+        #[arg(long)]
+        chunks: Option<usize>,
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("runtime: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn set_threads(n: Option<usize>) -> Result<()> {
+    if let Some(n) = n {
+        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run { model, prompt, n, temp, top_p, seed, threads, ctx, ignore_eos, json } => {
+            set_threads(threads)?;
+            let (model, tok) = runtime::open_model(&model)?;
+            let prompt_len = tok.encode(&prompt, true)?.len();
+            let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.unwrap_or(prompt_len + n), stop_at_eos: !ignore_eos };
+            let mut sampler = Sampler::new(temp, top_p, seed);
+            let mut stdout = std::io::stdout();
+            let r = generate(&model, &tok, &prompt, &opts, &mut sampler, |piece| {
+                if !json {
+                    let _ = stdout.write_all(piece.as_bytes());
+                    let _ = stdout.flush();
+                }
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!();
+                eprintln!(
+                    "prompt {} tokens, prefill {:.1} tok/s; generated {} tokens, decode {:.1} tok/s",
+                    r.prompt_tokens, r.prefill_tok_per_s, r.generated_tokens, r.decode_tok_per_s
+                );
+            }
+        }
+        Command::Perplexity { model, text, ctx, chunks, threads, json } => {
+            set_threads(threads)?;
+            let (model, tok) = runtime::open_model(&model)?;
+            let r = runtime::perplexity::perplexity(&model, &tok, &text, ctx, chunks, |i, n, ppl| {
+                if !json {
+                    eprint!("\r[{i}/{n}] perplexity so far {ppl:.4}");
+                }
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                eprintln!();
+                println!(
+                    "perplexity {:.4} over {} chunks of {} ({} tokens scored, {} in the text), {:.1} tok/s",
+                    r.perplexity, r.chunks, r.ctx, r.tokens_scored, r.tokens, r.tokens_per_s
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+use formats::FormatError;
+use std::path::PathBuf;
+
+/// Errors of the runtime library. Each names the file or the limit involved.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+
+    #[error("{path}: cannot load tokenizer: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+
+    #[error("{path}: the tokenizer has {tokenizer_vocab} tokens but the model's embedding has only {model_vocab} rows")]
+    VocabMismatch { path: PathBuf, tokenizer_vocab: usize, model_vocab: usize },
+
+    #[error("the sequence needs {needed} positions but the context holds {ctx} (prompt of {prompt_tokens} tokens); use a shorter prompt or a larger --ctx")]
+    ContextOverflow { needed: usize, ctx: usize, prompt_tokens: usize },
+
+    #[error("--ctx {ctx} exceeds the model's max_position_embeddings {max}")]
+    CtxTooLarge { ctx: usize, max: usize },
+
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
+
+    #[error("{path}: the text tokenizes to {tokens} tokens; at least {needed} (2 x ctx) are needed")]
+    TextTooShort { path: PathBuf, tokens: usize, needed: usize },
+
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+
+    #[error("{0}")]
+    Input(String),
+}
+
+pub type Result<T> = std::result::Result<T, RuntimeError>;

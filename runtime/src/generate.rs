@@ -1,0 +1,75 @@
+//! Text generation: batched prefill of the prompt, then one token at a time.
+
+use crate::error::{Result, RuntimeError};
+use crate::model::Model;
+use crate::sampler::Sampler;
+use crate::tokenizer::Tokenizer;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationReport {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_tok_per_s: f64,
+    pub decode_tok_per_s: f64,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+}
+
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// KV cache size; the prompt plus the new tokens must fit.
+    pub ctx: usize,
+    pub stop_at_eos: bool,
+}
+
+/// Generates after `prompt`; `on_text` receives each new piece of text as it is decoded.
+pub fn generate(
+    model: &Model,
+    tok: &Tokenizer,
+    prompt: &str,
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str),
+) -> Result<GenerationReport> {
+    let prompt_ids = tok.encode(prompt, true)?;
+    if prompt_ids.is_empty() {
+        return Err(RuntimeError::Input("the prompt is empty".into()));
+    }
+    let needed = prompt_ids.len() + opts.max_new_tokens;
+    if needed > opts.ctx {
+        return Err(RuntimeError::ContextOverflow { needed, ctx: opts.ctx, prompt_tokens: prompt_ids.len() });
+    }
+    let mut cache = model.new_cache(opts.ctx)?;
+    let eos = model.config.eos_token_ids();
+    let t0 = std::time::Instant::now();
+    let mut logits = model.forward(&prompt_ids, &mut cache, prompt_ids.len() - 1)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut out: Vec<u32> = Vec::with_capacity(opts.max_new_tokens);
+    let mut printed = String::new();
+    let t1 = std::time::Instant::now();
+    for step in 0..opts.max_new_tokens {
+        let next = sampler.sample(&logits);
+        out.push(next);
+        let text = tok.decode(&out)?;
+        if text.len() > printed.len() && text.is_char_boundary(printed.len()) {
+            on_text(&text[printed.len()..]);
+            printed = text;
+        }
+        if (opts.stop_at_eos && eos.contains(&next)) || step + 1 == opts.max_new_tokens {
+            break;
+        }
+        logits = model.forward(&[next], &mut cache, 0)?;
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    // Decode speed counts the forward passes after the first sampled token.
+    let decode_steps = out.len().saturating_sub(1).max(1);
+    Ok(GenerationReport {
+        prompt_tokens: prompt_ids.len(),
+        generated_tokens: out.len(),
+        prefill_tok_per_s: prompt_ids.len() as f64 / prefill_s,
+        decode_tok_per_s: decode_steps as f64 / decode_s,
+        text: tok.decode(&out)?,
+        token_ids: out,
+    })
+}

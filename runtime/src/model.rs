@@ -1,0 +1,241 @@
+//! The dense model: weights loaded from a canonical model directory, and the one forward pass
+//! (batched prefill and single-token decode share it).
+
+use crate::error::{Result, RuntimeError};
+use crate::kv_cache::KvCache;
+use crate::ops::attention::{attention, AttentionShape};
+use crate::ops::matmul::matmul;
+use crate::ops::rmsnorm::rmsnorm;
+use crate::ops::rope::RopeTable;
+use crate::ops::swiglu::swiglu_in_place;
+use crate::tensor::F16Matrix;
+use formats::model_dir::{self, Architecture, ModelConfig};
+use formats::safetensors_io::{self, MappedSafetensors};
+use formats::FormatError;
+use rayon::prelude::*;
+use safetensors::Dtype;
+use std::path::{Path, PathBuf};
+
+/// One decoder layer. d = hidden_size, q_dim = n_heads*head_dim, kv_dim = n_kv_heads*head_dim,
+/// ff = intermediate_size.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,     // [d]
+    pub wq: F16Matrix,           // [q_dim, d]
+    pub wk: F16Matrix,           // [kv_dim, d]
+    pub wv: F16Matrix,           // [kv_dim, d]
+    pub bq: Option<Vec<f32>>,    // [q_dim]  (qwen2)
+    pub bk: Option<Vec<f32>>,    // [kv_dim] (qwen2)
+    pub bv: Option<Vec<f32>>,    // [kv_dim] (qwen2)
+    pub wo: F16Matrix,           // [d, q_dim]
+    pub mlp_norm: Vec<f32>,      // [d]
+    pub w_gate: F16Matrix,       // [ff, d]
+    pub w_up: F16Matrix,         // [ff, d]
+    pub w_down: F16Matrix,       // [d, ff]
+}
+
+pub struct ModelWeights {
+    pub embed: F16Matrix,            // [vocab, d]
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Vec<f32>,        // [d]
+    /// `[vocab, d]`; None when tied to `embed`.
+    pub lm_head: Option<F16Matrix>,
+}
+
+pub struct Model {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub arch: Architecture,
+    pub weights: ModelWeights,
+    rope: RopeTable,
+}
+
+/// Finds tensors across the safetensors files of a directory and checks their shapes.
+struct TensorSource {
+    files: Vec<MappedSafetensors>,
+}
+
+impl TensorSource {
+    fn find(&self, name: &str) -> Option<(&MappedSafetensors, &safetensors_io::TensorEntry)> {
+        self.files.iter().find_map(|f| f.tensors.get(name).map(|e| (f, e)))
+    }
+
+    fn check_shape(&self, f: &MappedSafetensors, name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
+        if actual != expected {
+            return Err(FormatError::ShapeMismatch {
+                path: f.path.clone(),
+                tensor: name.to_string(),
+                expected: expected.to_vec(),
+                actual: actual.to_vec(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn missing(&self, name: &str) -> RuntimeError {
+        let path = self.files.first().map(|f| f.path.clone()).unwrap_or_default();
+        FormatError::MissingTensor { path, tensor: name.to_string() }.into()
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<F16Matrix> {
+        let (f, e) = self.find(name).ok_or_else(|| self.missing(name))?;
+        self.check_shape(f, name, &e.shape, &[rows, cols])?;
+        Ok(match e.dtype {
+            Dtype::F16 => F16Matrix::mapped(rows, cols, f.mmap.clone(), e.byte_range.start),
+            other => F16Matrix::owned(rows, cols, safetensors_io::to_f16_vec(&f.path, name, other, f.bytes(e))?),
+        })
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let (f, e) = self.find(name).ok_or_else(|| self.missing(name))?;
+        self.check_shape(f, name, &e.shape, &[len])?;
+        Ok(safetensors_io::to_f16_vec(&f.path, name, e.dtype, f.bytes(e))?.iter().map(|v| v.to_f32()).collect())
+    }
+}
+
+impl Model {
+    /// Loads a canonical model directory (see `formats::model_dir`). Weights stay memory-mapped.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let config = ModelConfig::load(dir)?;
+        let arch = config.validate(&dir.join(model_dir::CONFIG_FILE))?;
+        let files = model_dir::safetensors_files(dir)?
+            .into_iter()
+            .map(MappedSafetensors::open)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let src = TensorSource { files };
+        let c = &config;
+        let (d, ff, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
+        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
+        let layers = (0..c.num_hidden_layers)
+            .into_par_iter()
+            .map(|l| {
+                let n = model_dir::layer_tensor_names(l);
+                let bias = |name: &str, len| -> Result<Option<Vec<f32>>> {
+                    match arch {
+                        Architecture::Qwen2 => Ok(Some(src.vector(name, len)?)),
+                        Architecture::Llama => Ok(None),
+                    }
+                };
+                Ok(LayerWeights {
+                    attn_norm: src.vector(&n.attn_norm, d)?,
+                    wq: src.matrix(&n.q_proj, q_dim, d)?,
+                    wk: src.matrix(&n.k_proj, kv_dim, d)?,
+                    wv: src.matrix(&n.v_proj, kv_dim, d)?,
+                    bq: bias(&n.q_bias, q_dim)?,
+                    bk: bias(&n.k_bias, kv_dim)?,
+                    bv: bias(&n.v_bias, kv_dim)?,
+                    wo: src.matrix(&n.o_proj, d, q_dim)?,
+                    mlp_norm: src.vector(&n.mlp_norm, d)?,
+                    w_gate: src.matrix(&n.gate_proj, ff, d)?,
+                    w_up: src.matrix(&n.up_proj, ff, d)?,
+                    w_down: src.matrix(&n.down_proj, d, ff)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lm_head = if c.tie_word_embeddings && src.find(model_dir::LM_HEAD).is_none() {
+            None
+        } else {
+            Some(src.matrix(model_dir::LM_HEAD, c.vocab_size, d)?)
+        };
+        let weights = ModelWeights {
+            embed: src.matrix(model_dir::EMBED_TOKENS, c.vocab_size, d)?,
+            layers,
+            final_norm: src.vector(model_dir::FINAL_NORM, d)?,
+            lm_head,
+        };
+        let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(1 << 16));
+        Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.rope.max_positions()
+    }
+
+    /// A KV cache for `max_seq` positions.
+    pub fn new_cache(&self, max_seq: usize) -> Result<KvCache> {
+        if max_seq > self.max_context() {
+            return Err(RuntimeError::CtxTooLarge { ctx: max_seq, max: self.max_context() });
+        }
+        let c = &self.config;
+        Ok(KvCache::new(c.num_hidden_layers, c.n_kv_heads() * c.head_dim(), max_seq))
+    }
+
+    /// Runs `tokens` at positions `cache.len ..`, appends their keys and values to the cache,
+    /// and returns the logits of tokens `logits_from..` as `[n_tokens - logits_from, vocab]`.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, logits_from: usize) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        let pos0 = cache.len;
+        if pos0 + n > cache.max_seq {
+            return Err(RuntimeError::ContextOverflow { needed: pos0 + n, ctx: cache.max_seq, prompt_tokens: n });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(RuntimeError::TokenOutOfRange { token: bad, vocab: c.vocab_size });
+        }
+        let w = &self.weights;
+        let (d, ff, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
+        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
+        let eps = c.rms_norm_eps as f32;
+        let shape = AttentionShape { n_heads: c.num_attention_heads, n_kv_heads: c.n_kv_heads(), head_dim: hd };
+
+        // x: [n, d] residual stream
+        let mut x = vec![0f32; n * d];
+        for (t, &tok) in tokens.iter().enumerate() {
+            half::slice::HalfFloatSliceExt::convert_to_f32_slice(w.embed.row(tok as usize), &mut x[t * d..(t + 1) * d]);
+        }
+        let mut xn = vec![0f32; n * d]; // normed input of a block
+        let mut q = vec![0f32; n * q_dim];
+        let mut k = vec![0f32; n * kv_dim];
+        let mut v = vec![0f32; n * kv_dim];
+        let mut att = vec![0f32; n * q_dim];
+        let mut proj = vec![0f32; n * d]; // output of o_proj / down_proj
+        let mut gate = vec![0f32; n * ff];
+        let mut up = vec![0f32; n * ff];
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            // --- attention block ---
+            rmsnorm(&x, &lw.attn_norm, eps, &mut xn);
+            matmul(&xn, n, &lw.wq, &mut q);
+            matmul(&xn, n, &lw.wk, &mut k);
+            matmul(&xn, n, &lw.wv, &mut v);
+            for (buf, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
+                if let Some(b) = bias {
+                    for row in buf.chunks_exact_mut(b.len()) {
+                        row.iter_mut().zip(b).for_each(|(r, bi)| *r += bi);
+                    }
+                }
+            }
+            for t in 0..n {
+                self.rope.apply(&mut q[t * q_dim..(t + 1) * q_dim], pos0 + t);
+                self.rope.apply(&mut k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
+            }
+            cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&k);
+            cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&v);
+            attention(&q, &cache.k[l], &cache.v[l], pos0, &shape, &mut att);
+            matmul(&att, n, &lw.wo, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+
+            // --- MLP block: down(silu(gate(xn)) * up(xn)) ---
+            rmsnorm(&x, &lw.mlp_norm, eps, &mut xn);
+            matmul(&xn, n, &lw.w_gate, &mut gate);
+            matmul(&xn, n, &lw.w_up, &mut up);
+            swiglu_in_place(&mut gate, &up);
+            matmul(&gate, n, &lw.w_down, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+        }
+        cache.len = pos0 + n;
+
+        // --- output head, only for the rows asked for ---
+        let n_out = n.saturating_sub(logits_from);
+        let mut xf = vec![0f32; n_out * d];
+        rmsnorm(&x[logits_from * d..], &w.final_norm, eps, &mut xf);
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        let mut logits = vec![0f32; n_out * c.vocab_size];
+        matmul(&xf, n_out, head, &mut logits);
+        Ok(logits)
+    }
+}

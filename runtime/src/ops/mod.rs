@@ -1,0 +1,10 @@
+//! Primitive operations of the forward pass, one file per op. Shapes are in the comments;
+//! matrices are row-major, activations `[tokens, features]`.
+
+pub mod attention;
+pub mod matmul;
+pub mod rmsnorm;
+pub mod rope;
+pub mod simd;
+pub mod softmax;
+pub mod swiglu;

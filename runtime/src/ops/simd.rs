@@ -1,0 +1,256 @@
+//! Innermost kernels: f16 x f32 dot products and f32 dot products.
+//!
+//! On x86-64 the build targets x86-64-v3 (see .cargo/config.toml), so AVX2, FMA and F16C are
+//! compile-time features and these use them directly; elsewhere a portable version is used.
+//! This is the one place outside I/O where `unsafe` appears: unaligned vector loads.
+
+use half::f16;
+
+/// `sum_i w[i] * x[i]` with `w` in f16. `w.len() == x.len()`.
+#[inline]
+pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot_f16_f32(w, x) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        portable_dot(w.iter().map(|v| v.to_f32()), x)
+    }
+}
+
+/// Two dot products sharing `x`: `(w0 . x, w1 . x)`.
+#[inline]
+pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot2_f16_f32(w0, w1, x) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        (dot_f16_f32(w0, x), dot_f16_f32(w1, x))
+    }
+}
+
+/// `sum_i a[i] * b[i]` in f32.
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    portable_dot(a.iter().copied(), b)
+}
+
+/// Four dot products of one f32 row `w` against four activation rows.
+#[inline]
+pub fn dot4_f32(w: &[f32], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) -> [f32; 4] {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot4_f32(w, x0, x1, x2, x3) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        [dot_f32(w, x0), dot_f32(w, x1), dot_f32(w, x2), dot_f32(w, x3)]
+    }
+}
+
+/// `y += a * x` (f32).
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// `y += a * x` with `x` in f16.
+#[inline]
+pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::axpy_f16(a, x, y) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi += a * xi.to_f32();
+        }
+    }
+}
+
+/// Eight independent accumulators so the compiler can vectorise without reassociating.
+#[inline]
+fn portable_dot(a: impl Iterator<Item = f32>, b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut it = a.zip(b.iter());
+    loop {
+        let mut done = false;
+        for slot in acc.iter_mut() {
+            match it.next() {
+                Some((x, y)) => *slot += x * y,
+                None => {
+                    done = true;
+                    break;
+                }
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    /// 8 f16 values at `w[i..i+8]` widened to f32.
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn load_f16x8(w: &[f16], i: usize) -> __m256 {
+        let s = &w[i..i + 8];
+        // SAFETY: `s` is exactly 8 f16 = 16 bytes in bounds; loadu has no alignment requirement.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i)) }
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn load_f32x8(x: &[f32], i: usize) -> __m256 {
+        let s = &x[i..i + 8];
+        // SAFETY: `s` is exactly 8 f32 in bounds; loadu has no alignment requirement.
+        unsafe { _mm256_loadu_ps(s.as_ptr()) }
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
+        let n = w.len().min(x.len());
+        let n32 = n / 32 * 32;
+        let (mut a0, mut a1, mut a2, mut a3) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < n32 {
+            a0 = _mm256_fmadd_ps(load_f16x8(w, i), load_f32x8(x, i), a0);
+            a1 = _mm256_fmadd_ps(load_f16x8(w, i + 8), load_f32x8(x, i + 8), a1);
+            a2 = _mm256_fmadd_ps(load_f16x8(w, i + 16), load_f32x8(x, i + 16), a2);
+            a3 = _mm256_fmadd_ps(load_f16x8(w, i + 24), load_f32x8(x, i + 24), a3);
+            i += 32;
+        }
+        while i + 8 <= n {
+            a0 = _mm256_fmadd_ps(load_f16x8(w, i), load_f32x8(x, i), a0);
+            i += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        while i < n {
+            s += w[i].to_f32() * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
+        let n = x.len().min(w0.len()).min(w1.len());
+        let n16 = n / 16 * 16;
+        let (mut a0, mut a1, mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < n16 {
+            let x0 = load_f32x8(x, i);
+            let x1 = load_f32x8(x, i + 8);
+            a0 = _mm256_fmadd_ps(load_f16x8(w0, i), x0, a0);
+            a1 = _mm256_fmadd_ps(load_f16x8(w0, i + 8), x1, a1);
+            b0 = _mm256_fmadd_ps(load_f16x8(w1, i), x0, b0);
+            b1 = _mm256_fmadd_ps(load_f16x8(w1, i + 8), x1, b1);
+            i += 16;
+        }
+        let (mut s0, mut s1) = (hsum(_mm256_add_ps(a0, a1)), hsum(_mm256_add_ps(b0, b1)));
+        while i < n {
+            s0 += w0[i].to_f32() * x[i];
+            s1 += w1[i].to_f32() * x[i];
+            i += 1;
+        }
+        (s0, s1)
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot4_f32(w: &[f32], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) -> [f32; 4] {
+        let n = w.len();
+        let n8 = n / 8 * 8;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < n8 {
+            let wv = load_f32x8(w, i);
+            acc[0] = _mm256_fmadd_ps(wv, load_f32x8(x0, i), acc[0]);
+            acc[1] = _mm256_fmadd_ps(wv, load_f32x8(x1, i), acc[1]);
+            acc[2] = _mm256_fmadd_ps(wv, load_f32x8(x2, i), acc[2]);
+            acc[3] = _mm256_fmadd_ps(wv, load_f32x8(x3, i), acc[3]);
+            i += 8;
+        }
+        let mut out = [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])];
+        while i < n {
+            out[0] += w[i] * x0[i];
+            out[1] += w[i] * x1[i];
+            out[2] += w[i] * x2[i];
+            out[3] += w[i] * x3[i];
+            i += 1;
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i + 8 <= n {
+            let r = _mm256_fmadd_ps(av, load_f16x8(x, i), load_f32x8(y, i));
+            let dst = &mut y[i..i + 8];
+            // SAFETY: `dst` is exactly 8 f32 in bounds; storeu has no alignment requirement.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), r) };
+            i += 8;
+        }
+        while i < n {
+            y[i] += a * x[i].to_f32();
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_match_scalar() {
+        for n in [1usize, 7, 8, 31, 33, 64, 577] {
+            let w: Vec<f16> = (0..n).map(|i| f16::from_f32(((i * 37 % 17) as f32 - 8.0) / 8.0)).collect();
+            let w1: Vec<f16> = (0..n).map(|i| f16::from_f32(((i * 11 % 13) as f32 - 6.0) / 4.0)).collect();
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7 % 23) as f32 - 11.0) / 3.0).collect();
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| a.to_f32() as f64 * *b as f64).sum();
+            let exact1: f64 = w1.iter().zip(&x).map(|(a, b)| a.to_f32() as f64 * *b as f64).sum();
+            assert!((dot_f16_f32(&w, &x) as f64 - exact).abs() < 1e-3, "n={n}");
+            let (d0, d1) = dot2_f16_f32(&w, &w1, &x);
+            assert!((d0 as f64 - exact).abs() < 1e-3 && (d1 as f64 - exact1).abs() < 1e-3);
+            let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+            let d4 = dot4_f32(&wf, &x, &x, &x, &x);
+            assert!(d4.iter().all(|d| (*d as f64 - exact).abs() < 1e-3));
+            let mut y = vec![1.0f32; n];
+            axpy_f16(2.0, &w, &mut y);
+            assert!(y.iter().zip(&w).all(|(yi, wi)| (yi - (1.0 + 2.0 * wi.to_f32())).abs() < 1e-6));
+        }
+    }
+}
