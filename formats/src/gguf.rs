@@ -339,3 +339,139 @@ impl GgufFile {
         Ok(out)
     }
 }
+
+/// One tensor to write: raw bytes already in `ggml_type_id`'s block layout.
+pub struct GgufTensorData {
+    pub name: String,
+    pub ne: Vec<u64>,
+    pub ggml_type_id: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// Writes a GGUF v3 file (alignment 32) atomically. The counterpart of [`GgufFile::open`];
+/// used to build test inputs and by tools that emit GGUF.
+pub fn write_gguf(path: &Path, metadata: &[(String, GgufValue)], tensors: &[GgufTensorData]) -> Result<()> {
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    fn type_id(v: &GgufValue) -> u32 {
+        match v {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::String(_) => 8,
+            GgufValue::Array(_) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+    fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
+        match v {
+            GgufValue::U8(x) => out.push(*x),
+            GgufValue::I8(x) => out.push(*x as u8),
+            GgufValue::U16(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I16(x) => out.extend(x.to_le_bytes()),
+            GgufValue::U32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::F32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::Bool(x) => out.push(*x as u8),
+            GgufValue::String(s) => put_str(out, s),
+            GgufValue::Array(items) => {
+                out.extend(items.first().map(type_id).unwrap_or(4).to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                items.iter().for_each(|i| put_value(out, i));
+            }
+            GgufValue::U64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::F64(x) => out.extend(x.to_le_bytes()),
+        }
+    }
+    const ALIGN: usize = 32;
+    let mut out = Vec::new();
+    out.extend(b"GGUF");
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        put_str(&mut out, k);
+        out.extend(type_id(v).to_le_bytes());
+        put_value(&mut out, v);
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        put_str(&mut out, &t.name);
+        out.extend((t.ne.len() as u32).to_le_bytes());
+        t.ne.iter().for_each(|d| out.extend(d.to_le_bytes()));
+        out.extend(t.ggml_type_id.to_le_bytes());
+        out.extend((offset as u64).to_le_bytes());
+        offset += t.bytes.len().div_ceil(ALIGN) * ALIGN;
+    }
+    out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+    for t in tensors {
+        out.extend(&t.bytes);
+        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+    }
+    crate::safetensors_io::write_atomic(&crate::safetensors_io::tmp_path(path), path, &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("formats-gguf-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d.join(name)
+    }
+
+    #[test]
+    fn write_then_read_round_trip() {
+        let p = tmp("rt.gguf");
+        let md = vec![
+            ("general.architecture".to_string(), GgufValue::String("llama".into())),
+            ("llama.block_count".to_string(), GgufValue::U32(2)),
+            ("list".to_string(), GgufValue::Array(vec![GgufValue::String("a".into()), GgufValue::String("b".into())])),
+        ];
+        let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_gguf(&p, &md, &[GgufTensorData { name: "t".into(), ne: vec![3, 2], ggml_type_id: 0, bytes }]).unwrap();
+        let g = GgufFile::open(&p).unwrap();
+        assert_eq!(g.require_str("general.architecture").unwrap(), "llama");
+        assert_eq!(g.require_u64("llama.block_count").unwrap(), 2);
+        assert_eq!(g.require_str_array("list").unwrap(), vec!["a", "b"]);
+        assert_eq!(g.tensor("t").unwrap().shape_row_major(), vec![2, 3]);
+        assert_eq!(g.dequantize_f32("t").unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    }
+
+    #[test]
+    fn truncated_and_garbage_files_are_reported_with_offsets() {
+        let p = tmp("trunc.gguf");
+        let bytes: Vec<u8> = vec![0u8; 64];
+        write_gguf(&p, &[], &[GgufTensorData { name: "w".into(), ne: vec![16], ggml_type_id: 0, bytes }]).unwrap();
+        let full = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &full[..full.len() - 10]).unwrap();
+        let e = GgufFile::open(&p).err().unwrap().to_string();
+        assert!(e.contains("truncated") && e.contains("tensor 'w'") && e.contains("trunc.gguf"), "{e}");
+        std::fs::write(&p, &full[..20]).unwrap();
+        let e = GgufFile::open(&p).err().unwrap().to_string();
+        assert!(e.contains("truncated at byte offset"), "{e}");
+        std::fs::write(&p, b"this is not a model file at all").unwrap();
+        let e = GgufFile::open(&p).err().unwrap().to_string();
+        assert!(e.contains("not a GGUF file"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_type_is_named() {
+        let p = tmp("q2k.gguf");
+        write_gguf(&p, &[], &[GgufTensorData { name: "w".into(), ne: vec![256], ggml_type_id: 10, bytes: vec![0; 84] }]).unwrap();
+        let g = GgufFile::open(&p).unwrap();
+        let e = g.dequantize_f32("w").err().unwrap().to_string();
+        assert!(e.contains("Q2_K") && e.contains("'w'"), "{e}");
+    }
+}

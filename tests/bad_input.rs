@@ -1,0 +1,203 @@
+//! Bad input gives one clear error naming the file and the problem, a non-zero exit, no panic.
+
+use formats::gguf::{write_gguf, GgufTensorData, GgufValue};
+use formats::safetensors_io::{write_f16_safetensors, F16Tensor};
+use half::f16;
+use std::path::Path;
+use tests::*;
+
+/// Asserts a failed run whose stderr names `file` and contains every `needle`; never a panic.
+fn assert_clean_error(out: &std::process::Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "expected exit code 1; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic instead of an error: {stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "stderr lacks {n:?}: {stderr}");
+    }
+}
+
+/// A tiny llama-shaped GGUF (d=32, ff=64, 1 layer, 8-token byte-level vocab).
+fn tiny_gguf(path: &Path, arch: &str, embed_type: u32) {
+    let s = |v: &str| GgufValue::String(v.into());
+    let tokens = ["a", "b", "c", "d", "ab", "cd", "<s>", "</s>"];
+    let md = vec![
+        ("general.architecture".to_string(), s(arch)),
+        (format!("{arch}.block_count"), GgufValue::U32(1)),
+        (format!("{arch}.embedding_length"), GgufValue::U32(32)),
+        (format!("{arch}.feed_forward_length"), GgufValue::U32(64)),
+        (format!("{arch}.attention.head_count"), GgufValue::U32(2)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
+        ("tokenizer.ggml.model".to_string(), s("gpt2")),
+        ("tokenizer.ggml.pre".to_string(), s("smollm")),
+        ("tokenizer.ggml.tokens".to_string(), GgufValue::Array(tokens.iter().map(|t| s(t)).collect())),
+        ("tokenizer.ggml.merges".to_string(), GgufValue::Array(vec![s("a b"), s("c d")])),
+    ];
+    let f32_tensor = |name: &str, ne: Vec<u64>| {
+        let n: u64 = ne.iter().product();
+        GgufTensorData { name: name.into(), ne, ggml_type_id: 0, bytes: vec![0u8; n as usize * 4] }
+    };
+    let embed = if embed_type == 10 {
+        // Q2_K: 84 bytes per 256 values; 8 x 32 = 256 values
+        GgufTensorData { name: "token_embd.weight".into(), ne: vec![32, 8], ggml_type_id: 10, bytes: vec![0u8; 84] }
+    } else {
+        f32_tensor("token_embd.weight", vec![32, 8])
+    };
+    let tensors = vec![
+        embed,
+        f32_tensor("output_norm.weight", vec![32]),
+        f32_tensor("blk.0.attn_norm.weight", vec![32]),
+        f32_tensor("blk.0.attn_q.weight", vec![32, 32]),
+        f32_tensor("blk.0.attn_k.weight", vec![32, 32]),
+        f32_tensor("blk.0.attn_v.weight", vec![32, 32]),
+        f32_tensor("blk.0.attn_output.weight", vec![32, 32]),
+        f32_tensor("blk.0.ffn_norm.weight", vec![32]),
+        f32_tensor("blk.0.ffn_gate.weight", vec![32, 64]),
+        f32_tensor("blk.0.ffn_up.weight", vec![32, 64]),
+        f32_tensor("blk.0.ffn_down.weight", vec![64, 32]),
+    ];
+    write_gguf(path, &md, &tensors).unwrap();
+}
+
+#[test]
+fn tiny_gguf_imports_and_runs() {
+    // The positive control for the error cases below: the same builder, valid inputs.
+    let d = scratch("tiny-ok");
+    tiny_gguf(&d.join("tiny.gguf"), "llama", 0);
+    let out = run_bin("prep", &["import", d.join("tiny.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_bin("runtime", &["run", d.join("m").to_str().unwrap(), "--prompt", "abcd", "-n", "3", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn missing_gguf() {
+    let out = run_bin("prep", &["import", "/nonexistent/model.gguf", "--out", "/tmp/never"]);
+    assert_clean_error(&out, &["/nonexistent/model.gguf", "no such file"]);
+}
+
+#[test]
+fn truncated_gguf() {
+    let d = scratch("trunc-gguf");
+    let src = std::fs::read(fixture_gguf()).unwrap();
+    let p = d.join("truncated.gguf");
+    std::fs::write(&p, &src[..src.len() / 2]).unwrap();
+    let out = run_bin("prep", &["import", p.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert_clean_error(&out, &["truncated.gguf", "truncated at byte offset"]);
+    assert!(!d.join("m/model.safetensors").exists(), "no output may be written for a bad input");
+}
+
+#[test]
+fn garbage_gguf() {
+    let d = scratch("garbage-gguf");
+    let p = d.join("garbage.gguf");
+    std::fs::write(&p, (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect::<Vec<_>>()).unwrap();
+    let out = run_bin("prep", &["import", p.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert_clean_error(&out, &["garbage.gguf", "not a GGUF file"]);
+}
+
+#[test]
+fn unsupported_tensor_type() {
+    let d = scratch("q2k");
+    tiny_gguf(&d.join("q2k.gguf"), "llama", 10);
+    let out = run_bin("prep", &["import", d.join("q2k.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert_clean_error(&out, &["q2k.gguf", "token_embd.weight", "Q2_K", "not supported"]);
+}
+
+#[test]
+fn unsupported_architecture_gguf() {
+    let d = scratch("arch");
+    tiny_gguf(&d.join("falcon.gguf"), "falcon", 0);
+    let out = run_bin("prep", &["import", d.join("falcon.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert_clean_error(&out, &["falcon.gguf", "architecture 'falcon' is not supported"]);
+}
+
+/// A model directory copied from the fixture (config + tokenizer), with `edit` applied.
+fn fixture_copy(name: &str) -> std::path::PathBuf {
+    let d = scratch(name);
+    let m = fixture_model();
+    for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::fs::copy(m.join(f), d.join(f)).unwrap();
+    }
+    d
+}
+
+#[test]
+fn unsupported_architecture_model_dir() {
+    let d = fixture_copy("arch-dir");
+    let cfg = std::fs::read_to_string(d.join("config.json")).unwrap().replace("\"llama\"", "\"gpt_neox\"");
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    let out = run_bin("runtime", &["run", d.to_str().unwrap(), "--prompt", "hi", "-n", "1"]);
+    assert_clean_error(&out, &["config.json", "architecture 'gpt_neox' is not supported"]);
+}
+
+#[test]
+fn truncated_safetensors() {
+    let d = fixture_copy("trunc-st");
+    let p = d.join("model.safetensors");
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(len - 1000).unwrap();
+    let out = run_bin("runtime", &["run", d.to_str().unwrap(), "--prompt", "hi", "-n", "1"]);
+    assert_clean_error(&out, &["model.safetensors", "invalid safetensors"]);
+}
+
+#[test]
+fn garbage_safetensors() {
+    let d = fixture_copy("garbage-st");
+    std::fs::write(d.join("model.safetensors"), b"\xff\xff\xff\xff\xff\xff\xff\x7fnot json").unwrap();
+    let out = run_bin("runtime", &["run", d.to_str().unwrap(), "--prompt", "hi", "-n", "1"]);
+    assert_clean_error(&out, &["model.safetensors", "invalid safetensors"]);
+}
+
+#[test]
+fn tokenizer_larger_than_vocabulary() {
+    // A 16-row model with the fixture's 49,152-token tokenizer.
+    let d = scratch("vocab");
+    let cfg = serde_json::json!({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 16, "tie_word_embeddings": true,
+    });
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(fixture_model().join("tokenizer.json"), d.join("tokenizer.json")).unwrap();
+    let t = |name: &str, shape: Vec<usize>| F16Tensor { name: name.into(), data: vec![f16::ZERO; shape.iter().product()], shape };
+    let tensors = vec![
+        t("model.embed_tokens.weight", vec![16, 32]),
+        t("model.norm.weight", vec![32]),
+        t("model.layers.0.input_layernorm.weight", vec![32]),
+        t("model.layers.0.self_attn.q_proj.weight", vec![32, 32]),
+        t("model.layers.0.self_attn.k_proj.weight", vec![32, 32]),
+        t("model.layers.0.self_attn.v_proj.weight", vec![32, 32]),
+        t("model.layers.0.self_attn.o_proj.weight", vec![32, 32]),
+        t("model.layers.0.post_attention_layernorm.weight", vec![32]),
+        t("model.layers.0.mlp.gate_proj.weight", vec![64, 32]),
+        t("model.layers.0.mlp.up_proj.weight", vec![64, 32]),
+        t("model.layers.0.mlp.down_proj.weight", vec![32, 64]),
+    ];
+    write_f16_safetensors(&d.join("model.safetensors"), &tensors, None).unwrap();
+    let out = run_bin("runtime", &["run", d.to_str().unwrap(), "--prompt", "hi", "-n", "1"]);
+    assert_clean_error(&out, &["tokenizer.json", "49152 tokens", "only 16 rows"]);
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let m = fixture_model();
+    let prompt = "word ".repeat(100);
+    let out = run_bin("runtime", &["run", m.to_str().unwrap(), "--prompt", &prompt, "-n", "4", "--ctx", "64"]);
+    assert_clean_error(&out, &["needs 105 positions but the context holds 64", "prompt of 101 tokens"]);
+}
+
+#[test]
+fn ctx_beyond_the_model() {
+    let m = fixture_model();
+    let out = run_bin("runtime", &["run", m.to_str().unwrap(), "--prompt", "hi", "-n", "4", "--ctx", "100000"]);
+    assert_clean_error(&out, &["--ctx 100000 exceeds the model's max_position_embeddings 8192"]);
+}
+
+#[test]
+fn perplexity_text_too_short() {
+    let d = scratch("short-text");
+    let p = d.join("short.txt");
+    std::fs::write(&p, "Too short to score.").unwrap();
+    let out = run_bin("runtime", &["perplexity", fixture_model().to_str().unwrap(), "--text", p.to_str().unwrap()]);
+    assert_clean_error(&out, &["short.txt", "at least 1024 (2 x ctx) are needed"]);
+}
