@@ -63,23 +63,29 @@ enum Command {
 }
 
 fn main() {
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    let threads = match &cli.command {
+        Command::Run { threads, .. } | Command::Perplexity { threads, .. } => *threads,
+    };
+    // The whole command runs inside the pool, so every parallel op forks from a worker thread
+    // (cheap) instead of being injected from outside and waking a sleeping worker (~10s of us,
+    // hundreds of times per decoded token).
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(threads.unwrap_or(0)).build() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("runtime: error: cannot start {threads:?} threads: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = pool.install(|| run(cli)) {
         eprintln!("runtime: error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn set_threads(n: Option<usize>) -> Result<()> {
-    if let Some(n) = n {
-        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global()?;
-    }
-    Ok(())
-}
-
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, prompt, n, temp, top_p, seed, threads, ctx, ignore_eos, json } => {
-            set_threads(threads)?;
+        Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, json } => {
             let (model, tok) = runtime::open_model(&model)?;
             let prompt_len = tok.encode(&prompt, true)?.len();
             let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.unwrap_or(prompt_len + n), stop_at_eos: !ignore_eos };
@@ -101,8 +107,7 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Perplexity { model, text, ctx, chunks, threads, json } => {
-            set_threads(threads)?;
+        Command::Perplexity { model, text, ctx, chunks, threads: _, json } => {
             let (model, tok) = runtime::open_model(&model)?;
             let r = runtime::perplexity::perplexity(&model, &tok, &text, ctx, chunks, |i, n, ppl| {
                 if !json {
