@@ -35,7 +35,7 @@ baseline:
 
 ## reference: compare runtime with llama.cpp (perplexity on two texts, greedy continuations)
 reference: build baseline
-	bash scripts/reference.sh
+	python3 scripts/reference.py
 
 ## bench-dense: decode and prefill tok/s of runtime vs llama-bench, interleaved, 2 threads
 bench-dense: build baseline

@@ -14,12 +14,17 @@ pub struct GenerationReport {
     pub decode_tok_per_s: f64,
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// Per step, the logit of the chosen-most-likely token minus the runner-up's: a small
+    /// margin marks a near tie, where another implementation may rightly pick differently.
+    pub top2_logit_margins: Vec<f32>,
 }
 
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     /// KV cache size; the prompt plus the new tokens must fit.
     pub ctx: usize,
+    /// Stop at an end-of-sequence token (not included in the text); otherwise such tokens are
+    /// masked out, as llama.cpp's `--ignore-eos` does.
     pub stop_at_eos: bool,
 }
 
@@ -48,15 +53,28 @@ pub fn generate(
     let mut out: Vec<u32> = Vec::with_capacity(opts.max_new_tokens);
     let mut printed = String::new();
     let t1 = std::time::Instant::now();
+    let mut margins = Vec::with_capacity(opts.max_new_tokens);
     for step in 0..opts.max_new_tokens {
+        if !opts.stop_at_eos {
+            // As llama.cpp's --ignore-eos: end-of-sequence tokens can never be chosen.
+            for &e in &eos {
+                if let Some(l) = logits.get_mut(e as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        margins.push(top2_margin(&logits));
         let next = sampler.sample(&logits);
+        if opts.stop_at_eos && eos.contains(&next) {
+            break;
+        }
         out.push(next);
         let text = tok.decode(&out)?;
         if text.len() > printed.len() && text.is_char_boundary(printed.len()) {
             on_text(&text[printed.len()..]);
             printed = text;
         }
-        if (opts.stop_at_eos && eos.contains(&next)) || step + 1 == opts.max_new_tokens {
+        if step + 1 == opts.max_new_tokens {
             break;
         }
         logits = model.forward(&[next], &mut cache, 0)?;
@@ -71,5 +89,20 @@ pub fn generate(
         decode_tok_per_s: decode_steps as f64 / decode_s,
         text: tok.decode(&out)?,
         token_ids: out,
+        top2_logit_margins: margins,
     })
+}
+
+/// Largest logit minus the second largest.
+fn top2_margin(logits: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in logits {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
 }

@@ -38,7 +38,7 @@ enum Command {
         /// KV cache positions (default: prompt + n).
         #[arg(long)]
         ctx: Option<usize>,
-        /// Keep generating after an end-of-sequence token.
+        /// Never choose an end-of-sequence token (as llama.cpp's --ignore-eos): always generate n.
         #[arg(long)]
         ignore_eos: bool,
         /// Print one JSON object at the end instead of streaming text.
