@@ -39,7 +39,7 @@ reference: build baseline
 
 ## bench-dense: decode and prefill tok/s of runtime vs llama-bench, interleaved, 2 threads
 bench-dense: build baseline
-	bash scripts/bench_dense.sh $(THREADS)
+	python3 scripts/bench_dense.py --threads $(THREADS)
 
 clean:
 	$(CARGO) clean

@@ -4,7 +4,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::kv_cache::KvCache;
 use crate::ops::attention::{attention, AttentionShape};
-use crate::ops::matmul::matmul;
+use crate::ops::matmul::{matmul, matvec_many};
 use crate::ops::rmsnorm::rmsnorm;
 use crate::ops::rope::RopeTable;
 use crate::ops::swiglu::swiglu_in_place;
@@ -199,9 +199,13 @@ impl Model {
         for (l, lw) in w.layers.iter().enumerate() {
             // --- attention block ---
             rmsnorm(&x, &lw.attn_norm, eps, &mut xn);
-            matmul(&xn, n, &lw.wq, &mut q);
-            matmul(&xn, n, &lw.wk, &mut k);
-            matmul(&xn, n, &lw.wv, &mut v);
+            if n == 1 {
+                matvec_many(&xn, &[&lw.wq, &lw.wk, &lw.wv], &mut [&mut q, &mut k, &mut v]);
+            } else {
+                matmul(&xn, n, &lw.wq, &mut q);
+                matmul(&xn, n, &lw.wk, &mut k);
+                matmul(&xn, n, &lw.wv, &mut v);
+            }
             for (buf, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
                 if let Some(b) = bias {
                     for row in buf.chunks_exact_mut(b.len()) {
@@ -221,8 +225,12 @@ impl Model {
 
             // --- MLP block: down(silu(gate(xn)) * up(xn)) ---
             rmsnorm(&x, &lw.mlp_norm, eps, &mut xn);
-            matmul(&xn, n, &lw.w_gate, &mut gate);
-            matmul(&xn, n, &lw.w_up, &mut up);
+            if n == 1 {
+                matvec_many(&xn, &[&lw.w_gate, &lw.w_up], &mut [&mut gate, &mut up]);
+            } else {
+                matmul(&xn, n, &lw.w_gate, &mut gate);
+                matmul(&xn, n, &lw.w_up, &mut up);
+            }
             swiglu_in_place(&mut gate, &up);
             matmul(&gate, n, &lw.w_down, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);

@@ -76,21 +76,38 @@ pub fn matmul(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
     });
 }
 
+/// Several matrix-vector products of the same `x` as one parallel pass (one fork-join instead
+/// of one per matrix): `outs[m][o] = ws[m][o, :] . x`. Used for q/k/v and gate/up in decode.
+pub fn matvec_many(x: &[f32], ws: &[&F16Matrix], outs: &mut [&mut [f32]]) {
+    let mut tasks: Vec<(usize, &mut [f32], usize)> = Vec::new(); // (matrix, output block, first row)
+    for (m, out) in outs.iter_mut().enumerate() {
+        assert_eq!(out.len(), ws[m].rows);
+        for (b, chunk) in out.chunks_mut(ROWS_PER_TASK).enumerate() {
+            tasks.push((m, chunk, b * ROWS_PER_TASK));
+        }
+    }
+    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(x, ws[m], r0, dst));
+}
+
+/// `dst[i] = w[r0 + i, :] . x`.
+fn matvec_rows(x: &[f32], w: &F16Matrix, r0: usize, dst: &mut [f32]) {
+    let mut i = 0;
+    while i + 2 <= dst.len() {
+        let (a, b) = simd::dot2_f16_f32(w.row(r0 + i), w.row(r0 + i + 1), x);
+        dst[i] = a;
+        dst[i + 1] = b;
+        i += 2;
+    }
+    if i < dst.len() {
+        dst[i] = simd::dot_f16_f32(w.row(r0 + i), x);
+    }
+}
+
 /// `out[o] = w[o, :] . x` for one token.
 pub fn matvec(x: &[f32], w: &F16Matrix, out: &mut [f32]) {
-    out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(block, dst)| {
-        let r0 = block * ROWS_PER_TASK;
-        let mut i = 0;
-        while i + 2 <= dst.len() {
-            let (a, b) = simd::dot2_f16_f32(w.row(r0 + i), w.row(r0 + i + 1), x);
-            dst[i] = a;
-            dst[i + 1] = b;
-            i += 2;
-        }
-        if i < dst.len() {
-            dst[i] = simd::dot_f16_f32(w.row(r0 + i), x);
-        }
-    });
+    out.par_chunks_mut(ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(block, dst)| matvec_rows(x, w, block * ROWS_PER_TASK, dst));
 }
 
 #[cfg(test)]
@@ -107,6 +124,12 @@ mod tests {
             let x: Vec<f32> = (0..n_tokens * n_in).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
             let mut out = vec![0f32; n_tokens * n_out];
             matmul(&x, n_tokens, &wm, &mut out);
+            if n_tokens == 1 {
+                let (mut a, mut b) = (vec![0f32; n_out], vec![0f32; n_out]);
+                matvec_many(&x, &[&wm, &wm], &mut [&mut a, &mut b]);
+                assert_eq!(a, out);
+                assert_eq!(b, out);
+            }
             for t in 0..n_tokens {
                 for o in 0..n_out {
                     let want: f32 = (0..n_in).map(|i| w[o * n_in + i].to_f32() * x[t * n_in + i]).sum();

@@ -1,0 +1,67 @@
+"""make bench-dense: decode and prefill tok/s of `runtime run` vs llama-bench on the same F16
+weights, same thread count, runs interleaved, medians and ratios.
+Writes bench/results/dense-smollm2-135m.json.
+Usage: python3 scripts/bench_dense.py [--threads 2] [--reps 5]
+"""
+import argparse, json, os, platform, statistics, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.chdir(ROOT)
+ap = argparse.ArgumentParser()
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--reps", type=int, default=5)
+ap.add_argument("--n-gen", type=int, default=64)
+args = ap.parse_args()
+GGUF, MODEL, RUNTIME = "baseline/smollm2-135m-f16.gguf", "models/smollm2-135m", "target/release/runtime"
+for p in [GGUF, MODEL, RUNTIME]:
+    if not os.path.exists(p):
+        sys.exit(f"bench-dense: {p} is missing: run `make setup && make baseline` first")
+
+# A held-out prompt of 128 tokens: LAMBADA text, cut to 128 tokens by our tokenizer's count.
+text = open("data/text/lambada-500.txt").read()
+lo, hi = 100, 2000
+while lo < hi:  # longest prefix (in characters) that tokenizes to <= 128 tokens
+    mid = (lo + hi + 1) // 2
+    r = json.loads(subprocess.run([RUNTIME, "run", MODEL, "--prompt", text[:mid], "-n", "1", "--json"],
+                                  capture_output=True, text=True, check=True).stdout)
+    lo, hi = (mid, hi) if r["prompt_tokens"] <= 128 else (lo, mid - 1)
+prompt = text[:lo]
+
+env_llama = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")  # llama.cpp's OpenMP threads otherwise spin (MEASURED.md)
+ours, theirs = {"prefill": [], "decode": []}, {"prefill": [], "decode": []}
+for rep in range(args.reps):
+    r = json.loads(subprocess.run([RUNTIME, "run", MODEL, "--prompt", prompt, "-n", str(args.n_gen), "--ignore-eos",
+                                   "--threads", str(args.threads), "--json"], capture_output=True, text=True, check=True).stdout)
+    ours["prefill"].append(r["prefill_tok_per_s"]); ours["decode"].append(r["decode_tok_per_s"])
+    prompt_tokens = r["prompt_tokens"]
+    out = subprocess.run(["baseline/bin/llama-bench", "-m", GGUF, "-t", str(args.threads), "-p", str(prompt_tokens),
+                          "-n", str(args.n_gen), "-r", "1", "-o", "json"], capture_output=True, text=True, check=True, env=env_llama).stdout
+    for row in json.loads(out):
+        (theirs["prefill"] if row["n_prompt"] else theirs["decode"]).append(row["avg_ts"])
+    print(f"rep {rep + 1}: runtime prefill {ours['prefill'][-1]:.1f} decode {ours['decode'][-1]:.1f} | "
+          f"llama.cpp prefill {theirs['prefill'][-1]:.1f} decode {theirs['decode'][-1]:.1f} tok/s", flush=True)
+
+med = lambda xs: statistics.median(xs)
+res = {
+    "model": MODEL, "reference_gguf": GGUF, "threads": args.threads, "reps": args.reps, "prompt_tokens": prompt_tokens,
+    "generated_tokens": args.n_gen, "cpu": platform.processor() or platform.machine(),
+    "llama_cpp_env": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "runtime": {"prefill_tok_per_s": ours["prefill"], "decode_tok_per_s": ours["decode"]},
+    "llama_cpp": {"prefill_tok_per_s": theirs["prefill"], "decode_tok_per_s": theirs["decode"]},
+    "median": {
+        "runtime_prefill_tok_per_s": med(ours["prefill"]), "runtime_decode_tok_per_s": med(ours["decode"]),
+        "llama_cpp_prefill_tok_per_s": med(theirs["prefill"]), "llama_cpp_decode_tok_per_s": med(theirs["decode"]),
+    },
+}
+res["ratio"] = {
+    "prefill": res["median"]["runtime_prefill_tok_per_s"] / res["median"]["llama_cpp_prefill_tok_per_s"],
+    "decode": res["median"]["runtime_decode_tok_per_s"] / res["median"]["llama_cpp_decode_tok_per_s"],
+}
+res["goal"] = {"decode_ratio": 1.0, "prefill_ratio": 0.5}
+os.makedirs("bench/results", exist_ok=True)
+with open("bench/results/dense-smollm2-135m.json", "w") as f:
+    json.dump(res, f, indent=2)
+m = res["median"]
+print(f"medians over {args.reps} interleaved runs, {args.threads} threads, {prompt_tokens}-token prompt, {args.n_gen} generated:")
+print(f"  prefill: runtime {m['runtime_prefill_tok_per_s']:.1f}  llama.cpp {m['llama_cpp_prefill_tok_per_s']:.1f}  ratio {res['ratio']['prefill']:.2f}x (goal >= 0.5x)")
+print(f"  decode:  runtime {m['runtime_decode_tok_per_s']:.1f}  llama.cpp {m['llama_cpp_decode_tok_per_s']:.1f}  ratio {res['ratio']['decode']:.2f}x (goal >= 1.0x)")
