@@ -6,8 +6,9 @@
 2. Greedy 32-token continuations of 3 fixed prompts: ours vs llama-completion at temperature 0.
    Where they differ, the first differing step and our top-2 logit margin there.
 
-Writes bench/results/reference-smollm2-135m.json and prints a table.
-Usage: python3 scripts/reference.py [--chunks N] [--threads T]
+Writes bench/results/reference-<model>.json and prints a table.
+Usage: python3 scripts/reference.py [--model smollm2-135m|qwen2.5-coder-1.5b|qwen2.5-coder-0.5b] [--chunks N] [--threads T]
+(the Qwen models need `make setup-large`; their F16 GGUF is made with llama-quantize on first use)
 """
 import argparse, json, os, re, subprocess, sys, time
 
@@ -16,10 +17,14 @@ os.chdir(ROOT)
 ap = argparse.ArgumentParser()
 ap.add_argument("--chunks", type=int, default=40, help="chunks of 512 tokens per text (both tools)")
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--model", default="smollm2-135m")
 args = ap.parse_args()
 
-GGUF = "baseline/smollm2-135m-f16.gguf"
-MODEL = "models/smollm2-135m"
+GGUF = f"baseline/{args.model}-f16.gguf"
+MODEL = f"models/{args.model}"
+if not os.path.exists(GGUF) and os.path.exists(f"data/downloads/{args.model}.gguf"):
+    subprocess.run(["baseline/bin/llama-quantize", "--allow-requantize", f"data/downloads/{args.model}.gguf", GGUF, "F16"],
+                   capture_output=True, check=True)
 RUNTIME = "target/release/runtime"
 TEXTS = {"hamlet": "data/text/hamlet.txt", "lambada-500": "data/text/lambada-500.txt"}
 PROMPTS = [
@@ -75,8 +80,8 @@ for prompt in PROMPTS:
         print(f"   llama.cpp: {ll_text!r}; smallest top-2 margin {row['min_top2_logit_margin']:.4f}")
 
 os.makedirs("bench/results", exist_ok=True)
-with open("bench/results/reference-smollm2-135m.json", "w") as f:
+with open(f"bench/results/reference-{args.model}.json", "w") as f:
     json.dump(report, f, indent=2)
 ok = all(r["within_1_percent"] and r["tokens_equal"] for r in report["perplexity"])
-print("reference:", "PASS" if ok else "FAIL", "-> bench/results/reference-smollm2-135m.json")
+print("reference:", "PASS" if ok else "FAIL", f"-> bench/results/reference-{args.model}.json")
 sys.exit(0 if ok else 1)

