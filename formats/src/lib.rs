@@ -11,6 +11,7 @@ pub mod error;
 pub mod ggml_quants;
 pub mod gguf;
 pub mod model_dir;
+pub mod records;
 pub mod safetensors_io;
 
 pub use error::FormatError;
