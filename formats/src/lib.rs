@@ -10,6 +10,7 @@
 pub mod error;
 pub mod ggml_quants;
 pub mod gguf;
+pub mod manifest;
 pub mod model_dir;
 pub mod records;
 pub mod safetensors_io;

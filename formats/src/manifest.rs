@@ -1,0 +1,246 @@
+//! `manifest.toml`: everything the runtime needs to run a prepared model, and how it was made.
+//!
+//! ```toml
+//! format_version = 1
+//! model_name = "smollm2-135m"
+//! [model]            # the model's config.json, as imported
+//! [sparsity]         # dense prefix d, centroids K, mask kind, alpha, K_max per sparse layer
+//! [records]          # records.bin: record size, first sparse layer, neurons per layer, offsets
+//! [[artifacts]]      # every file: role, path (relative to the manifest), bytes, sha256
+//! [provenance]       # prep version, settings, source model and its sha256, time
+//! ```
+//! One reader ([`Manifest::load`], which validates) and one writer ([`Manifest::save`], atomic).
+
+use crate::error::{FormatError, Result};
+use crate::model_dir::ModelConfig;
+use crate::records::record_bytes;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub model_name: String,
+    pub model: ModelConfig,
+    pub sparsity: SparsitySettings,
+    pub records: RecordsLayout,
+    pub artifacts: Vec<Artifact>,
+    pub provenance: Provenance,
+}
+
+/// How activations are made sparse.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SparsitySettings {
+    /// `gate-up` (separate |gate| and |up| thresholds, intersected) or `product` (|silu(g) * u|).
+    pub mask_kind: String,
+    /// Fraction of neurons below the per-layer threshold (inactive), e.g. 0.62.
+    pub alpha: f64,
+    /// Layers `0..dense_prefix` run dense from resident weights.
+    pub dense_prefix: usize,
+    /// Centroids per layer (and projection for `gate-up`).
+    pub centroids: usize,
+    /// Rows kept per centroid, one entry per sparse layer (`dense_prefix..n_layers`).
+    pub k_max: Vec<usize>,
+}
+
+/// Where each neuron's record is in `records.bin`: layer-major, neuron order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RecordsLayout {
+    pub path: String,
+    pub record_bytes: usize,
+    pub first_layer: usize,
+    pub neurons_per_layer: usize,
+    pub count: usize,
+}
+
+impl RecordsLayout {
+    /// Byte offset of the record of (`layer`, `neuron`).
+    pub fn offset(&self, layer: usize, neuron: usize) -> u64 {
+        (((layer - self.first_layer) * self.neurons_per_layer + neuron) * self.record_bytes) as u64
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Artifact {
+    /// What the file is: "records", "resident", "centroids", "thresholds", "predictor", "tokenizer".
+    pub role: String,
+    /// Relative to the manifest's directory.
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Provenance {
+    pub prep_version: String,
+    pub source: String,
+    pub source_sha256: String,
+    pub created_unix_s: u64,
+    /// Every setting of the recipe, as given.
+    pub settings: BTreeMap<String, String>,
+}
+
+/// sha256 of a file, hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| FormatError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Manifest {
+    /// Structural checks that need no other file.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |what: String| Err(FormatError::invalid(path, what));
+        if self.format_version != MANIFEST_FORMAT_VERSION {
+            return bad(format!("format_version {} (this build reads {MANIFEST_FORMAT_VERSION})", self.format_version));
+        }
+        self.model.validate(path)?;
+        let (n_layers, n_ff) = (self.model.num_hidden_layers, self.model.intermediate_size);
+        let s = &self.sparsity;
+        if s.dense_prefix > n_layers {
+            return bad(format!("dense_prefix {} exceeds the model's {n_layers} layers", s.dense_prefix));
+        }
+        if s.k_max.len() != n_layers - s.dense_prefix {
+            return bad(format!("{} k_max entries for {} sparse layers", s.k_max.len(), n_layers - s.dense_prefix));
+        }
+        if let Some(k) = s.k_max.iter().find(|&&k| k == 0 || k > n_ff) {
+            return bad(format!("k_max {k} is outside 1..={n_ff} (intermediate_size)"));
+        }
+        if !(0.0..1.0).contains(&s.alpha) {
+            return bad(format!("alpha {} is outside [0, 1)", s.alpha));
+        }
+        let r = &self.records;
+        if r.record_bytes != record_bytes(self.model.hidden_size) {
+            return bad(format!("record_bytes {} but hidden_size {} implies {}", r.record_bytes, self.model.hidden_size, record_bytes(self.model.hidden_size)));
+        }
+        if r.first_layer != s.dense_prefix || r.neurons_per_layer != n_ff || r.count != (n_layers - s.dense_prefix) * n_ff {
+            return bad(format!(
+                "records cover layers {}.. x {} neurons = {}, expected layers {}.. x {n_ff} = {}",
+                r.first_layer,
+                r.neurons_per_layer,
+                r.count,
+                s.dense_prefix,
+                (n_layers - s.dense_prefix) * n_ff
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads and validates a manifest, and checks every artifact exists with its recorded size
+    /// (sha256 is checked by [`Manifest::verify_checksums`], which reads every byte).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
+        let m: Manifest = toml::from_str(&text).map_err(|e| FormatError::invalid(path, format!("not a valid manifest: {e}")))?;
+        m.validate(path)?;
+        for a in &m.artifacts {
+            let p = m.artifact_path(path, a);
+            let len = std::fs::metadata(&p).map_err(|e| FormatError::io(&p, e))?.len();
+            if len != a.bytes {
+                return Err(FormatError::invalid(&p, format!("{} bytes, the manifest {} says {}", len, path.display(), a.bytes)));
+            }
+        }
+        Ok(m)
+    }
+
+    pub fn artifact_path(&self, manifest_path: &Path, a: &Artifact) -> PathBuf {
+        manifest_path.parent().unwrap_or(Path::new(".")).join(&a.path)
+    }
+
+    /// Recomputes every artifact's sha256 and compares with the manifest.
+    pub fn verify_checksums(&self, manifest_path: &Path) -> Result<()> {
+        for a in &self.artifacts {
+            let p = self.artifact_path(manifest_path, a);
+            let got = sha256_file(&p)?;
+            if got != a.sha256 {
+                return Err(FormatError::invalid(&p, format!("sha256 {got} differs from the manifest's {}", a.sha256)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the manifest atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.validate(path)?;
+        let text = toml::to_string_pretty(self).map_err(|e| FormatError::invalid(path, format!("cannot serialise: {e}")))?;
+        crate::safetensors_io::write_atomic(&crate::safetensors_io::tmp_path(path), path, text.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(dir: &Path) -> Manifest {
+        let model: ModelConfig = serde_json::from_value(serde_json::json!({
+            "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "vocab_size": 49152, "tie_word_embeddings": true,
+        }))
+        .unwrap();
+        let art = dir.join("thresholds.bin");
+        std::fs::write(&art, b"0123456789").unwrap();
+        Manifest {
+            format_version: MANIFEST_FORMAT_VERSION,
+            model_name: "smollm2-135m".into(),
+            model,
+            sparsity: SparsitySettings { mask_kind: "product".into(), alpha: 0.62, dense_prefix: 20, centroids: 512, k_max: vec![900; 10] },
+            records: RecordsLayout { path: "records.bin".into(), record_bytes: 4096, first_layer: 20, neurons_per_layer: 1536, count: 15360 },
+            artifacts: vec![Artifact { role: "thresholds".into(), path: "thresholds.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() }],
+            provenance: Provenance { prep_version: "0.1.0".into(), ..Default::default() },
+        }
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("formats-manifest-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn round_trip_and_checksums() {
+        let d = dir("rt");
+        let m = sample(&d);
+        let p = d.join("manifest.toml");
+        m.save(&p).unwrap();
+        let back = Manifest::load(&p).unwrap();
+        assert_eq!(back, m);
+        back.verify_checksums(&p).unwrap();
+        assert_eq!(back.records.offset(21, 3), ((1536 + 3) * 4096) as u64);
+        std::fs::write(d.join("thresholds.bin"), b"0123456780").unwrap(); // same size, other bytes
+        let e = back.verify_checksums(&p).unwrap_err().to_string();
+        assert!(e.contains("thresholds.bin") && e.contains("differs"), "{e}");
+        std::fs::write(d.join("thresholds.bin"), b"short").unwrap();
+        let e = Manifest::load(&p).unwrap_err().to_string();
+        assert!(e.contains("5 bytes") && e.contains("says 10"), "{e}");
+    }
+
+    #[test]
+    fn impossible_settings_are_refused() {
+        let d = dir("bad");
+        let p = d.join("manifest.toml");
+        let mut m = sample(&d);
+        m.sparsity.k_max[3] = 2000;
+        assert!(m.save(&p).unwrap_err().to_string().contains("k_max 2000 is outside 1..=1536"));
+        let mut m = sample(&d);
+        m.sparsity.dense_prefix = 31;
+        assert!(m.save(&p).unwrap_err().to_string().contains("dense_prefix 31 exceeds"));
+        let mut m = sample(&d);
+        m.records.record_bytes = 4608;
+        assert!(m.save(&p).unwrap_err().to_string().contains("record_bytes 4608"));
+        std::fs::write(&p, "format_version = 1\nmodel_name = 3\n").unwrap();
+        assert!(Manifest::load(&p).unwrap_err().to_string().contains("not a valid manifest"));
+    }
+}
