@@ -90,3 +90,26 @@ fn sampling_is_seeded() {
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8), "different seeds should (almost surely) differ over 12 tokens");
 }
+
+#[test]
+fn mlp_observer_sees_every_layer() {
+    struct Recorder {
+        layers: Vec<usize>,
+        shapes_ok: bool,
+    }
+    impl runtime::model::MlpObserver for Recorder {
+        fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+            self.layers.push(layer);
+            // 3 tokens x 1536 neurons; silu(g) >= -0.2785 for every g
+            self.shapes_ok &= gate_silu.len() == 3 * 1536 && up.len() == 3 * 1536 && gate_silu.iter().all(|&v| v >= -0.2785);
+        }
+    }
+    let (model, _) = open();
+    let mut rec = Recorder { layers: vec![], shapes_ok: true };
+    let mut cache = model.new_cache(8).unwrap();
+    let observed = model.forward_observed(&[504, 3575, 282], &mut cache, 2, Some(&mut rec)).unwrap();
+    assert_eq!(rec.layers, (0..30).collect::<Vec<_>>());
+    assert!(rec.shapes_ok);
+    let mut cache = model.new_cache(8).unwrap();
+    assert_eq!(observed, model.forward(&[504, 3575, 282], &mut cache, 2).unwrap(), "observing must not change the result");
+}

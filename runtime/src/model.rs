@@ -7,7 +7,7 @@ use crate::ops::attention::{attention, AttentionShape};
 use crate::ops::matmul::{matmul, matvec_many};
 use crate::ops::rmsnorm::rmsnorm;
 use crate::ops::rope::RopeTable;
-use crate::ops::swiglu::swiglu_in_place;
+use crate::ops::swiglu::{mul_in_place, silu_in_place};
 use crate::tensor::F16Matrix;
 use formats::model_dir::{self, Architecture, ModelConfig};
 use formats::safetensors_io::{self, MappedSafetensors};
@@ -39,6 +39,13 @@ pub struct ModelWeights {
     pub final_norm: Vec<f32>,        // [d]
     /// `[vocab, d]`; None when tied to `embed`.
     pub lm_head: Option<F16Matrix>,
+}
+
+/// Sees the MLP activations of every layer during a forward pass (activation capture).
+pub trait MlpObserver {
+    /// `gate_silu` = silu(x W_gate^T) and `up` = x W_up^T, both `[n_tokens, intermediate_size]`;
+    /// the SwiGLU product is their elementwise product.
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]);
 }
 
 pub struct Model {
@@ -167,6 +174,17 @@ impl Model {
     /// Runs `tokens` at positions `cache.len ..`, appends their keys and values to the cache,
     /// and returns the logits of tokens `logits_from..` as `[n_tokens - logits_from, vocab]`.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, logits_from: usize) -> Result<Vec<f32>> {
+        self.forward_observed(tokens, cache, logits_from, None)
+    }
+
+    /// [`Model::forward`], showing each layer's MLP activations to `observer`.
+    pub fn forward_observed(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        logits_from: usize,
+        mut observer: Option<&mut dyn MlpObserver>,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
         let pos0 = cache.len;
@@ -231,7 +249,11 @@ impl Model {
                 matmul(&xn, n, &lw.w_gate, &mut gate);
                 matmul(&xn, n, &lw.w_up, &mut up);
             }
-            swiglu_in_place(&mut gate, &up);
+            silu_in_place(&mut gate);
+            if let Some(obs) = observer.as_mut() {
+                obs.observe(l, &gate, &up);
+            }
+            mul_in_place(&mut gate, &up); // gate now holds silu(gate) * up
             matmul(&gate, n, &lw.w_down, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
