@@ -31,7 +31,8 @@ demo: build
 ## test: every test, on the real fixture (run `make setup` first)
 test:
 	$(CARGO) build --release --workspace
-	$(CARGO) test --release --workspace
+	set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
+	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "%d passed, %d failed\n", p, f}' target/test.log
 
 ## baseline: build llama.cpp from the llama-cpp-python sdist into baseline/ (not in CI)
 baseline:
