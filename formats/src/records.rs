@@ -152,3 +152,59 @@ mod tests {
         assert!(e.contains("header says layer 7, neuron 123"), "{e}");
     }
 }
+
+/// One neuron's rows, read back from `records.bin`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NeuronRows {
+    pub gate: Vec<f16>,
+    pub up: Vec<f16>,
+    pub down_t: Vec<f16>,
+}
+
+/// Positional reader of `records.bin` (buffered I/O; the streaming engine reads the same
+/// layout with O_DIRECT). Every record read is checked: header and CRC32C.
+pub struct RecordFile {
+    pub path: std::path::PathBuf,
+    file: std::fs::File,
+    pub d_model: usize,
+    pub first_layer: usize,
+    pub neurons_per_layer: usize,
+    pub n_layers: usize,
+}
+
+impl RecordFile {
+    pub fn open(path: &Path, d_model: usize, first_layer: usize, n_layers: usize, neurons_per_layer: usize) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+        let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+        let want = ((n_layers - first_layer) * neurons_per_layer * record_bytes(d_model)) as u64;
+        if len != want {
+            return Err(FormatError::Truncated {
+                path: path.to_path_buf(),
+                offset: len.min(want),
+                what: format!("records of layers {first_layer}..{n_layers} x {neurons_per_layer} neurons"),
+                needed: want,
+                file_bytes: len,
+            });
+        }
+        Ok(RecordFile { path: path.to_path_buf(), file, d_model, first_layer, neurons_per_layer, n_layers })
+    }
+
+    pub fn offset(&self, layer: usize, neuron: usize) -> u64 {
+        (((layer - self.first_layer) * self.neurons_per_layer + neuron) * record_bytes(self.d_model)) as u64
+    }
+
+    pub fn read(&self, layer: usize, neuron: usize) -> Result<NeuronRows> {
+        use std::os::unix::fs::FileExt;
+        assert!(layer >= self.first_layer && layer < self.n_layers && neuron < self.neurons_per_layer);
+        let off = self.offset(layer, neuron);
+        let mut buf = vec![0u8; record_bytes(self.d_model)];
+        self.file.read_exact_at(&mut buf, off).map_err(|e| FormatError::io(&self.path, e))?;
+        check_record(&buf, &self.path, off, layer as u32, neuron as u32, self.d_model)?;
+        let d = self.d_model;
+        let vals: Vec<f16> = buf[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 3 * d * 2]
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        Ok(NeuronRows { gate: vals[..d].to_vec(), up: vals[d..2 * d].to_vec(), down_t: vals[2 * d..].to_vec() })
+    }
+}

@@ -2,6 +2,7 @@
 //! One module per stage; this file only parses the command line.
 
 mod import;
+mod pack;
 mod tokenizer_json;
 
 use anyhow::Result;
@@ -26,6 +27,19 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
         /// Print one JSON object with the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Split an imported model into records.bin (the sparse layers' MLP rows, one record per
+    /// neuron) and resident.safetensors (everything else).
+    Pack {
+        /// Canonical model directory (from `prep import`).
+        model: PathBuf,
+        /// Layers 0..D stay dense and resident; D..n_layers go to records.bin.
+        #[arg(long)]
+        dense_prefix: usize,
+        #[arg(long)]
+        out: PathBuf,
         #[arg(long)]
         json: bool,
     },
@@ -54,6 +68,23 @@ fn run(cli: Cli) -> Result<()> {
                     s.parameters as f64 / 1e6,
                     s.safetensors_bytes as f64 / (1 << 20) as f64,
                     s.out,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Command::Pack { model, dense_prefix, out, json } => {
+            let t0 = std::time::Instant::now();
+            let s = pack::pack(&model, dense_prefix, &out, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "packed {} records of {} bytes ({} sparse layers, {:.1} MiB) and {:.1} MiB resident in {:.1} s",
+                    s.records,
+                    s.record_bytes,
+                    s.sparse_layers,
+                    s.records_file_bytes as f64 / (1 << 20) as f64,
+                    s.resident_file_bytes as f64 / (1 << 20) as f64,
                     t0.elapsed().as_secs_f64()
                 );
             }

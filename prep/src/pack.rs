@@ -1,0 +1,120 @@
+//! `prep pack`: split a model into what stays resident and what streams from storage.
+//!
+//! - `records.bin`: layers `dense_prefix..n_layers`, layer-major, one record per intermediate
+//!   neuron (gate row, up row, row of W_down^T; `formats::records`), written to a temporary
+//!   name and renamed.
+//! - `resident.safetensors`: embeddings, every layer's attention and norms, the MLPs of the
+//!   dense prefix, the final norm and the output head (f16, Hugging Face names).
+
+use anyhow::{bail, Context, Result};
+use formats::model_dir::{self, ModelConfig};
+use formats::records::{encode_record, record_bytes};
+use formats::safetensors_io::{self, F16Tensor, MappedSafetensors};
+use half::f16;
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Debug, Serialize)]
+pub struct PackSummary {
+    pub records_path: String,
+    pub record_bytes: usize,
+    pub records: usize,
+    pub records_file_bytes: u64,
+    pub resident_path: String,
+    pub resident_file_bytes: u64,
+    pub dense_prefix: usize,
+    pub sparse_layers: usize,
+}
+
+/// All tensors of a model directory by name (mapped, converted to f16 on access).
+struct Tensors {
+    files: Vec<MappedSafetensors>,
+}
+
+impl Tensors {
+    fn get(&self, name: &str) -> Result<(Vec<usize>, Vec<f16>)> {
+        for f in &self.files {
+            if let Some(e) = f.tensors.get(name) {
+                return Ok((e.shape.clone(), safetensors_io::to_f16_vec(&f.path, name, e.dtype, f.bytes(e))?));
+            }
+        }
+        bail!("missing tensor '{name}' in the model directory")
+    }
+}
+
+pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<PackSummary> {
+    let cfg = ModelConfig::load(model)?;
+    let (n_layers, d, ff) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size);
+    if dense_prefix > n_layers {
+        bail!("--dense-prefix {dense_prefix} exceeds the model's {n_layers} layers ({})", model.display());
+    }
+    let t = Tensors {
+        files: model_dir::safetensors_files(model)?.into_iter().map(MappedSafetensors::open).collect::<Result<_, _>>()?,
+    };
+    std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
+
+    // records.bin
+    let rec_bytes = record_bytes(d);
+    let records_path = out.join("records.bin");
+    let tmp = safetensors_io::tmp_path(&records_path);
+    let mut w = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?);
+    let pb = if show_progress { ProgressBar::new((n_layers - dense_prefix) as u64) } else { ProgressBar::hidden() };
+    pb.set_style(ProgressStyle::with_template("packing records [{bar:40}] {pos}/{len} layers ({elapsed})").unwrap());
+    for layer in dense_prefix..n_layers {
+        let n = model_dir::layer_tensor_names(layer);
+        let (_, gate) = t.get(&n.gate_proj)?; // [ff, d]
+        let (_, up) = t.get(&n.up_proj)?; // [ff, d]
+        let (_, down) = t.get(&n.down_proj)?; // [d, ff]
+        let mut layer_buf = vec![0u8; ff * rec_bytes];
+        layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
+            let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
+            encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
+        });
+        w.write_all(&layer_buf).with_context(|| format!("{}: write failed", tmp.display()))?;
+        pb.inc(1);
+    }
+    let f = w.into_inner().map_err(|e| anyhow::anyhow!("{}: {}", tmp.display(), e.error()))?;
+    f.sync_all().with_context(|| format!("{}: sync failed", tmp.display()))?;
+    std::fs::rename(&tmp, &records_path)?;
+    pb.finish_and_clear();
+
+    // resident.safetensors
+    let mut names = vec![model_dir::EMBED_TOKENS.to_string(), model_dir::FINAL_NORM.to_string()];
+    if t.files.iter().any(|f| f.tensors.contains_key(model_dir::LM_HEAD)) {
+        names.push(model_dir::LM_HEAD.to_string());
+    }
+    for layer in 0..n_layers {
+        let n = model_dir::layer_tensor_names(layer);
+        names.extend([n.attn_norm, n.q_proj, n.k_proj, n.v_proj, n.o_proj, n.mlp_norm]);
+        for bias in [n.q_bias, n.k_bias, n.v_bias] {
+            if t.files.iter().any(|f| f.tensors.contains_key(&bias)) {
+                names.push(bias);
+            }
+        }
+        if layer < dense_prefix {
+            names.extend([n.gate_proj, n.up_proj, n.down_proj]);
+        }
+    }
+    let tensors = names
+        .into_iter()
+        .map(|name| {
+            let (shape, data) = t.get(&name)?;
+            Ok(F16Tensor { name, shape, data })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let resident_path = out.join("resident.safetensors");
+    safetensors_io::write_f16_safetensors(&resident_path, &tensors, None)?;
+    Ok(PackSummary {
+        records_path: records_path.display().to_string(),
+        record_bytes: rec_bytes,
+        records: (n_layers - dense_prefix) * ff,
+        records_file_bytes: std::fs::metadata(&records_path)?.len(),
+        resident_path: resident_path.display().to_string(),
+        resident_file_bytes: std::fs::metadata(&resident_path)?.len(),
+        dense_prefix,
+        sparse_layers: n_layers - dense_prefix,
+    })
+}
