@@ -11,6 +11,8 @@ use rayon::prelude::*;
 
 /// Rows of `w` per rayon task.
 const ROWS_PER_TASK: usize = 32;
+/// Rows of `w` per rayon task in the one-token (decode) path.
+const DECODE_ROWS_PER_TASK: usize = 128;
 
 pub fn matmul(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
     let (n_out, n_in) = (w.rows, w.cols);
@@ -82,8 +84,8 @@ pub fn matvec_many(x: &[f32], ws: &[&F16Matrix], outs: &mut [&mut [f32]]) {
     let mut tasks: Vec<(usize, &mut [f32], usize)> = Vec::new(); // (matrix, output block, first row)
     for (m, out) in outs.iter_mut().enumerate() {
         assert_eq!(out.len(), ws[m].rows);
-        for (b, chunk) in out.chunks_mut(ROWS_PER_TASK).enumerate() {
-            tasks.push((m, chunk, b * ROWS_PER_TASK));
+        for (b, chunk) in out.chunks_mut(DECODE_ROWS_PER_TASK).enumerate() {
+            tasks.push((m, chunk, b * DECODE_ROWS_PER_TASK));
         }
     }
     tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(x, ws[m], r0, dst));
@@ -105,9 +107,9 @@ fn matvec_rows(x: &[f32], w: &F16Matrix, r0: usize, dst: &mut [f32]) {
 
 /// `out[o] = w[o, :] . x` for one token.
 pub fn matvec(x: &[f32], w: &F16Matrix, out: &mut [f32]) {
-    out.par_chunks_mut(ROWS_PER_TASK)
+    out.par_chunks_mut(DECODE_ROWS_PER_TASK)
         .enumerate()
-        .for_each(|(block, dst)| matvec_rows(x, w, block * ROWS_PER_TASK, dst));
+        .for_each(|(block, dst)| matvec_rows(x, w, block * DECODE_ROWS_PER_TASK, dst));
 }
 
 #[cfg(test)]

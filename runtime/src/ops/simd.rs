@@ -196,7 +196,7 @@ mod x86 {
         let mut i = 0;
         // Rows are contiguous: the rows this call's successors read start `2n` and `3n` values
         // on. Prefetching them hides DRAM latency that the hardware prefetcher leaves exposed.
-        let (p0, p1) = (w0.as_ptr().wrapping_add(4 * n), w1.as_ptr().wrapping_add(4 * n));
+        let (p0, p1) = (w0.as_ptr().wrapping_add(8 * n), w1.as_ptr().wrapping_add(8 * n));
         while i + 16 <= n {
             _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(i) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(p1.wrapping_add(i) as *const i8);
