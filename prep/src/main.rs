@@ -1,6 +1,7 @@
 //! `prep`: the offline stages that turn a model into what the runtime streams.
 //! One module per stage; this file only parses the command line.
 
+mod capture;
 mod import;
 mod pack;
 mod tokenizer_json;
@@ -27,6 +28,35 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
         /// Print one JSON object with the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Capture activation masks and per-layer thresholds over a calibration corpus.
+    Capture {
+        /// Canonical model directory (from `prep import`).
+        model: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// Calibration text files (repeat the flag); sequences are taken round-robin from them.
+        #[arg(long, required = true)]
+        corpus: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = capture::MaskKind::Product)]
+        mask_kind: capture::MaskKind,
+        /// Sparsity: the fraction of neurons below the per-layer threshold.
+        #[arg(long, default_value_t = 0.62)]
+        alpha: f64,
+        /// Tokens per calibration sequence (T).
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        /// Sequences to capture in all (across shards).
+        #[arg(long, default_value_t = 40)]
+        sequences: usize,
+        /// Leading sequences whose activations set the thresholds.
+        #[arg(long, default_value_t = 8)]
+        threshold_sequences: usize,
+        /// This machine's part of the corpus, "i/n" (sequences i, i+n, i+2n, ...).
+        #[arg(long, default_value = "0/1")]
+        shard: String,
         #[arg(long)]
         json: bool,
     },
@@ -69,6 +99,37 @@ fn run(cli: Cli) -> Result<()> {
                     s.safetensors_bytes as f64 / (1 << 20) as f64,
                     s.out,
                     t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Command::Capture { model, out, corpus, mask_kind, alpha, seq_len, sequences, threshold_sequences, shard, json } => {
+            let (i, n) = shard
+                .split_once('/')
+                .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--shard {shard:?}: expected i/n, e.g. 0/4"))?;
+            let settings = capture::CaptureSettings {
+                mask_kind,
+                alpha,
+                seq_len,
+                sequences,
+                threshold_sequences,
+                corpus: corpus.iter().map(|p| p.display().to_string()).collect(),
+                shard_index: i,
+                shard_count: n,
+            };
+            let s = capture::capture(&model, &out, &settings, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                let mean = s.density_per_layer.iter().sum::<f64>() / s.density_per_layer.len().max(1) as f64;
+                println!(
+                    "captured {} tokens ({} sequences) -> {}; mean density {:.3} (target {:.3}); {:.1} s",
+                    s.tokens_captured,
+                    s.sequences_captured,
+                    s.shard_path,
+                    mean,
+                    1.0 - alpha,
+                    s.seconds
                 );
             }
         }

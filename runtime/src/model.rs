@@ -46,6 +46,9 @@ pub trait MlpObserver {
     /// `gate_silu` = silu(x W_gate^T) and `up` = x W_up^T, both `[n_tokens, intermediate_size]`;
     /// the SwiGLU product is their elementwise product.
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]);
+
+    /// The residual stream after layer `layer` (its output), `[n_tokens, hidden_size]`.
+    fn after_layer(&mut self, _layer: usize, _hidden: &[f32]) {}
 }
 
 pub struct Model {
@@ -256,6 +259,9 @@ impl Model {
             mul_in_place(&mut gate, &up); // gate now holds silu(gate) * up
             matmul(&gate, n, &lw.w_down, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            if let Some(obs) = observer.as_mut() {
+                obs.after_layer(l, &x);
+            }
         }
         cache.len = pos0 + n;
 
