@@ -85,3 +85,50 @@ fn capture_refuses_a_corpus_too_small() {
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(e.contains("the corpus gives 0 sequences of 512 tokens; 8 are needed"), "{e}");
 }
+
+#[test]
+fn cluster_writes_fixed_size_centroids_and_labels() {
+    let cap = scratch("cluster-cap");
+    let r = run_bin(
+        "prep",
+        &[
+            "capture", fixture_model().to_str().unwrap(), "--out", cap.to_str().unwrap(),
+            "--corpus", data_text("boolq.txt").to_str().unwrap(), "--seq-len", "64", "--sequences", "8", "--threshold-sequences", "8",
+        ],
+    );
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let out = scratch("cluster-out");
+    let run = |factor: &str| {
+        let r = run_bin(
+            "prep",
+            &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "16", "--k-max-factor", factor, "--layers", "3..5", "--json"],
+        );
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        serde_json::from_slice::<serde_json::Value>(&r.stdout).unwrap()
+    };
+    let narrow = run("1.0");
+    let wide = run("2.0");
+    assert_eq!(narrow["tokens"], 512);
+    let layers = wide["layers"].as_array().unwrap();
+    assert_eq!(layers.iter().map(|l| l["column"].as_str().unwrap()).collect::<Vec<_>>(), ["mask_l03", "mask_l04"]);
+    for (n, w) in narrow["layers"].as_array().unwrap().iter().zip(layers) {
+        let (rn, rw) = (n["recall"].as_f64().unwrap(), w["recall"].as_f64().unwrap());
+        assert!(rn > 0.3 && rn < rw && rw <= 1.0, "recall {rn} (1.0x) vs {rw} (2.0x)");
+    }
+    // every pruned centroid holds exactly K_max neurons; one label per token, each < K
+    let k_max = layers[0]["k_max"].as_u64().unwrap() as u32;
+    let c = formats::safetensors_io::MappedSafetensors::open(out.join("centroids.safetensors")).unwrap();
+    let e = &c.tensors["centroids_l03"];
+    assert_eq!(e.shape, vec![16, 192]);
+    for row in c.bytes(e).chunks_exact(192) {
+        assert_eq!(row.iter().map(|b| b.count_ones()).sum::<u32>(), k_max);
+    }
+    let l = formats::safetensors_io::MappedSafetensors::open(out.join("labels.safetensors")).unwrap();
+    let e = &l.tensors["labels_l04"];
+    assert_eq!(e.shape, vec![512]);
+    assert!(l.bytes(e).chunks_exact(2).all(|b| u16::from_le_bytes([b[0], b[1]]) < 16));
+    // K larger than the sample is refused
+    let r = run_bin("prep", &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "600"]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("K = 600 centroids but only 512 captured tokens"));
+}

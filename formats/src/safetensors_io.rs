@@ -90,10 +90,13 @@ pub fn write_f16_safetensors(path: &Path, tensors: &[F16Tensor], metadata: Optio
             Ok((t.name.clone(), view))
         })
         .collect::<Result<_>>()?;
-    let tmp = tmp_path(path);
+    write_views(path, views, metadata)
+}
+
+fn write_views(path: &Path, views: Vec<(String, safetensors::tensor::TensorView<'_>)>, metadata: Option<HashMap<String, String>>) -> Result<()> {
     let bytes = safetensors::serialize(views, metadata)
         .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
-    write_atomic(&tmp, path, &bytes)
+    write_atomic(&tmp_path(path), path, &bytes)
 }
 
 /// `<path>.tmp` beside the destination.
@@ -110,4 +113,25 @@ pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| FormatError::io(tmp, e))?;
     drop(f);
     std::fs::rename(tmp, path).map_err(|e| FormatError::io(path, e))
+}
+
+/// One tensor of any safetensors dtype, as little-endian bytes.
+pub struct RawTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// Writes tensors of any dtype (U8 bitsets, U16 labels, ...) atomically.
+pub fn write_raw_safetensors(path: &Path, tensors: &[RawTensor], metadata: Option<HashMap<String, String>>) -> Result<()> {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            let view = safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.bytes)
+                .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{}': {e}", t.name) })?;
+            Ok((t.name.clone(), view))
+        })
+        .collect::<Result<_>>()?;
+    write_views(path, views, metadata)
 }

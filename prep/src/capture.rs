@@ -275,6 +275,7 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
             ("mask_kind".to_string(), serde_json::to_string(&s.mask_kind)?),
             ("bit_order".to_string(), "neuron n is bit n % 8 of byte n / 8".to_string()),
             ("alpha".to_string(), s.alpha.to_string()),
+            ("intermediate_size".to_string(), ff.to_string()),
         ]),
     ));
     let shard_path = out.join(format!("masks-{:03}-of-{:03}.arrow", s.shard_index, s.shard_count));

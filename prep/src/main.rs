@@ -2,6 +2,7 @@
 //! One module per stage; this file only parses the command line.
 
 mod capture;
+mod cluster;
 mod import;
 mod pack;
 mod tokenizer_json;
@@ -57,6 +58,31 @@ enum Command {
         /// This machine's part of the corpus, "i/n" (sequences i, i+n, i+2n, ...).
         #[arg(long, default_value = "0/1")]
         shard: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// k-means of the captured masks into K sparse centroids per layer, pruned to K_max.
+    Cluster {
+        /// Directory with the masks-*.arrow shards of `prep capture`.
+        captures: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// Centroids per layer (and projection).
+        #[arg(long, default_value_t = 512)]
+        k: usize,
+        /// K_max = factor x the layer's mean active count (paper: about 1.0).
+        #[arg(long, default_value_t = 1.0)]
+        k_max_factor: f64,
+        /// A fixed K_max for every layer instead.
+        #[arg(long)]
+        k_max: Option<usize>,
+        #[arg(long, default_value_t = 15)]
+        max_iterations: usize,
+        /// Only layers a..b (end exclusive), e.g. 20..30.
+        #[arg(long)]
+        layers: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         #[arg(long)]
         json: bool,
     },
@@ -131,6 +157,28 @@ fn run(cli: Cli) -> Result<()> {
                     1.0 - alpha,
                     s.seconds
                 );
+            }
+        }
+        Command::Cluster { captures, out, k, k_max_factor, k_max, max_iterations, layers, seed, json } => {
+            let layers = match layers {
+                None => None,
+                Some(r) => Some(
+                    r.split_once("..")
+                        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+                        .filter(|(a, b)| a < b)
+                        .ok_or_else(|| anyhow::anyhow!("--layers {r:?}: expected a..b with a < b, e.g. 20..30"))?,
+                ),
+            };
+            let settings = cluster::ClusterSettings { k, k_max_factor, k_max, max_iterations, layers, seed };
+            let s = cluster::cluster(&captures, &out, &settings, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!("{:<16} {:>6} {:>8} {:>6} {:>7} {:>6}", "column", "K_max", "active", "iters", "recall", "s");
+                for l in &s.layers {
+                    println!("{:<16} {:>6} {:>8.1} {:>6} {:>7.3} {:>6.1}", l.column, l.k_max, l.mean_active, l.iterations, l.recall, l.seconds);
+                }
+                println!("{} tokens -> {} and {}", s.tokens, s.centroids_path, s.labels_path);
             }
         }
         Command::Pack { model, dense_prefix, out, json } => {

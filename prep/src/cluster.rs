@@ -1,0 +1,266 @@
+//! `prep cluster`: per layer (and projection, for gate-up masks), k-means of the captured binary
+//! masks into K sparse centroids, each pruned to its K_max most frequent neurons; writes the
+//! centroid bitsets, the label (nearest centroid) of every captured token, and per-layer recall.
+//!
+//! Lloyd's algorithm with distances by matrix multiply (the runtime's f16 matmul kernel:
+//! ||x - c||^2 = |x| - 2 x.c + ||c||^2, and |x| does not change the argmin). linfa-clustering
+//! was measured at 18x slower per iteration at K = 512 and its k-means++ init at ~44 min
+//! (../shared/MEASURED.md), so it is not used. Initial centroids: K distinct captured masks
+//! drawn with a fixed seed; an emptied cluster is re-seeded with the token farthest from its
+//! centroid.
+
+use anyhow::{bail, Context, Result};
+use arrow_array::{Array, FixedSizeBinaryArray};
+use formats::safetensors_io::{write_raw_safetensors, RawTensor};
+use half::f16;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{seq::SliceRandom, SeedableRng};
+use rayon::prelude::*;
+use runtime::tensor::F16Matrix;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerCluster {
+    /// Mask column clustered (e.g. `mask_l05`, `gate_mask_l05`).
+    pub column: String,
+    pub k: usize,
+    pub k_max: usize,
+    pub iterations: usize,
+    pub mean_active: f64,
+    /// Share of the truly active neurons (summed over tokens) inside the pruned set of the
+    /// token's centroid.
+    pub recall: f64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterSummary {
+    pub tokens: usize,
+    pub layers: Vec<LayerCluster>,
+    pub centroids_path: String,
+    pub labels_path: String,
+}
+
+pub struct ClusterSettings {
+    pub k: usize,
+    /// K_max = round(factor x mean active count of the layer), capped at n_ff; or fixed.
+    pub k_max_factor: f64,
+    pub k_max: Option<usize>,
+    pub max_iterations: usize,
+    pub layers: Option<(usize, usize)>,
+    pub seed: u64,
+}
+
+/// Every mask column of the capture shards in `dir`, concatenated across shards in file order.
+/// Returns (column names, column bytes, mask width in bytes, rows, neurons per mask).
+fn read_mask_columns(dir: &Path) -> Result<(Vec<String>, Vec<Vec<u8>>, usize, usize, usize)> {
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}: cannot read the capture directory", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("masks-") && n.ends_with(".arrow")))
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        bail!("{}: no masks-*.arrow shard (run `prep capture` first)", dir.display());
+    }
+    let (mut names, mut cols, mut width, mut rows, mut n_ff) = (Vec::<String>::new(), Vec::<Vec<u8>>::new(), 0usize, 0usize, 0usize);
+    for shard in &shards {
+        let f = std::fs::File::open(shard).with_context(|| format!("{}: cannot open", shard.display()))?;
+        let reader = arrow_ipc::reader::FileReader::try_new(f, None).with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
+        let schema = reader.schema();
+        n_ff = schema
+            .metadata()
+            .get("intermediate_size")
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{}: no intermediate_size in the schema metadata", shard.display()))?;
+        let these: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).filter(|n| n.contains("mask_l")).collect();
+        if names.is_empty() {
+            names = these.clone();
+            cols = vec![Vec::new(); names.len()];
+        } else if these != names {
+            bail!("{}: mask columns differ from the other shards' (mixed captures?)", shard.display());
+        }
+        for batch in reader {
+            let batch = batch.with_context(|| format!("{}: corrupt record batch", shard.display()))?;
+            rows += batch.num_rows();
+            for (i, n) in names.iter().enumerate() {
+                let a = batch.column_by_name(n).unwrap().as_any().downcast_ref::<FixedSizeBinaryArray>().context("mask column is not FixedSizeBinary")?;
+                width = a.value_length() as usize;
+                cols[i].extend_from_slice(a.value_data());
+            }
+        }
+    }
+    Ok((names, cols, width, rows, n_ff))
+}
+
+fn layer_of(column: &str) -> usize {
+    column.rsplit("_l").next().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Lloyd's k-means of `n` bitsets (`bits`, `width` bytes each, `n_ff` neurons).
+/// Returns (centroids `[k, n_ff]` f32, labels `[n]`, iterations).
+fn kmeans(bits: &[u8], n: usize, width: usize, n_ff: usize, k: usize, max_iter: usize, seed: u64) -> (Vec<f32>, Vec<u32>, usize) {
+    // x: [n, n_ff] 0/1
+    let mut x = vec![0f32; n * n_ff];
+    x.par_chunks_mut(n_ff).zip(bits.par_chunks(width)).for_each(|(row, b)| {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = (b[j / 8] >> (j % 8) & 1) as f32;
+        }
+    });
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut rng);
+    let mut cent = vec![0f32; k * n_ff];
+    for (c, &i) in order.iter().take(k).enumerate() {
+        cent[c * n_ff..(c + 1) * n_ff].copy_from_slice(&x[i * n_ff..(i + 1) * n_ff]);
+    }
+    let mut labels = vec![u32::MAX; n];
+    let mut iterations = 0;
+    let mut dots = vec![0f32; n * k];
+    for it in 0..max_iter {
+        iterations = it + 1;
+        let cm = F16Matrix::owned(k, n_ff, cent.iter().map(|&v| f16::from_f32(v)).collect());
+        let norms: Vec<f32> = cent.chunks_exact(n_ff).map(|c| c.iter().map(|v| v * v).sum()).collect();
+        runtime::ops::matmul::matmul(&x, n, &cm, &mut dots); // dots[i, c] = x_i . c
+        let assign: Vec<(u32, f32)> = dots
+            .par_chunks(k)
+            .map(|d| {
+                let mut best = (0u32, f32::INFINITY);
+                for (c, (&dot, &nrm)) in d.iter().zip(&norms).enumerate() {
+                    let dist = nrm - 2.0 * dot;
+                    if dist < best.1 {
+                        best = (c as u32, dist);
+                    }
+                }
+                best
+            })
+            .collect();
+        let changed = assign.iter().zip(&labels).filter(|((a, _), b)| a != *b).count();
+        labels.iter_mut().zip(&assign).for_each(|(l, (a, _))| *l = *a);
+        // update: mean of members
+        let mut sums = vec![0f32; k * n_ff];
+        let mut counts = vec![0usize; k];
+        for (i, &l) in labels.iter().enumerate() {
+            counts[l as usize] += 1;
+            simd_add(&mut sums[l as usize * n_ff..(l as usize + 1) * n_ff], &x[i * n_ff..(i + 1) * n_ff]);
+        }
+        // empty clusters take the tokens farthest from their centroids
+        let mut far: Vec<usize> = (0..n).collect();
+        far.sort_unstable_by(|&a, &b| assign[b].1.total_cmp(&assign[a].1));
+        let mut next_far = 0;
+        for c in 0..k {
+            if counts[c] == 0 {
+                let i = far[next_far];
+                next_far += 1;
+                cent[c * n_ff..(c + 1) * n_ff].copy_from_slice(&x[i * n_ff..(i + 1) * n_ff]);
+            } else {
+                let inv = 1.0 / counts[c] as f32;
+                for (dst, s) in cent[c * n_ff..(c + 1) * n_ff].iter_mut().zip(&sums[c * n_ff..(c + 1) * n_ff]) {
+                    *dst = s * inv;
+                }
+            }
+        }
+        if it > 0 && changed * 1000 <= n {
+            break;
+        }
+    }
+    (cent, labels, iterations)
+}
+
+fn simd_add(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+}
+
+/// Indices of the `k_max` largest values of a centroid, as a bitset of `n_ff` bits.
+fn prune_to_bitset(c: &[f32], k_max: usize) -> Vec<u8> {
+    let mut idx: Vec<usize> = (0..c.len()).collect();
+    idx.select_nth_unstable_by(k_max.min(c.len()) - 1, |&a, &b| c[b].total_cmp(&c[a]));
+    let mut bits = vec![0u8; c.len().div_ceil(8)];
+    for &i in &idx[..k_max.min(c.len())] {
+        bits[i / 8] |= 1 << (i % 8);
+    }
+    bits
+}
+
+pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: bool) -> Result<ClusterSummary> {
+    let (names, cols, width, n, n_ff) = read_mask_columns(captures)?;
+    if s.k == 0 || s.k > n {
+        bail!("K = {} centroids but only {n} captured tokens (K must be in 1..={n})", s.k);
+    }
+    if width != n_ff.div_ceil(8) {
+        bail!("{}: masks are {width} bytes wide but the model has {n_ff} neurons", captures.display());
+    }
+    let selected: Vec<usize> = (0..names.len())
+        .filter(|&i| s.layers.is_none_or(|(a, b)| (a..b).contains(&layer_of(&names[i]))))
+        .collect();
+    std::fs::create_dir_all(out)?;
+    let pb = if show_progress { ProgressBar::new(selected.len() as u64) } else { ProgressBar::hidden() };
+    pb.set_style(ProgressStyle::with_template("k-means [{bar:40}] {pos}/{len} mask columns ({elapsed}, eta {eta})").unwrap());
+    let mut centroids = Vec::new();
+    let mut labels = Vec::new();
+    let mut layers = Vec::new();
+    for &ci in &selected {
+        let t0 = std::time::Instant::now();
+        let bits = &cols[ci];
+        let active: usize = bits.iter().map(|b| b.count_ones() as usize).sum();
+        let mean_active = active as f64 / n as f64;
+        let k_max = s.k_max.unwrap_or(((s.k_max_factor * mean_active).round() as usize).max(1)).min(n_ff);
+        let (cent, lab, iterations) = kmeans(bits, n, width, n_ff, s.k, s.max_iterations, s.seed);
+        let pruned: Vec<Vec<u8>> = cent.chunks_exact(n_ff).map(|c| prune_to_bitset(c, k_max)).collect();
+        let covered: usize = (0..n)
+            .map(|i| {
+                let p = &pruned[lab[i] as usize];
+                bits[i * width..(i + 1) * width].iter().zip(p).map(|(a, b)| (a & b).count_ones() as usize).sum::<usize>()
+            })
+            .sum();
+        centroids.push(RawTensor { name: names[ci].replace("mask", "centroids"), dtype: safetensors::Dtype::U8, shape: vec![s.k, width], bytes: pruned.concat() });
+        labels.push(RawTensor {
+            name: names[ci].replace("mask", "labels"),
+            dtype: safetensors::Dtype::U16,
+            shape: vec![n],
+            bytes: lab.iter().flat_map(|&l| (l as u16).to_le_bytes()).collect(),
+        });
+        layers.push(LayerCluster {
+            column: names[ci].clone(),
+            k: s.k,
+            k_max,
+            iterations,
+            mean_active,
+            recall: covered as f64 / active.max(1) as f64,
+            seconds: t0.elapsed().as_secs_f64(),
+        });
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let cpath = out.join("centroids.safetensors");
+    let lpath = out.join("labels.safetensors");
+    write_raw_safetensors(&cpath, &centroids, None)?;
+    write_raw_safetensors(&lpath, &labels, None)?;
+    let summary = ClusterSummary { tokens: n, layers, centroids_path: cpath.display().to_string(), labels_path: lpath.display().to_string() };
+    let spath = out.join("cluster.json");
+    formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&spath), &spath, serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kmeans_separates_two_obvious_groups_and_prunes() {
+        // 40 tokens over 16 neurons: group A uses neurons 0..4, group B neurons 8..12.
+        let n_ff = 16;
+        let mut bits = Vec::new();
+        for i in 0..40 {
+            let mut b = [0u8; 2];
+            if i % 2 == 0 { b[0] = 0b0000_1111 } else { b[1] = 0b0000_1111 }
+            bits.extend(b);
+        }
+        let (cent, lab, _) = kmeans(&bits, 40, 2, n_ff, 2, 10, 1);
+        assert!(lab.iter().step_by(2).all(|&l| l == lab[0]) && lab.iter().skip(1).step_by(2).all(|&l| l == lab[1]));
+        assert_ne!(lab[0], lab[1]);
+        let p = prune_to_bitset(&cent[lab[0] as usize * n_ff..(lab[0] as usize + 1) * n_ff], 4);
+        assert_eq!(p, vec![0b0000_1111, 0]);
+    }
+}
