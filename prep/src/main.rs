@@ -5,6 +5,8 @@ mod capture;
 mod cluster;
 mod import;
 mod pack;
+mod prepare;
+mod report;
 mod tokenizer_json;
 
 use anyhow::Result;
@@ -29,6 +31,15 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
         /// Print one JSON object with the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the whole offline pipeline of a recipe (pipelines/<name>.toml) up to manifest.toml.
+    Prepare {
+        recipe: PathBuf,
+        /// GGUF file or Hugging Face directory to import (overrides the recipe's `source`).
+        #[arg(long)]
+        source: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -58,6 +69,22 @@ enum Command {
         /// This machine's part of the corpus, "i/n" (sequences i, i+n, i+2n, ...).
         #[arg(long, default_value = "0/1")]
         shard: String,
+        /// Use this thresholds.json (e.g. the calibration capture's, for held-out text).
+        #[arg(long)]
+        thresholds: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Density and windowed reuse per layer (exact masks and centroid sets) of a capture.
+    Report {
+        /// Directory with masks-*.arrow shards.
+        capture: PathBuf,
+        /// `prep cluster` output, for the centroid sets.
+        #[arg(long)]
+        cluster: Option<PathBuf>,
+        /// Also write the report as JSON to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -128,7 +155,42 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Capture { model, out, corpus, mask_kind, alpha, seq_len, sequences, threshold_sequences, shard, json } => {
+        Command::Prepare { recipe, source, json } => {
+            let r = prepare::prepare(&recipe, source.as_deref(), !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                for s in &r.stages {
+                    println!("{:<8} {:>8.1} s{}", s.stage, s.seconds, if s.skipped { " (up to date)" } else { "" });
+                }
+                println!("manifest: {} ({:.1} s in all)", r.manifest, r.seconds);
+            }
+        }
+        Command::Report { capture, cluster, out, json } => {
+            let r = report::report(&capture, cluster.as_deref())?;
+            let text = serde_json::to_string_pretty(&r)?;
+            if let Some(p) = out {
+                formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&p), &p, text.as_bytes())?;
+            }
+            if json {
+                println!("{text}");
+            } else {
+                println!("{} tokens; reuse = share of token t+1's set active within the last k tokens", r.tokens);
+                println!("{:<14} {:>7} {:>22} {:>22} {:>7}", "column", "density", "exact k=1/2/4", "centroid k=1/2/4", "recall");
+                let f = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
+                for l in &r.layers {
+                    println!(
+                        "{:<14} {:>7.3} {:>22} {:>22} {:>7}",
+                        l.column,
+                        l.density,
+                        f(&l.reuse_exact),
+                        l.reuse_centroid.as_deref().map(f).unwrap_or_default(),
+                        l.centroid_recall.map(|x| format!("{x:.3}")).unwrap_or_default()
+                    );
+                }
+            }
+        }
+        Command::Capture { model, out, corpus, mask_kind, alpha, seq_len, sequences, threshold_sequences, shard, thresholds, json } => {
             let (i, n) = shard
                 .split_once('/')
                 .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
@@ -142,6 +204,7 @@ fn run(cli: Cli) -> Result<()> {
                 corpus: corpus.iter().map(|p| p.display().to_string()).collect(),
                 shard_index: i,
                 shard_count: n,
+                thresholds_from: thresholds.map(|p| p.display().to_string()),
             };
             let s = capture::capture(&model, &out, &settings, !json)?;
             if json {
@@ -166,6 +229,7 @@ fn run(cli: Cli) -> Result<()> {
                     r.split_once("..")
                         .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
                         .filter(|(a, b)| a < b)
+                        .map(|r| vec![r])
                         .ok_or_else(|| anyhow::anyhow!("--layers {r:?}: expected a..b with a < b, e.g. 20..30"))?,
                 ),
             };

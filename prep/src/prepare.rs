@@ -1,0 +1,273 @@
+//! `prep prepare <recipe.toml>` (what `make prepare MODEL=<name>` runs): the offline pipeline
+//! of `pipelines/<name>.toml` — import, capture, cluster, pack — ending in
+//! `<out>/manifest.toml`. Each stage records a stamp (its settings and the size and mtime of its
+//! inputs) after it succeeds; a stage whose stamp matches and whose outputs exist is skipped.
+//! Every output is written under a temporary name and renamed, so an interrupted stage leaves
+//! no file that a later run could take for a good one.
+
+use crate::{capture, cluster, import, pack};
+use anyhow::{bail, Context, Result};
+use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
+use formats::model_dir::ModelConfig;
+use formats::records::record_bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub name: String,
+    /// GGUF file or Hugging Face directory; `--source` (make's SOURCE=) overrides it.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Where the imported model directory goes.
+    pub model_dir: String,
+    /// Where the artifacts and manifest.toml go.
+    pub out: String,
+    pub capture: CaptureRecipe,
+    pub cluster: ClusterRecipe,
+    pub pack: PackRecipe,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureRecipe {
+    /// Text files, or directories whose *.txt files are all used.
+    pub corpus: Vec<String>,
+    pub mask_kind: capture::MaskKind,
+    pub alpha: f64,
+    pub seq_len: usize,
+    pub sequences: usize,
+    pub threshold_sequences: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterRecipe {
+    pub k: usize,
+    pub k_max_factor: f64,
+    pub max_iterations: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackRecipe {
+    /// Layers 0..dense_prefix stay dense and resident.
+    pub dense_prefix: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StageReport {
+    pub stage: String,
+    pub skipped: bool,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PrepareReport {
+    pub recipe: String,
+    pub manifest: String,
+    pub stages: Vec<StageReport>,
+    pub seconds: f64,
+}
+
+/// (path, bytes, mtime) of every file under the given paths: what a stage's result depends on.
+fn file_fingerprint(paths: &[PathBuf]) -> Result<Vec<(String, u64, u64)>> {
+    let mut out = Vec::new();
+    for p in paths {
+        let files: Vec<PathBuf> = if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.is_file()).collect();
+            v.sort();
+            v
+        } else {
+            vec![p.clone()]
+        };
+        for f in files {
+            let m = std::fs::metadata(&f).with_context(|| format!("{}: missing input", f.display()))?;
+            let mtime = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()).unwrap_or(0);
+            out.push((f.display().to_string(), m.len(), mtime));
+        }
+    }
+    Ok(out)
+}
+
+struct Stage<'a> {
+    out: &'a Path,
+    reports: Vec<StageReport>,
+}
+
+impl Stage<'_> {
+    /// Runs `f` unless the stamp of `name` matches `key` and every output exists.
+    fn run(&mut self, name: &str, key: &serde_json::Value, outputs: &[PathBuf], f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let stamp = self.out.join(format!(".stamp-{name}.json"));
+        let fresh = std::fs::read_to_string(&stamp).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()).as_ref() == Some(key)
+            && outputs.iter().all(|o| o.exists());
+        let t0 = std::time::Instant::now();
+        if fresh {
+            eprintln!("prepare: {name}: up to date, skipped");
+        } else {
+            let _ = std::fs::remove_file(&stamp);
+            f().with_context(|| format!("stage {name}"))?;
+            formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&stamp), &stamp, key.to_string().as_bytes())?;
+            eprintln!("prepare: {name}: {:.1} s", t0.elapsed().as_secs_f64());
+        }
+        self.reports.push(StageReport { stage: name.to_string(), skipped: fresh, seconds: t0.elapsed().as_secs_f64() });
+        Ok(())
+    }
+}
+
+pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress: bool) -> Result<PrepareReport> {
+    let text = std::fs::read_to_string(recipe_path).with_context(|| format!("{}: cannot read recipe", recipe_path.display()))?;
+    let r: Recipe = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: invalid recipe: {e}", recipe_path.display()))?;
+    let t_all = std::time::Instant::now();
+    let model_dir = PathBuf::from(&r.model_dir);
+    let out = PathBuf::from(&r.out);
+    std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create", out.display()))?;
+    let mut st = Stage { out: &out, reports: vec![] };
+
+    // import
+    let source = source_override.map(Path::to_path_buf).or(r.source.as_ref().map(PathBuf::from));
+    let model_files = [model_dir.join("config.json"), model_dir.join("tokenizer.json"), model_dir.join("model.safetensors")];
+    match &source {
+        Some(src) => {
+            let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": r.model_dir});
+            st.run("import", &key, &model_files, || import::import(src, &model_dir, show_progress).map(|_| ()))?;
+        }
+        None if model_files.iter().all(|p| p.exists()) => {}
+        None => bail!("{}: no source to import and no model in {} (give SOURCE=<gguf or hf dir>)", recipe_path.display(), r.model_dir),
+    }
+    let cfg = ModelConfig::load(&model_dir)?;
+    let n_layers = cfg.num_hidden_layers;
+    let d = r.pack.dense_prefix;
+    if d > n_layers {
+        bail!("{}: pack.dense_prefix {d} exceeds the model's {n_layers} layers", recipe_path.display());
+    }
+    let model_fp = file_fingerprint(&model_files)?;
+
+    // capture
+    let cap_dir = out.join("capture");
+    let corpus: Vec<PathBuf> = r
+        .capture
+        .corpus
+        .iter()
+        .flat_map(|c| {
+            let p = PathBuf::from(c);
+            if p.is_dir() {
+                let mut v: Vec<PathBuf> = std::fs::read_dir(&p)
+                    .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.extension().is_some_and(|x| x == "txt")).collect())
+                    .unwrap_or_default();
+                v.sort();
+                v
+            } else {
+                vec![p]
+            }
+        })
+        .collect();
+    let cs = capture::CaptureSettings {
+        mask_kind: r.capture.mask_kind,
+        alpha: r.capture.alpha,
+        seq_len: r.capture.seq_len,
+        sequences: r.capture.sequences,
+        threshold_sequences: r.capture.threshold_sequences,
+        corpus: corpus.iter().map(|p| p.display().to_string()).collect(),
+        shard_index: 0,
+        shard_count: 1,
+        thresholds_from: None,
+    };
+    let key = serde_json::json!({"model": model_fp, "settings": cs, "corpus": file_fingerprint(&corpus)?});
+    st.run("capture", &key, &[cap_dir.join("masks-000-of-001.arrow"), cap_dir.join("thresholds.json")], || {
+        capture::capture(&model_dir, &cap_dir, &cs, show_progress).map(|_| ())
+    })?;
+
+    // cluster: layer 0 (the predictor's input) and the sparse layers
+    let cl_dir = out.join("cluster");
+    let cls = cluster::ClusterSettings {
+        k: r.cluster.k,
+        k_max_factor: r.cluster.k_max_factor,
+        k_max: None,
+        max_iterations: r.cluster.max_iterations,
+        layers: Some(vec![(0, 1), (d.max(1), n_layers)]),
+        seed: 0,
+    };
+    let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?, "k": cls.k,
+        "k_max_factor": cls.k_max_factor, "max_iterations": cls.max_iterations, "dense_prefix": d});
+    let cluster_json = cl_dir.join("cluster.json");
+    st.run("cluster", &key, &[cl_dir.join("centroids.safetensors"), cl_dir.join("labels.safetensors"), cluster_json.clone()], || {
+        cluster::cluster(&cap_dir, &cl_dir, &cls, show_progress).map(|_| ())
+    })?;
+
+    // pack
+    let key = serde_json::json!({"model": model_fp, "dense_prefix": d});
+    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&model_dir, d, &out, show_progress).map(|_| ()))?;
+
+    // manifest
+    let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
+    let mut k_max = vec![0usize; n_layers - d];
+    for l in cl["layers"].as_array().context("cluster.json: no layers")? {
+        let layer = l["column"].as_str().unwrap_or("").rsplit("_l").next().and_then(|s| s.parse::<usize>().ok()).unwrap_or(0);
+        if layer >= d {
+            // gate-up has a gate and an up column per layer: the buffer must hold the larger set
+            k_max[layer - d] = k_max[layer - d].max(l["k_max"].as_u64().unwrap_or(0) as usize);
+        }
+    }
+    let mut artifacts = Vec::new();
+    for (role, path) in [
+        ("records", out.join("records.bin")),
+        ("resident", out.join("resident.safetensors")),
+        ("centroids", cl_dir.join("centroids.safetensors")),
+        ("thresholds", cap_dir.join("thresholds.json")),
+        ("tokenizer", model_dir.join("tokenizer.json")),
+    ] {
+        let rel = pathdiff(&path, &out);
+        artifacts.push(Artifact { role: role.into(), path: rel, bytes: std::fs::metadata(&path)?.len(), sha256: sha256_file(&path)? });
+    }
+    let mut settings = BTreeMap::new();
+    settings.insert("recipe".to_string(), text.clone());
+    let manifest = Manifest {
+        format_version: MANIFEST_FORMAT_VERSION,
+        model_name: r.name.clone(),
+        model: cfg.clone(),
+        sparsity: SparsitySettings {
+            mask_kind: serde_json::to_value(r.capture.mask_kind)?.as_str().unwrap_or("").to_string(),
+            alpha: r.capture.alpha,
+            dense_prefix: d,
+            centroids: r.cluster.k,
+            k_max,
+        },
+        records: RecordsLayout {
+            path: "records.bin".into(),
+            record_bytes: record_bytes(cfg.hidden_size),
+            first_layer: d,
+            neurons_per_layer: cfg.intermediate_size,
+            count: (n_layers - d) * cfg.intermediate_size,
+        },
+        artifacts,
+        provenance: Provenance {
+            prep_version: env!("CARGO_PKG_VERSION").into(),
+            source: source.as_ref().map(|s| s.display().to_string()).unwrap_or_else(|| r.model_dir.clone()),
+            source_sha256: match &source {
+                Some(s) if s.is_file() => sha256_file(s)?,
+                _ => String::new(),
+            },
+            created_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            settings,
+        },
+    };
+    let manifest_path = out.join("manifest.toml");
+    manifest.save(&manifest_path)?;
+    Ok(PrepareReport {
+        recipe: recipe_path.display().to_string(),
+        manifest: manifest_path.display().to_string(),
+        stages: st.reports,
+        seconds: t_all.elapsed().as_secs_f64(),
+    })
+}
+
+/// `path` relative to `base` when it lies below it, else absolute.
+fn pathdiff(path: &Path, base: &Path) -> String {
+    match path.strip_prefix(base) {
+        Ok(rel) => rel.display().to_string(),
+        Err(_) => std::fs::canonicalize(path).unwrap_or(path.to_path_buf()).display().to_string(),
+    }
+}

@@ -1,0 +1,159 @@
+//! `prep report`: what the captured masks say about streaming, per layer — achieved density
+//! and reuse: the share of token t+1's active set that was already active within the last
+//! k = 1, 2, 4 tokens of the same sequence (LLM in a flash's windowing; k = 1 is the plain
+//! t -> t+1 reuse), for the exact masks and for the nearest pruned centroid's set.
+//!
+//! On calibration captures the centroid of a token is its label from `prep cluster`; on a
+//! held-out capture (made with the same thresholds, `prep capture --thresholds`) it is the
+//! pruned centroid with the largest overlap (all pruned sets have K_max neurons, so that is
+//! also the nearest in Hamming distance).
+
+use anyhow::{bail, Context, Result};
+use arrow_array::{Array, FixedSizeBinaryArray, UInt32Array};
+use formats::safetensors_io::MappedSafetensors;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+pub const WINDOWS: [usize; 3] = [1, 2, 4];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerReport {
+    pub column: String,
+    pub density: f64,
+    /// reuse[i]: coverage of token t+1's set by the union of the last WINDOWS[i] sets.
+    pub reuse_exact: Vec<f64>,
+    /// The same for the centroid sets; None where the layer was not clustered.
+    pub reuse_centroid: Option<Vec<f64>>,
+    /// Share of the exact active set inside the token's centroid set.
+    pub centroid_recall: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub capture: String,
+    pub tokens: usize,
+    pub windows: Vec<usize>,
+    pub layers: Vec<LayerReport>,
+}
+
+struct Captured {
+    sequence: Vec<u32>,
+    names: Vec<String>,
+    cols: Vec<Vec<u8>>,
+    width: usize,
+}
+
+fn read(dir: &Path) -> Result<Captured> {
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}: cannot read", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("masks-") && n.ends_with(".arrow")))
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        bail!("{}: no masks-*.arrow shard", dir.display());
+    }
+    let mut c = Captured { sequence: vec![], names: vec![], cols: vec![], width: 0 };
+    for shard in shards {
+        let reader = arrow_ipc::reader::FileReader::try_new(std::fs::File::open(&shard)?, None)
+            .with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
+        if c.names.is_empty() {
+            c.names = reader.schema().fields().iter().map(|f| f.name().clone()).filter(|n| n.contains("mask_l")).collect();
+            c.cols = vec![vec![]; c.names.len()];
+        }
+        for b in reader {
+            let b = b?;
+            let seq = b.column_by_name("sequence").context("no sequence column")?.as_any().downcast_ref::<UInt32Array>().context("sequence type")?;
+            c.sequence.extend(seq.values().iter());
+            for (i, n) in c.names.iter().enumerate() {
+                let a = b.column_by_name(n).with_context(|| format!("{}: no column {n}", shard.display()))?;
+                let a = a.as_any().downcast_ref::<FixedSizeBinaryArray>().context("mask type")?;
+                c.width = a.value_length() as usize;
+                c.cols[i].extend_from_slice(a.value_data());
+            }
+        }
+    }
+    Ok(c)
+}
+
+fn overlap(a: &[u8], b: &[u8]) -> u64 {
+    a.iter().zip(b).map(|(x, y)| (x & y).count_ones() as u64).sum()
+}
+
+/// Coverage of each token's set by the union of the previous `k` sets (same sequence only).
+fn windowed_reuse(sets: &[&[u8]], sequence: &[u32], width: usize) -> Vec<f64> {
+    WINDOWS
+        .iter()
+        .map(|&k| {
+            let (hit, need) = (k..sets.len())
+                .into_par_iter()
+                .filter(|&t| (1..=k).all(|j| sequence[t - j] == sequence[t]))
+                .map(|t| {
+                    let mut union = vec![0u8; width];
+                    for j in 1..=k {
+                        union.iter_mut().zip(sets[t - j]).for_each(|(u, s)| *u |= s);
+                    }
+                    (overlap(&union, sets[t]), sets[t].iter().map(|b| b.count_ones() as u64).sum::<u64>())
+                })
+                .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            hit as f64 / need.max(1) as f64
+        })
+        .collect()
+}
+
+pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
+    let c = read(capture)?;
+    let n = c.sequence.len();
+    let (cent, labels) = match cluster {
+        Some(dir) => (
+            Some(MappedSafetensors::open(dir.join("centroids.safetensors"))?),
+            MappedSafetensors::open(dir.join("labels.safetensors")).ok(),
+        ),
+        None => (None, None),
+    };
+    // Labels apply only to the capture they were made from (same token count).
+    let labels = labels.filter(|l| l.tensors.values().all(|e| e.shape == vec![n]));
+    let mut layers = Vec::new();
+    for (name, col) in c.names.iter().zip(&c.cols) {
+        let exact: Vec<&[u8]> = col.chunks_exact(c.width).collect();
+        let active: u64 = col.iter().map(|b| b.count_ones() as u64).sum();
+        let density = active as f64 / (n * c.width * 8) as f64;
+        let cname = name.replace("mask", "centroids");
+        let (reuse_centroid, centroid_recall) = match cent.as_ref().and_then(|m| m.tensors.get(&cname).map(|e| (m, e))) {
+            Some((m, e)) => {
+                let table: Vec<&[u8]> = m.bytes(e).chunks_exact(c.width).collect();
+                let lab: Vec<usize> = match labels.as_ref().and_then(|l| l.tensors.get(&name.replace("mask", "labels")).map(|e| (l, e))) {
+                    Some((l, e)) => l.bytes(e).chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize).collect(),
+                    None => exact
+                        .par_iter()
+                        .map(|x| (0..table.len()).max_by_key(|&k| overlap(x, table[k])).unwrap_or(0))
+                        .collect(),
+                };
+                let sets: Vec<&[u8]> = lab.iter().map(|&k| table[k]).collect();
+                let covered: u64 = exact.iter().zip(&sets).map(|(x, s)| overlap(x, s)).sum();
+                (Some(windowed_reuse(&sets, &c.sequence, c.width)), Some(covered as f64 / active.max(1) as f64))
+            }
+            None => (None, None),
+        };
+        layers.push(LayerReport {
+            column: name.clone(),
+            density,
+            reuse_exact: windowed_reuse(&exact, &c.sequence, c.width),
+            reuse_centroid,
+            centroid_recall,
+        });
+    }
+    Ok(Report { capture: capture.display().to_string(), tokens: n, windows: WINDOWS.to_vec(), layers })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reuse_counts_only_within_a_sequence() {
+        // 1-byte masks: seq 0 = {0,1}, {1,2}; seq 1 = {7}
+        let sets: Vec<&[u8]> = vec![&[0b011], &[0b110], &[0b1000_0000]];
+        let r = super::windowed_reuse(&sets, &[0, 0, 1], 1);
+        assert_eq!(r[0], 0.5); // token 1: {1} of {1,2} was active at token 0; token 2 starts a sequence
+    }
+}

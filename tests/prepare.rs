@@ -1,0 +1,99 @@
+//! A small end-to-end `prep prepare` of the fixture (the CI-sized version of
+//! `make prepare MODEL=smollm2-135m`): manifest written and verifiable, a rerun skips every
+//! stage, `prep report` reads the capture, and a recipe error is reported clearly.
+
+use formats::manifest::Manifest;
+use tests::*;
+
+fn recipe(dir: &std::path::Path, dense_prefix: usize) -> std::path::PathBuf {
+    let root = repo_root();
+    let text = format!(
+        r#"name = "smollm2-135m-ci"
+model_dir = "{model}"
+out = "{out}"
+[capture]
+corpus = ["{boolq}", "{hamlet}"]
+mask_kind = "product"
+alpha = 0.62
+seq_len = 64
+sequences = 8
+threshold_sequences = 4
+[cluster]
+k = 16
+k_max_factor = 1.5
+max_iterations = 5
+[pack]
+dense_prefix = {dense_prefix}
+"#,
+        model = fixture_model().display(),
+        out = dir.join("artifacts").display(),
+        boolq = root.join("data/text/boolq.txt").display(),
+        hamlet = root.join("data/text/hamlet.txt").display(),
+    );
+    let p = dir.join("recipe.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn prepare_end_to_end_then_resume() {
+    let dir = scratch("prepare");
+    let r = recipe(&dir, 26);
+    let out = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stages: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
+    assert_eq!(stages, ["capture", "cluster", "pack"]);
+
+    let mpath = dir.join("artifacts/manifest.toml");
+    let m = Manifest::load(&mpath).unwrap();
+    m.verify_checksums(&mpath).unwrap();
+    assert_eq!(m.sparsity.dense_prefix, 26);
+    assert_eq!(m.sparsity.k_max.len(), 4);
+    assert!(m.sparsity.k_max.iter().all(|&k| k > 500 && k < 1536), "{:?}", m.sparsity.k_max);
+    assert_eq!(m.records.count, 4 * 1536);
+    assert_eq!(std::fs::metadata(dir.join("artifacts/records.bin")).unwrap().len(), 4 * 1536 * 4096);
+
+    // unchanged inputs and settings: every stage is skipped
+    let again = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert!(report["stages"].as_array().unwrap().iter().all(|s| s["skipped"] == true), "{report}");
+
+    // a changed setting reruns what depends on it: dense prefix -> cluster and pack, not capture
+    let r = recipe(&dir, 27);
+    let third = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&third.stdout).unwrap();
+    let skipped: Vec<bool> = report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
+    assert_eq!(skipped, [true, false, false]);
+    assert_eq!(Manifest::load(&mpath).unwrap().sparsity.k_max.len(), 3);
+
+    // the report over the calibration capture
+    let rep = run_bin(
+        "prep",
+        &["report", dir.join("artifacts/capture").to_str().unwrap(), "--cluster", dir.join("artifacts/cluster").to_str().unwrap(), "--json"],
+    );
+    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let layers = rep["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 30);
+    let l28 = layers.iter().find(|l| l["column"] == "mask_l28").unwrap();
+    let exact: Vec<f64> = l28["reuse_exact"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert!(exact[0] > 0.2 && exact[0] < exact[1] && exact[1] < exact[2] && exact[2] < 1.0, "{exact:?}");
+    assert!(l28["centroid_recall"].as_f64().unwrap() > 0.3);
+    assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["reuse_centroid"].is_null(), "layer 10 is dense, not clustered");
+}
+
+#[test]
+fn recipe_errors_name_the_file() {
+    let dir = scratch("prepare-bad");
+    let p = dir.join("bad.toml");
+    std::fs::write(&p, "name = \"x\"\nmodel_dir = \"m\"\nout = \"o\"\n[capture]\nalpha = 2\n").unwrap();
+    let out = run_bin("prep", &["prepare", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("bad.toml") && e.contains("invalid recipe"), "{e}");
+    let r = recipe(&dir, 31);
+    let out = run_bin("prep", &["prepare", r.to_str().unwrap()]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("pack.dense_prefix 31 exceeds the model's 30 layers"), "{e}");
+}
