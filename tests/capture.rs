@@ -2,7 +2,7 @@
 //! density, and each stored mask bit and hidden state equals what the forward pass computes.
 
 use arrow_array::{Array, FixedSizeBinaryArray, FixedSizeListArray, Float16Array, UInt32Array};
-use runtime::model::MlpObserver;
+use runtime::model::MlpHook;
 use tests::*;
 
 struct Grab {
@@ -11,7 +11,7 @@ struct Grab {
     hidden0: Vec<f32>,
 }
 
-impl MlpObserver for Grab {
+impl MlpHook for Grab {
     fn observe(&mut self, layer: usize, g: &[f32], u: &[f32]) {
         if layer == self.layer {
             self.product = g.iter().zip(u).map(|(a, b)| a * b).collect();

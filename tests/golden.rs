@@ -39,7 +39,7 @@ fn greedy_continuations_equal_llama_cpp() {
 fn perplexity_matches_llama_cpp() {
     let (model, tok) = open();
     // llama-perplexity -c 512 --chunks 2 on data/text/hamlet.txt: [1]19.5129,[2]22.6374
-    let r = runtime::perplexity::perplexity(&model, &tok, &data_text("hamlet.txt"), 512, Some(2), |_, _, _| {}).unwrap();
+    let r = runtime::perplexity::perplexity(&model, &tok, &data_text("hamlet.txt"), 512, Some(2), None, |_, _, _| {}).unwrap();
     assert_eq!(r.tokens, 52755, "token count of hamlet.txt (llama-tokenize: 52755)");
     assert_eq!(r.tokens_scored, 2 * 255);
     let rel = (r.perplexity / 22.6374 - 1.0).abs();
@@ -97,7 +97,7 @@ fn mlp_observer_sees_every_layer() {
         layers: Vec<usize>,
         shapes_ok: bool,
     }
-    impl runtime::model::MlpObserver for Recorder {
+    impl runtime::model::MlpHook for Recorder {
         fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
             self.layers.push(layer);
             // 3 tokens x 1536 neurons; silu(g) >= -0.2785 for every g
@@ -112,4 +112,24 @@ fn mlp_observer_sees_every_layer() {
     assert!(rec.shapes_ok);
     let mut cache = model.new_cache(8).unwrap();
     assert_eq!(observed, model.forward(&[504, 3575, 282], &mut cache, 2).unwrap(), "observing must not change the result");
+}
+
+#[test]
+fn oracle_sparsity_keeps_what_reaches_the_threshold() {
+    use formats::thresholds::{MaskKind, Thresholds};
+    let (model, _) = open();
+    let ids = [504u32, 3575, 282, 4649, 314];
+    let dense = model.forward(&ids, &mut model.new_cache(8).unwrap(), 0).unwrap();
+    let th = |t: f32| Thresholds { mask_kind: MaskKind::Product, alpha: 0.0, tokens_sampled: 0, product: vec![t; 30], gate: vec![], up: vec![] };
+    // threshold 0 keeps every neuron: identical to dense
+    let mut keep_all = runtime::oracle::OracleSparsity::new(th(0.0), 0);
+    let out = model.forward_observed(&ids, &mut model.new_cache(8).unwrap(), 0, Some(&mut keep_all)).unwrap();
+    assert_eq!(out, dense);
+    assert_eq!(keep_all.density(), 1.0);
+    // an infinite threshold from layer 28 on drops those MLPs entirely: density 0, other logits
+    let mut drop_last = runtime::oracle::OracleSparsity::new(th(f32::INFINITY), 28);
+    let out = model.forward_observed(&ids, &mut model.new_cache(8).unwrap(), 0, Some(&mut drop_last)).unwrap();
+    assert_eq!(drop_last.density(), 0.0);
+    assert_eq!(drop_last.total, 2 * 5 * 1536);
+    assert_ne!(out, dense);
 }

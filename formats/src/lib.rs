@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod manifest;
 pub mod model_dir;
 pub mod records;
+pub mod thresholds;
 pub mod safetensors_io;
 
 pub use error::FormatError;

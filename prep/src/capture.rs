@@ -16,17 +16,12 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
-use runtime::model::MlpObserver;
+use runtime::model::MlpHook;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum MaskKind {
-    Product,
-    GateUp,
-}
+pub use formats::thresholds::{MaskKind, Thresholds};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CaptureSettings {
@@ -81,19 +76,6 @@ impl MagnitudeHistogram {
     }
 }
 
-/// Per-layer thresholds (`thresholds.json`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Thresholds {
-    pub mask_kind: MaskKind,
-    pub alpha: f64,
-    pub tokens_sampled: usize,
-    /// `product`: t_l on |silu(g) * u|. Empty for `gate-up`.
-    pub product: Vec<f32>,
-    /// `gate-up`: t_l on |silu(g)| and on |u|. Empty for `product`.
-    pub gate: Vec<f32>,
-    pub up: Vec<f32>,
-}
-
 /// Fills one histogram per layer (and per projection for gate-up).
 struct HistogramObserver {
     kind: MaskKind,
@@ -102,7 +84,7 @@ struct HistogramObserver {
     up: Vec<MagnitudeHistogram>,
 }
 
-impl MlpObserver for HistogramObserver {
+impl MlpHook for HistogramObserver {
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
         match self.kind {
             MaskKind::Product => {
@@ -141,7 +123,7 @@ fn pack_bits(active: impl Iterator<Item = bool>, n_ff: usize, out: &mut Vec<u8>)
     count
 }
 
-impl MlpObserver for MaskObserver<'_> {
+impl MlpHook for MaskObserver<'_> {
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
         let n_layers = self.active.len();
         let ff = self.n_ff;
@@ -209,6 +191,28 @@ pub struct CaptureSummary {
     pub seconds: f64,
 }
 
+/// Corpus entries: files, or directories whose *.txt files (sorted) are all used.
+pub fn expand_corpus(entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in entries {
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("{}: cannot read corpus directory", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "txt"))
+                .collect();
+            v.sort();
+            if v.is_empty() {
+                bail!("{}: corpus directory has no .txt file", p.display());
+            }
+            out.extend(v);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
 /// Sequences of `seq_len` tokens, taken round-robin from the corpus files so a cut keeps a mix.
 fn corpus_sequences(tok: &runtime::Tokenizer, corpus: &[PathBuf], seq_len: usize, limit: usize) -> Result<Vec<Vec<u32>>> {
     let mut per_file = Vec::new();
@@ -248,7 +252,7 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
     if s.seq_len == 0 || s.seq_len > model.max_context() {
         bail!("--seq-len {} must be in 1..={}", s.seq_len, model.max_context());
     }
-    let corpus: Vec<PathBuf> = s.corpus.iter().map(PathBuf::from).collect();
+    let corpus = expand_corpus(&s.corpus.iter().map(PathBuf::from).collect::<Vec<_>>())?;
     let seqs = corpus_sequences(&tok, &corpus, s.seq_len, s.sequences)?;
     if seqs.is_empty() || (s.thresholds_from.is_none() && seqs.len() < s.threshold_sequences.max(1)) {
         bail!("the corpus gives {} sequences of {} tokens; {} are needed for the thresholds", seqs.len(), s.seq_len, s.threshold_sequences.max(1));
@@ -265,9 +269,8 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
     let mut cache = model.new_cache(s.seq_len)?;
     let th = match &s.thresholds_from {
         Some(p) => {
-            let t: Thresholds = serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("{p}: cannot read thresholds"))?)
-                .with_context(|| format!("{p}: not a thresholds.json"))?;
-            let n = if t.mask_kind == MaskKind::Product { t.product.len() } else { t.gate.len() };
+            let t = Thresholds::load(Path::new(p))?;
+            let n = t.n_layers();
             if t.mask_kind != s.mask_kind || n != n_layers {
                 bail!("{p}: thresholds for {:?} masks of {n} layers; this capture is {:?} on {n_layers} layers", t.mask_kind, s.mask_kind);
             }

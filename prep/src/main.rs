@@ -49,10 +49,12 @@ enum Command {
         model: PathBuf,
         #[arg(long)]
         out: PathBuf,
-        /// Calibration text files (repeat the flag); sequences are taken round-robin from them.
+        /// Calibration text files or directories of .txt files (repeat the flag); sequences are
+        /// taken round-robin from the files.
         #[arg(long, required = true)]
         corpus: Vec<PathBuf>,
-        #[arg(long, value_enum, default_value_t = capture::MaskKind::Product)]
+        /// product or gate-up.
+        #[arg(long, default_value = "product")]
         mask_kind: capture::MaskKind,
         /// Sparsity: the fraction of neurons below the per-layer threshold.
         #[arg(long, default_value_t = 0.62)]

@@ -147,23 +147,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
 
     // capture
     let cap_dir = out.join("capture");
-    let corpus: Vec<PathBuf> = r
-        .capture
-        .corpus
-        .iter()
-        .flat_map(|c| {
-            let p = PathBuf::from(c);
-            if p.is_dir() {
-                let mut v: Vec<PathBuf> = std::fs::read_dir(&p)
-                    .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.extension().is_some_and(|x| x == "txt")).collect())
-                    .unwrap_or_default();
-                v.sort();
-                v
-            } else {
-                vec![p]
-            }
-        })
-        .collect();
+    let corpus = capture::expand_corpus(&r.capture.corpus.iter().map(PathBuf::from).collect::<Vec<_>>())?;
     let cs = capture::CaptureSettings {
         mask_kind: r.capture.mask_kind,
         alpha: r.capture.alpha,

@@ -6,6 +6,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod ops;
+pub mod oracle;
 pub mod perplexity;
 pub mod sampler;
 pub mod tensor;

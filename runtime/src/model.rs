@@ -41,14 +41,19 @@ pub struct ModelWeights {
     pub lm_head: Option<F16Matrix>,
 }
 
-/// Sees the MLP activations of every layer during a forward pass (activation capture).
-pub trait MlpObserver {
+/// Sees (and may sparsify) the MLP activations of every layer during a forward pass:
+/// activation capture, and oracle-mask sparsity for measuring quality.
+pub trait MlpHook {
     /// `gate_silu` = silu(x W_gate^T) and `up` = x W_up^T, both `[n_tokens, intermediate_size]`;
     /// the SwiGLU product is their elementwise product.
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]);
 
     /// The residual stream after layer `layer` (its output), `[n_tokens, hidden_size]`.
     fn after_layer(&mut self, _layer: usize, _hidden: &[f32]) {}
+
+    /// Called after `observe`: zero entries of `gate_silu` to drop those neurons (their
+    /// product, and so their down-projection, becomes 0).
+    fn sparsify(&mut self, _layer: usize, _gate_silu: &mut [f32], _up: &[f32]) {}
 }
 
 pub struct Model {
@@ -186,7 +191,7 @@ impl Model {
         tokens: &[u32],
         cache: &mut KvCache,
         logits_from: usize,
-        mut observer: Option<&mut dyn MlpObserver>,
+        mut observer: Option<&mut dyn MlpHook>,
     ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
@@ -255,6 +260,7 @@ impl Model {
             silu_in_place(&mut gate);
             if let Some(obs) = observer.as_mut() {
                 obs.observe(l, &gate, &up);
+                obs.sparsify(l, &mut gate, &up);
             }
             mul_in_place(&mut gate, &up); // gate now holds silu(gate) * up
             matmul(&gate, n, &lw.w_down, &mut proj);

@@ -29,6 +29,7 @@ pub fn perplexity(
     text_path: &Path,
     ctx: usize,
     max_chunks: Option<usize>,
+    mut hook: Option<&mut dyn crate::model::MlpHook>,
     mut on_chunk: impl FnMut(usize, usize, f64),
 ) -> Result<PerplexityReport> {
     let text = std::fs::read_to_string(text_path).map_err(|source| RuntimeError::Io { path: text_path.to_path_buf(), source })?;
@@ -51,7 +52,7 @@ pub fn perplexity(
             chunk[0] = tok.bos_id.expect("adds_bos implies a bos id");
         }
         cache.clear();
-        let logits = model.forward(&chunk, &mut cache, first)?; // [ctx - first, vocab]
+        let logits = model.forward_observed(&chunk, &mut cache, first, hook.as_mut().map(|h| &mut **h as &mut dyn crate::model::MlpHook))?; // [ctx - first, vocab]
         for j in first..ctx - 1 {
             let row = &logits[(j - first) * vocab..(j - first + 1) * vocab];
             let target = tokens[i * ctx + j + 1] as usize;

@@ -55,6 +55,12 @@ enum Command {
         /// Score only the first N chunks.
         #[arg(long)]
         chunks: Option<usize>,
+        /// Oracle-mask sparsity: keep only the neurons whose true activation reaches these
+        /// thresholds (a `prep capture` thresholds.json) in layers >= --dense-prefix.
+        #[arg(long)]
+        oracle_thresholds: Option<PathBuf>,
+        #[arg(long, default_value_t = 0)]
+        dense_prefix: usize,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -107,17 +113,37 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Perplexity { model, text, ctx, chunks, threads: _, json } => {
+        Command::Perplexity { model, text, ctx, chunks, threads: _, oracle_thresholds, dense_prefix, json } => {
             let (model, tok) = runtime::open_model(&model)?;
-            let r = runtime::perplexity::perplexity(&model, &tok, &text, ctx, chunks, |i, n, ppl| {
+            let mut oracle = match &oracle_thresholds {
+                Some(p) => {
+                    let t = formats::thresholds::Thresholds::load(p)?;
+                    if t.n_layers() != model.config.num_hidden_layers {
+                        anyhow::bail!("{}: thresholds for {} layers, the model has {}", p.display(), t.n_layers(), model.config.num_hidden_layers);
+                    }
+                    Some(runtime::oracle::OracleSparsity::new(t, dense_prefix))
+                }
+                None => None,
+            };
+            let hook = oracle.as_mut().map(|o| o as &mut dyn runtime::model::MlpHook);
+            let r = runtime::perplexity::perplexity(&model, &tok, &text, ctx, chunks, hook, |i, n, ppl| {
                 if !json {
                     eprint!("\r[{i}/{n}] perplexity so far {ppl:.4}");
                 }
             })?;
+            let oracle_json = oracle.as_ref().map(|o| {
+                serde_json::json!({"mask_kind": o.thresholds.mask_kind, "alpha": o.thresholds.alpha,
+                    "dense_prefix": o.dense_prefix, "sparse_layer_density": o.density()})
+            });
             if json {
-                println!("{}", serde_json::to_string(&r)?);
+                let mut v = serde_json::to_value(&r)?;
+                v["oracle_sparsity"] = oracle_json.unwrap_or(serde_json::Value::Null);
+                println!("{v}");
             } else {
                 eprintln!();
+                if let Some(o) = &oracle {
+                    println!("oracle sparsity: {:.3} of sparse-layer neurons kept (layers >= {})", o.density(), o.dense_prefix);
+                }
                 println!(
                     "perplexity {:.4} over {} chunks of {} ({} tokens scored, {} in the text), {:.1} tok/s",
                     r.perplexity, r.chunks, r.ctx, r.tokens_scored, r.tokens, r.tokens_per_s
