@@ -9,8 +9,7 @@
 //! drawn with a fixed seed; an emptied cluster is re-seeded with the token farthest from its
 //! centroid.
 
-use anyhow::{bail, Context, Result};
-use arrow_array::{Array, FixedSizeBinaryArray};
+use anyhow::{bail, Result};
 use formats::safetensors_io::{write_raw_safetensors, RawTensor};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -18,7 +17,8 @@ use rand::{seq::SliceRandom, SeedableRng};
 use rayon::prelude::*;
 use runtime::tensor::F16Matrix;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use crate::shards::layer_of;
+use std::path::Path;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LayerCluster {
@@ -51,52 +51,6 @@ pub struct ClusterSettings {
     /// Only layers inside one of these `a..b` ranges; None: every layer.
     pub layers: Option<Vec<(usize, usize)>>,
     pub seed: u64,
-}
-
-/// Every mask column of the capture shards in `dir`, concatenated across shards in file order.
-/// Returns (column names, column bytes, mask width in bytes, rows, neurons per mask).
-fn read_mask_columns(dir: &Path) -> Result<(Vec<String>, Vec<Vec<u8>>, usize, usize, usize)> {
-    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}: cannot read the capture directory", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("masks-") && n.ends_with(".arrow")))
-        .collect();
-    shards.sort();
-    if shards.is_empty() {
-        bail!("{}: no masks-*.arrow shard (run `prep capture` first)", dir.display());
-    }
-    let (mut names, mut cols, mut width, mut rows, mut n_ff) = (Vec::<String>::new(), Vec::<Vec<u8>>::new(), 0usize, 0usize, 0usize);
-    for shard in &shards {
-        let f = std::fs::File::open(shard).with_context(|| format!("{}: cannot open", shard.display()))?;
-        let reader = arrow_ipc::reader::FileReader::try_new(f, None).with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
-        let schema = reader.schema();
-        n_ff = schema
-            .metadata()
-            .get("intermediate_size")
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("{}: no intermediate_size in the schema metadata", shard.display()))?;
-        let these: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).filter(|n| n.contains("mask_l")).collect();
-        if names.is_empty() {
-            names = these.clone();
-            cols = vec![Vec::new(); names.len()];
-        } else if these != names {
-            bail!("{}: mask columns differ from the other shards' (mixed captures?)", shard.display());
-        }
-        for batch in reader {
-            let batch = batch.with_context(|| format!("{}: corrupt record batch", shard.display()))?;
-            rows += batch.num_rows();
-            for (i, n) in names.iter().enumerate() {
-                let a = batch.column_by_name(n).unwrap().as_any().downcast_ref::<FixedSizeBinaryArray>().context("mask column is not FixedSizeBinary")?;
-                width = a.value_length() as usize;
-                cols[i].extend_from_slice(a.value_data());
-            }
-        }
-    }
-    Ok((names, cols, width, rows, n_ff))
-}
-
-fn layer_of(column: &str) -> usize {
-    column.rsplit("_l").next().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 /// Lloyd's k-means of `n` bitsets (`bits`, `width` bytes each, `n_ff` neurons).
@@ -185,12 +139,10 @@ fn prune_to_bitset(c: &[f32], k_max: usize) -> Vec<u8> {
 }
 
 pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: bool) -> Result<ClusterSummary> {
-    let (names, cols, width, n, n_ff) = read_mask_columns(captures)?;
+    let masks = crate::shards::read_masks(captures)?;
+    let (names, cols, width, n, n_ff) = (&masks.names, &masks.cols, masks.width, masks.rows(), masks.n_ff);
     if s.k == 0 || s.k > n {
         bail!("K = {} centroids but only {n} captured tokens (K must be in 1..={n})", s.k);
-    }
-    if width != n_ff.div_ceil(8) {
-        bail!("{}: masks are {width} bytes wide but the model has {n_ff} neurons", captures.display());
     }
     let selected: Vec<usize> = (0..names.len())
         .filter(|&i| s.layers.as_ref().is_none_or(|rs| rs.iter().any(|&(a, b)| (a..b).contains(&layer_of(&names[i])))))

@@ -7,6 +7,7 @@ mod import;
 mod pack;
 mod prepare;
 mod report;
+mod shards;
 mod tokenizer_json;
 
 use anyhow::Result;

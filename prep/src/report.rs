@@ -8,12 +8,11 @@
 //! pruned centroid with the largest overlap (all pruned sets have K_max neurons, so that is
 //! also the nearest in Hamming distance).
 
-use anyhow::{bail, Context, Result};
-use arrow_array::{Array, FixedSizeBinaryArray, UInt32Array};
+use anyhow::Result;
 use formats::safetensors_io::MappedSafetensors;
 use rayon::prelude::*;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub const WINDOWS: [usize; 3] = [1, 2, 4];
 
@@ -35,46 +34,6 @@ pub struct Report {
     pub tokens: usize,
     pub windows: Vec<usize>,
     pub layers: Vec<LayerReport>,
-}
-
-struct Captured {
-    sequence: Vec<u32>,
-    names: Vec<String>,
-    cols: Vec<Vec<u8>>,
-    width: usize,
-}
-
-fn read(dir: &Path) -> Result<Captured> {
-    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}: cannot read", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("masks-") && n.ends_with(".arrow")))
-        .collect();
-    shards.sort();
-    if shards.is_empty() {
-        bail!("{}: no masks-*.arrow shard", dir.display());
-    }
-    let mut c = Captured { sequence: vec![], names: vec![], cols: vec![], width: 0 };
-    for shard in shards {
-        let reader = arrow_ipc::reader::FileReader::try_new(std::fs::File::open(&shard)?, None)
-            .with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
-        if c.names.is_empty() {
-            c.names = reader.schema().fields().iter().map(|f| f.name().clone()).filter(|n| n.contains("mask_l")).collect();
-            c.cols = vec![vec![]; c.names.len()];
-        }
-        for b in reader {
-            let b = b?;
-            let seq = b.column_by_name("sequence").context("no sequence column")?.as_any().downcast_ref::<UInt32Array>().context("sequence type")?;
-            c.sequence.extend(seq.values().iter());
-            for (i, n) in c.names.iter().enumerate() {
-                let a = b.column_by_name(n).with_context(|| format!("{}: no column {n}", shard.display()))?;
-                let a = a.as_any().downcast_ref::<FixedSizeBinaryArray>().context("mask type")?;
-                c.width = a.value_length() as usize;
-                c.cols[i].extend_from_slice(a.value_data());
-            }
-        }
-    }
-    Ok(c)
 }
 
 fn overlap(a: &[u8], b: &[u8]) -> u64 {
@@ -103,7 +62,7 @@ fn windowed_reuse(sets: &[&[u8]], sequence: &[u32], width: usize) -> Vec<f64> {
 }
 
 pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
-    let c = read(capture)?;
+    let c = crate::shards::read_masks(capture)?;
     let n = c.sequence.len();
     let (cent, labels) = match cluster {
         Some(dir) => (
