@@ -131,4 +131,8 @@ fn cluster_writes_fixed_size_centroids_and_labels() {
     let r = run_bin("prep", &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "600"]);
     assert_eq!(r.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&r.stderr).contains("K = 600 centroids but only 512 captured tokens"));
+    // so is K_max beyond the intermediate size
+    let r = run_bin("prep", &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "16", "--k-max", "2000"]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("K_max = 2000 is impossible: it must be in 1..=1536"));
 }

@@ -245,7 +245,7 @@ impl GgufFile {
             // reading one reports UnsupportedTensorType.
             let n_bytes = match GgmlType::from_id(ggml_type_id) {
                 Some(t) => {
-                    if n_elements % t.block_elements() as u64 != 0 {
+                    if !n_elements.is_multiple_of(t.block_elements() as u64) {
                         return Err(FormatError::Corrupt {
                             path: path.to_path_buf(),
                             offset: data_start + offset,

@@ -103,14 +103,14 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.num_attention_heads == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
             return bad("hidden_size, num_attention_heads, num_hidden_layers and vocab_size must be positive".into());
         }
-        if self.num_attention_heads % self.n_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.n_kv_heads()) {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.n_kv_heads()
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
         }
         if let Some(s) = &self.rope_scaling {

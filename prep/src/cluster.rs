@@ -144,6 +144,12 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
     if s.k == 0 || s.k > n {
         bail!("K = {} centroids but only {n} captured tokens (K must be in 1..={n})", s.k);
     }
+    if let Some(k) = s.k_max.filter(|&k| k == 0 || k > n_ff) {
+        bail!("K_max = {k} is impossible: it must be in 1..={n_ff} (the model's intermediate size)");
+    }
+    if s.k_max_factor.is_nan() || s.k_max_factor <= 0.0 {
+        bail!("k_max_factor = {} must be positive", s.k_max_factor);
+    }
     let selected: Vec<usize> = (0..names.len())
         .filter(|&i| s.layers.as_ref().is_none_or(|rs| rs.iter().any(|&(a, b)| (a..b).contains(&layer_of(&names[i])))))
         .collect();

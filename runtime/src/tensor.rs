@@ -27,7 +27,7 @@ impl F16Matrix {
     pub fn mapped(rows: usize, cols: usize, map: Arc<Mmap>, byte_offset: usize) -> Self {
         let n_bytes = rows * cols * 2;
         assert!(byte_offset + n_bytes <= map.len());
-        if (map.as_ptr() as usize + byte_offset) % std::mem::align_of::<f16>() == 0 {
+        if (map.as_ptr() as usize + byte_offset).is_multiple_of(std::mem::align_of::<f16>()) {
             F16Matrix { rows, cols, data: F16Data::Mapped { map, byte_offset } }
         } else {
             let bytes = &map[byte_offset..byte_offset + n_bytes];
