@@ -21,3 +21,8 @@ if [ ! -f "$gguf" ]; then
 fi
 (cd "$(dirname "$gguf")" && grep " SmolLM2-135M-Instruct.Q4_1.gguf\$" ../../../SHA256SUMS | sha256sum -c --quiet)
 python3 scripts/extract_texts.py data/downloads data/text
+# `prep report --png` draws its text with DejaVu Sans (Debian's fonts-dejavu-core).
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing fonts-dejavu-core for plots"
+  apt-get install -y -q fonts-dejavu-core >/dev/null || (apt-get update -q >/dev/null && apt-get install -y -q fonts-dejavu-core >/dev/null)
+fi

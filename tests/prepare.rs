@@ -70,10 +70,15 @@ fn prepare_end_to_end_then_resume() {
     // the report over the calibration capture
     let rep = run_bin(
         "prep",
-        &["report", dir.join("artifacts/capture").to_str().unwrap(), "--cluster", dir.join("artifacts/cluster").to_str().unwrap(), "--json"],
+        &[
+            "report", dir.join("artifacts/capture").to_str().unwrap(), "--cluster", dir.join("artifacts/cluster").to_str().unwrap(),
+            "--png", dir.join("reuse.png").to_str().unwrap(), "--json",
+        ],
     );
     assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
     let rep: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let png = std::fs::read(dir.join("reuse.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "not a plotted PNG ({} bytes)", png.len());
     let layers = rep["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 30);
     let l28 = layers.iter().find(|l| l["column"] == "mask_l28").unwrap();

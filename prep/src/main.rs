@@ -88,6 +88,9 @@ enum Command {
         /// Also write the report as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// And plot reuse per layer to this PNG.
+        #[arg(long)]
+        png: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -169,8 +172,11 @@ fn run(cli: Cli) -> Result<()> {
                 println!("manifest: {} ({:.1} s in all)", r.manifest, r.seconds);
             }
         }
-        Command::Report { capture, cluster, out, json } => {
+        Command::Report { capture, cluster, out, png, json } => {
             let r = report::report(&capture, cluster.as_deref())?;
+            if let Some(p) = &png {
+                report::plot_png(&r, &format!("Activation reuse per layer: {}", capture.display()), p)?;
+            }
             let text = serde_json::to_string_pretty(&r)?;
             if let Some(p) = out {
                 formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&p), &p, text.as_bytes())?;

@@ -8,7 +8,7 @@
 //! pruned centroid with the largest overlap (all pruned sets have K_max neurons, so that is
 //! also the nearest in Hamming distance).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use formats::safetensors_io::MappedSafetensors;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -115,4 +115,71 @@ mod tests {
         let r = super::windowed_reuse(&sets, &[0, 0, 1], 1);
         assert_eq!(r[0], 0.5); // token 1: {1} of {1,2} was active at token 0; token 2 starts a sequence
     }
+}
+
+/// Fonts tried for plot text (Debian's fonts-dejavu-core, present on most Linux systems).
+const FONT_PATHS: [&str; 2] = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
+
+/// Reuse per layer as a PNG: one line per window k, solid for exact masks, lighter with
+/// markers for the centroid sets.
+pub fn plot_png(r: &Report, title: &str, path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let font = FONT_PATHS
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .with_context(|| format!("no TrueType font for the plot text (looked for {}; apt-get install fonts-dejavu-core)", FONT_PATHS.join(", ")))?;
+    // plotters keeps the font for the process; leaking the bytes gives it the 'static it needs.
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("cannot load the plot font"))?;
+    let layers: Vec<(usize, &LayerReport)> = r.layers.iter().map(|l| (crate::shards::layer_of(&l.column), l)).collect();
+    let n_layers = layers.iter().map(|(l, _)| l + 1).max().unwrap_or(1);
+    let tmp = path.with_extension("tmp.png"); // the encoder picks the format from the extension
+    {
+        let root = BitMapBackend::new(&tmp, (1000, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(-0.5f64..(n_layers as f64 - 0.5), 0f64..1f64)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("layer")
+            .y_desc("share of token t+1's active set already active")
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let colors = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44)];
+        for (wi, &k) in WINDOWS.iter().enumerate() {
+            let c = colors[wi];
+            let exact: Vec<(f64, f64)> = layers.iter().map(|(l, r)| (*l as f64, r.reuse_exact[wi])).collect();
+            chart
+                .draw_series(LineSeries::new(exact, c.stroke_width(2)))
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .label(format!("exact masks, last {k} token{}", if k > 1 { "s" } else { "" }))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            let cent: Vec<(f64, f64)> = layers.iter().filter_map(|(l, r)| r.reuse_centroid.as_ref().map(|v| (*l as f64, v[wi]))).collect();
+            if !cent.is_empty() {
+                let light = c.mix(0.6);
+                chart
+                    .draw_series(cent.iter().map(|&p| Circle::new(p, 4, light.filled())))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .label(format!("centroid sets, last {k}"))
+                    .legend(move |(x, y)| Circle::new((x + 10, y), 4, light.filled()));
+            }
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        root.present().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;
+    Ok(())
 }
