@@ -72,7 +72,8 @@ fn prepare_end_to_end_then_resume() {
         "prep",
         &[
             "report", dir.join("artifacts/capture").to_str().unwrap(), "--cluster", dir.join("artifacts/cluster").to_str().unwrap(),
-            "--png", dir.join("reuse.png").to_str().unwrap(), "--json",
+            "--png", dir.join("reuse.png").to_str().unwrap(), "--mass-model", fixture_model().to_str().unwrap(),
+            "--mass-text", repo_root().join("data/text/lambada-500.txt").to_str().unwrap(), "--mass-tokens", "128", "--json",
         ],
     );
     assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
@@ -85,6 +86,9 @@ fn prepare_end_to_end_then_resume() {
     let exact: Vec<f64> = l28["reuse_exact"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
     assert!(exact[0] > 0.2 && exact[0] < exact[1] && exact[1] < exact[2] && exact[2] < 1.0, "{exact:?}");
     assert!(l28["centroid_recall"].as_f64().unwrap() > 0.3);
+    let mass = l28["centroid_mass_coverage"].as_f64().unwrap();
+    assert!(mass > 0.3 && mass <= 1.0, "mass coverage {mass}");
+    assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["centroid_mass_coverage"].is_null());
     assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["reuse_centroid"].is_null(), "layer 10 is dense, not clustered");
 }
 

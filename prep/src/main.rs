@@ -91,6 +91,13 @@ enum Command {
         /// And plot reuse per layer to this PNG.
         #[arg(long)]
         png: Option<PathBuf>,
+        /// Measure the centroids' activation-mass coverage with this model over --mass-text.
+        #[arg(long, requires_all = ["cluster", "mass_text"])]
+        mass_model: Option<PathBuf>,
+        #[arg(long)]
+        mass_text: Option<PathBuf>,
+        #[arg(long, default_value_t = 4096)]
+        mass_tokens: usize,
         #[arg(long)]
         json: bool,
     },
@@ -172,8 +179,11 @@ fn run(cli: Cli) -> Result<()> {
                 println!("manifest: {} ({:.1} s in all)", r.manifest, r.seconds);
             }
         }
-        Command::Report { capture, cluster, out, png, json } => {
-            let r = report::report(&capture, cluster.as_deref())?;
+        Command::Report { capture, cluster, out, png, mass_model, mass_text, mass_tokens, json } => {
+            let mut r = report::report(&capture, cluster.as_deref())?;
+            if let (Some(m), Some(t), Some(c)) = (&mass_model, &mass_text, &cluster) {
+                report::add_mass_coverage(&mut r, &capture, c, m, t, mass_tokens)?;
+            }
             if let Some(p) = &png {
                 report::plot_png(&r, &format!("Activation reuse per layer: {}", capture.display()), p)?;
             }
@@ -185,16 +195,17 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{text}");
             } else {
                 println!("{} tokens; reuse = share of token t+1's set active within the last k tokens", r.tokens);
-                println!("{:<14} {:>7} {:>22} {:>22} {:>7}", "column", "density", "exact k=1/2/4", "centroid k=1/2/4", "recall");
+                println!("{:<14} {:>7} {:>22} {:>22} {:>7} {:>7}", "column", "density", "exact k=1/2/4", "centroid k=1/2/4", "recall", "mass");
                 let f = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
                 for l in &r.layers {
                     println!(
-                        "{:<14} {:>7.3} {:>22} {:>22} {:>7}",
+                        "{:<14} {:>7.3} {:>22} {:>22} {:>7} {:>7}",
                         l.column,
                         l.density,
                         f(&l.reuse_exact),
                         l.reuse_centroid.as_deref().map(f).unwrap_or_default(),
-                        l.centroid_recall.map(|x| format!("{x:.3}")).unwrap_or_default()
+                        l.centroid_recall.map(|x| format!("{x:.3}")).unwrap_or_default(),
+                        l.centroid_mass_coverage.map(|x| format!("{x:.3}")).unwrap_or_default()
                     );
                 }
             }

@@ -26,6 +26,9 @@ pub struct LayerReport {
     pub reuse_centroid: Option<Vec<f64>>,
     /// Share of the exact active set inside the token's centroid set.
     pub centroid_recall: Option<f64>,
+    /// Share of the active neurons' activation mass (sum of |silu(g) * u|) inside the token's
+    /// nearest centroid set, measured on `--mass-text` (product masks only).
+    pub centroid_mass_coverage: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,6 +104,7 @@ pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
             reuse_exact: windowed_reuse(&exact, &c.sequence, c.width),
             reuse_centroid,
             centroid_recall,
+            centroid_mass_coverage: None,
         });
     }
     Ok(Report { capture: capture.display().to_string(), tokens: n, windows: WINDOWS.to_vec(), layers })
@@ -181,5 +185,66 @@ pub fn plot_png(r: &Report, title: &str, path: &Path) -> Result<()> {
         root.present().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;
+    Ok(())
+}
+
+/// Measures, over a text, how much activation mass the nearest pruned centroid keeps.
+struct MassHook<'a> {
+    th: &'a formats::thresholds::Thresholds,
+    /// Per layer: the pruned centroid bitsets, where the layer was clustered.
+    tables: Vec<Option<Vec<Vec<u8>>>>,
+    n_ff: usize,
+    covered: Vec<f64>,
+    total: Vec<f64>,
+}
+
+impl runtime::model::MlpHook for MassHook<'_> {
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+        let Some(table) = &self.tables[layer] else { return };
+        for (g, u) in gate_silu.chunks_exact(self.n_ff).zip(up.chunks_exact(self.n_ff)) {
+            let mut bits = vec![0u8; self.n_ff.div_ceil(8)];
+            let mut mass = vec![0f32; g.len()];
+            for (i, (a, b)) in g.iter().zip(u).enumerate() {
+                if self.th.active(layer, *a, *b) {
+                    bits[i / 8] |= 1 << (i % 8);
+                    mass[i] = (a * b).abs();
+                }
+            }
+            let best = (0..table.len()).max_by_key(|&k| overlap(&bits, &table[k])).unwrap_or(0);
+            let c = &table[best];
+            self.total[layer] += mass.iter().map(|&m| m as f64).sum::<f64>();
+            self.covered[layer] += mass.iter().enumerate().filter(|(i, _)| c[i / 8] >> (i % 8) & 1 == 1).map(|(_, &m)| m as f64).sum::<f64>();
+        }
+    }
+}
+
+/// Fills `centroid_mass_coverage` by running the model over `text` (sequences of 512 tokens,
+/// up to `max_tokens`), with the capture's thresholds and the cluster's centroids.
+pub fn add_mass_coverage(r: &mut Report, capture: &Path, cluster: &Path, model_dir: &Path, text: &Path, max_tokens: usize) -> Result<()> {
+    let th = formats::thresholds::Thresholds::load(&capture.join("thresholds.json"))?;
+    if th.mask_kind != formats::thresholds::MaskKind::Product {
+        anyhow::bail!("mass coverage is measured for product masks only");
+    }
+    let (model, tok) = runtime::open_model(model_dir)?;
+    let n_layers = model.config.num_hidden_layers;
+    let n_ff = model.config.intermediate_size;
+    let cent = MappedSafetensors::open(cluster.join("centroids.safetensors"))?;
+    let tables: Vec<Option<Vec<Vec<u8>>>> = (0..n_layers)
+        .map(|l| cent.tensors.get(&format!("centroids_l{l:02}")).map(|e| cent.bytes(e).chunks_exact(n_ff.div_ceil(8)).map(|c| c.to_vec()).collect()))
+        .collect();
+    let mut hook = MassHook { th: &th, tables, n_ff, covered: vec![0.0; n_layers], total: vec![0.0; n_layers] };
+    let ids = tok.encode(&std::fs::read_to_string(text).with_context(|| format!("{}: cannot read", text.display()))?, true)?;
+    let seq = 512.min(max_tokens.max(1));
+    let mut cache = model.new_cache(seq)?;
+    for chunk in ids.chunks_exact(seq).take(max_tokens.div_ceil(seq)) {
+        cache.clear();
+        model.forward_observed(chunk, &mut cache, seq, Some(&mut hook))?;
+    }
+    for l in &mut r.layers {
+        let layer = crate::shards::layer_of(&l.column);
+        if hook.tables[layer].is_some() && hook.total[layer] > 0.0 {
+            l.centroid_mass_coverage = Some(hook.covered[layer] / hook.total[layer]);
+        }
+    }
     Ok(())
 }
