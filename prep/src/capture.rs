@@ -297,7 +297,7 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
     fields.extend(mask_names.iter().map(|n| Field::new(n, DataType::FixedSizeBinary(mask_bytes as i32), false)));
     let schema = Arc::new(Schema::new(fields).with_metadata(
         std::collections::HashMap::<String, String>::from([
-            ("mask_kind".to_string(), serde_json::to_string(&s.mask_kind)?),
+            ("mask_kind".to_string(), serde_json::to_value(s.mask_kind)?.as_str().unwrap_or_default().to_string()),
             ("bit_order".to_string(), "neuron n is bit n % 8 of byte n / 8".to_string()),
             ("alpha".to_string(), s.alpha.to_string()),
             ("intermediate_size".to_string(), ff.to_string()),
