@@ -61,7 +61,7 @@ pub struct RecordsLayout {
 impl RecordsLayout {
     /// Byte offset of the record of (`layer`, `neuron`).
     pub fn offset(&self, layer: usize, neuron: usize) -> u64 {
-        (((layer - self.first_layer) * self.neurons_per_layer + neuron) * self.record_bytes) as u64
+        crate::records::record_offset(self.first_layer, self.neurons_per_layer, self.record_bytes, layer, neuron)
     }
 }
 

@@ -29,6 +29,12 @@ pub const RECORD_HEADER_BYTES: usize = 512;
 pub const RECORD_ALIGN_BYTES: usize = 512;
 pub const DTYPE_F16: u32 = 1;
 
+/// Byte offset in `records.bin` of the record of (`layer`, `neuron`): layer-major from
+/// `first_layer`, `neurons_per_layer` records of `record_bytes` each.
+pub fn record_offset(first_layer: usize, neurons_per_layer: usize, record_bytes: usize, layer: usize, neuron: usize) -> u64 {
+    (((layer - first_layer) * neurons_per_layer + neuron) * record_bytes) as u64
+}
+
 /// Size of one record for a model width, in bytes (header + payload, padded).
 pub fn record_bytes(d_model: usize) -> usize {
     (RECORD_HEADER_BYTES + 3 * d_model * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES
@@ -190,7 +196,7 @@ impl RecordFile {
     }
 
     pub fn offset(&self, layer: usize, neuron: usize) -> u64 {
-        (((layer - self.first_layer) * self.neurons_per_layer + neuron) * record_bytes(self.d_model)) as u64
+        record_offset(self.first_layer, self.neurons_per_layer, record_bytes(self.d_model), layer, neuron)
     }
 
     pub fn read(&self, layer: usize, neuron: usize) -> Result<NeuronRows> {

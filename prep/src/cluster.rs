@@ -98,11 +98,15 @@ fn kmeans(bits: &[u8], n: usize, width: usize, n_ff: usize, k: usize, max_iter: 
         let mut counts = vec![0usize; k];
         for (i, &l) in labels.iter().enumerate() {
             counts[l as usize] += 1;
-            simd_add(&mut sums[l as usize * n_ff..(l as usize + 1) * n_ff], &x[i * n_ff..(i + 1) * n_ff]);
+            let row = &x[i * n_ff..(i + 1) * n_ff];
+            sums[l as usize * n_ff..(l as usize + 1) * n_ff].iter_mut().zip(row).for_each(|(s, v)| *s += v);
         }
-        // empty clusters take the tokens farthest from their centroids
-        let mut far: Vec<usize> = (0..n).collect();
-        far.sort_unstable_by(|&a, &b| assign[b].1.total_cmp(&assign[a].1));
+        // empty clusters take the tokens farthest from their centroids (sorted only when needed)
+        let mut far: Vec<usize> = Vec::new();
+        if counts.contains(&0) {
+            far = (0..n).collect();
+            far.sort_unstable_by(|&a, &b| assign[b].1.total_cmp(&assign[a].1));
+        }
         let mut next_far = 0;
         for c in 0..k {
             if counts[c] == 0 {
@@ -121,10 +125,6 @@ fn kmeans(bits: &[u8], n: usize, width: usize, n_ff: usize, k: usize, max_iter: 
         }
     }
     (cent, labels, iterations)
-}
-
-fn simd_add(dst: &mut [f32], src: &[f32]) {
-    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
 }
 
 /// Indices of the `k_max` largest values of a centroid, as a bitset of `n_ff` bits.
@@ -167,12 +167,7 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
         let k_max = s.k_max.unwrap_or(((s.k_max_factor * mean_active).round() as usize).max(1)).min(n_ff);
         let (cent, lab, iterations) = kmeans(bits, n, width, n_ff, s.k, s.max_iterations, s.seed);
         let pruned: Vec<Vec<u8>> = cent.chunks_exact(n_ff).map(|c| prune_to_bitset(c, k_max)).collect();
-        let covered: usize = (0..n)
-            .map(|i| {
-                let p = &pruned[lab[i] as usize];
-                bits[i * width..(i + 1) * width].iter().zip(p).map(|(a, b)| (a & b).count_ones() as usize).sum::<usize>()
-            })
-            .sum();
+        let covered: u64 = (0..n).map(|i| crate::shards::overlap(&bits[i * width..(i + 1) * width], &pruned[lab[i] as usize])).sum();
         centroids.push(RawTensor { name: names[ci].replace("mask", "centroids"), dtype: safetensors::Dtype::U8, shape: vec![s.k, width], bytes: pruned.concat() });
         labels.push(RawTensor {
             name: names[ci].replace("mask", "labels"),

@@ -189,7 +189,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
     let mut k_max = vec![0usize; n_layers - d];
     for l in cl["layers"].as_array().context("cluster.json: no layers")? {
-        let layer = l["column"].as_str().unwrap_or("").rsplit("_l").next().and_then(|s| s.parse::<usize>().ok()).unwrap_or(0);
+        let layer = crate::shards::layer_of(l["column"].as_str().unwrap_or(""));
         if layer >= d {
             // gate-up has a gate and an up column per layer: the buffer must hold the larger set
             k_max[layer - d] = k_max[layer - d].max(l["k_max"].as_u64().unwrap_or(0) as usize);

@@ -8,6 +8,7 @@
 //! pruned centroid with the largest overlap (all pruned sets have K_max neurons, so that is
 //! also the nearest in Hamming distance).
 
+use crate::shards::overlap;
 use anyhow::{Context, Result};
 use formats::safetensors_io::MappedSafetensors;
 use rayon::prelude::*;
@@ -39,9 +40,6 @@ pub struct Report {
     pub layers: Vec<LayerReport>,
 }
 
-fn overlap(a: &[u8], b: &[u8]) -> u64 {
-    a.iter().zip(b).map(|(x, y)| (x & y).count_ones() as u64).sum()
-}
 
 /// Coverage of each token's set by the union of the previous `k` sets (same sequence only).
 fn windowed_reuse(sets: &[&[u8]], sequence: &[u32], width: usize) -> Vec<f64> {

@@ -24,6 +24,11 @@ impl CapturedMasks {
     }
 }
 
+/// Number of neurons in both bit-packed sets.
+pub fn overlap(a: &[u8], b: &[u8]) -> u64 {
+    a.iter().zip(b).map(|(x, y)| (x & y).count_ones() as u64).sum()
+}
+
 /// The layer a mask column belongs to (`mask_l05` -> 5).
 pub fn layer_of(column: &str) -> usize {
     column.rsplit("_l").next().and_then(|s| s.parse().ok()).unwrap_or(0)
