@@ -24,6 +24,9 @@ k_max_factor = 1.5
 max_iterations = 5
 [pack]
 dense_prefix = {dense_prefix}
+[train]
+hidden = 64
+max_epochs = 8
 "#,
         model = fixture_model().display(),
         out = dir.join("artifacts").display(),
@@ -43,7 +46,17 @@ fn prepare_end_to_end_then_resume() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let stages: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
-    assert_eq!(stages, ["capture", "cluster", "pack"]);
+    assert_eq!(stages, ["capture", "cluster", "train", "pack"]);
+
+    // the predictor: better than chance and than the label frequencies on held-out tokens,
+    // sets of exactly K_max, and the saved f16 file gives the runtime the same logits
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("artifacts/predictor/train.json")).unwrap()).unwrap();
+    let top1 = t["heldout_top1"].as_f64().unwrap();
+    assert!(top1 > 1.0 / 16.0 && top1 > t["heldout_top1_majority"].as_f64().unwrap(), "{t}");
+    assert!(t["heldout_loss"].as_f64().unwrap() < t["heldout_loss_majority"].as_f64().unwrap(), "{t}");
+    assert!(t["param_share"].as_f64().unwrap() <= 0.03);
+    assert_eq!(t["reload_top1_agreement"].as_f64().unwrap(), 1.0, "{t}");
+    assert!(t["reload_max_abs_logit_diff"].as_f64().unwrap() < 1e-3, "{t}");
 
     let mpath = dir.join("artifacts/manifest.toml");
     let m = Manifest::load(&mpath).unwrap();
@@ -51,6 +64,8 @@ fn prepare_end_to_end_then_resume() {
     assert_eq!(m.sparsity.dense_prefix, 26);
     assert_eq!(m.sparsity.k_max.len(), 4);
     assert!(m.sparsity.k_max.iter().all(|&k| k > 500 && k < 1536), "{:?}", m.sparsity.k_max);
+    let sizes: Vec<usize> = t["layers"].as_array().unwrap().iter().map(|l| l["predicted_set_size"].as_f64().unwrap() as usize).collect();
+    assert_eq!(sizes, m.sparsity.k_max, "every predicted set holds exactly K_max neurons");
     assert_eq!(m.records.count, 4 * 1536);
     assert_eq!(std::fs::metadata(dir.join("artifacts/records.bin")).unwrap().len(), 4 * 1536 * 4096);
 
@@ -64,7 +79,7 @@ fn prepare_end_to_end_then_resume() {
     let third = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&third.stdout).unwrap();
     let skipped: Vec<bool> = report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
-    assert_eq!(skipped, [true, false, false]);
+    assert_eq!(skipped, [true, false, false, false]);
     assert_eq!(Manifest::load(&mpath).unwrap().sparsity.k_max.len(), 3);
 
     // the report over the calibration capture

@@ -7,11 +7,13 @@
 //!   f16 `*.safetensors` with Hugging Face tensor names) and its config.
 //! - [`safetensors_io`]: memory-mapped reading and writing of safetensors files.
 
+pub mod centroids;
 pub mod error;
 pub mod ggml_quants;
 pub mod gguf;
 pub mod manifest;
 pub mod model_dir;
+pub mod predictor;
 pub mod records;
 pub mod thresholds;
 pub mod safetensors_io;

@@ -160,6 +160,16 @@ impl Manifest {
     }
 
     /// Recomputes every artifact's sha256 and compares with the manifest.
+    /// The path of the artifact with this role; an error naming the manifest when there is none.
+    pub fn artifact_path_of(&self, manifest_path: &Path, role: &str) -> Result<PathBuf> {
+        let a = self
+            .artifacts
+            .iter()
+            .find(|a| a.role == role)
+            .ok_or_else(|| FormatError::invalid(manifest_path, format!("no artifact with role '{role}' (prepared by an older prep? rerun make prepare)")))?;
+        Ok(self.artifact_path(manifest_path, a))
+    }
+
     pub fn verify_checksums(&self, manifest_path: &Path) -> Result<()> {
         for a in &self.artifacts {
             let p = self.artifact_path(manifest_path, a);

@@ -23,6 +23,8 @@ pub struct MappedSafetensors {
     pub path: PathBuf,
     pub mmap: Arc<Mmap>,
     pub tensors: HashMap<String, TensorEntry>,
+    /// The header's `__metadata__`.
+    pub metadata: Option<HashMap<String, String>>,
 }
 
 impl MappedSafetensors {
@@ -33,6 +35,9 @@ impl MappedSafetensors {
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
         let st = SafeTensors::deserialize(&mmap)
             .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
+        let (_, header) = SafeTensors::read_metadata(&mmap)
+            .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
+        let metadata = header.metadata().clone();
         let base = mmap.as_ptr() as usize;
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
@@ -43,7 +48,7 @@ impl MappedSafetensors {
             );
         }
         drop(st);
-        Ok(MappedSafetensors { path: path.to_path_buf(), mmap: Arc::new(mmap), tensors })
+        Ok(MappedSafetensors { path: path.to_path_buf(), mmap: Arc::new(mmap), tensors, metadata })
     }
 
     pub fn bytes(&self, e: &TensorEntry) -> &[u8] {

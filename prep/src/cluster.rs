@@ -1,6 +1,7 @@
 //! `prep cluster`: per layer (and projection, for gate-up masks), k-means of the captured binary
 //! masks into K sparse centroids, each pruned to its K_max most frequent neurons; writes the
-//! centroid bitsets, the label (nearest centroid) of every captured token, and per-layer recall.
+//! centroid bitsets, the label of every captured token (the pruned set that covers most of its
+//! active neurons), and per-layer recall.
 //!
 //! Lloyd's algorithm with distances by matrix multiply (the runtime's f16 matmul kernel:
 //! ||x - c||^2 = |x| - 2 x.c + ||c||^2, and |x| does not change the argmin). linfa-clustering
@@ -165,8 +166,12 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
         let active: usize = bits.iter().map(|b| b.count_ones() as usize).sum();
         let mean_active = active as f64 / n as f64;
         let k_max = s.k_max.unwrap_or(((s.k_max_factor * mean_active).round() as usize).max(1)).min(n_ff);
-        let (cent, lab, iterations) = kmeans(bits, n, width, n_ff, s.k, s.max_iterations, s.seed);
+        let (cent, _, iterations) = kmeans(bits, n, width, n_ff, s.k, s.max_iterations, s.seed);
         let pruned: Vec<Vec<u8>> = cent.chunks_exact(n_ff).map(|c| prune_to_bitset(c, k_max)).collect();
+        // label = the pruned set that covers most of the token's active neurons (the predictor's
+        // target and the runtime's layer-0 feature: the same rule on both sides)
+        let table = formats::centroids::CentroidSet { k: s.k, width, bits: pruned.concat() };
+        let lab: Vec<u32> = bits.par_chunks(width).map(|m| table.best_cover(m)).collect();
         let covered: u64 = (0..n).map(|i| crate::shards::overlap(&bits[i * width..(i + 1) * width], &pruned[lab[i] as usize])).sum();
         centroids.push(RawTensor { name: names[ci].replace("mask", "centroids"), dtype: safetensors::Dtype::U8, shape: vec![s.k, width], bytes: pruned.concat() });
         labels.push(RawTensor {

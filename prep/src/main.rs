@@ -9,6 +9,7 @@ mod prepare;
 mod report;
 mod shards;
 mod tokenizer_json;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -123,6 +124,29 @@ enum Command {
         layers: Option<String>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Train the shared activation predictor on a capture and its clustering.
+    Train {
+        /// Canonical model directory (for its size and shape).
+        model: PathBuf,
+        /// `prep capture` output.
+        #[arg(long)]
+        capture: PathBuf,
+        /// `prep cluster` output (labels and centroids of layer 0 and the sparse layers).
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Layers 0..D stay dense; the predictor has a head for every layer D..n_layers.
+        #[arg(long)]
+        dense_prefix: usize,
+        #[arg(long)]
+        out: PathBuf,
+        /// Trunk width (default: the largest multiple of 64, at most 1,024, within 3% of the model).
+        #[arg(long)]
+        hidden: Option<usize>,
+        #[arg(long, default_value_t = 40)]
+        max_epochs: usize,
         #[arg(long)]
         json: bool,
     },
@@ -263,6 +287,27 @@ fn run(cli: Cli) -> Result<()> {
                     println!("{:<16} {:>6} {:>8.1} {:>6} {:>7.3} {:>6.1}", l.column, l.k_max, l.mean_active, l.iterations, l.recall, l.seconds);
                 }
                 println!("{} tokens -> {} and {}", s.tokens, s.centroids_path, s.labels_path);
+            }
+        }
+        Command::Train { model, capture, cluster, dense_prefix, out, hidden, max_epochs, json } => {
+            let settings = train::TrainSettings { hidden, max_epochs, ..Default::default() };
+            let s = train::train(&model, &capture, &cluster, dense_prefix, &out, &settings, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "predictor: hidden {} x {} blocks, {:.2} M parameters ({:.2}% of the model); {} train / {} held-out tokens; best epoch {} of {}",
+                    s.spec.hidden, s.spec.blocks, s.parameters as f64 / 1e6, s.param_share * 100.0, s.train_tokens, s.heldout_tokens, s.best_epoch, s.epochs_run
+                );
+                println!(
+                    "held-out: loss {:.3} (label frequencies {:.3}), top-1 {:.3} (majority {:.3}), recall {:.3}",
+                    s.heldout_loss, s.heldout_loss_majority, s.heldout_top1, s.heldout_top1_majority, s.heldout_recall
+                );
+                println!("{:>6} {:>7} {:>7} {:>12} {:>9}", "layer", "top-1", "recall", "label recall", "set size");
+                for l in &s.layers {
+                    println!("{:>6} {:>7.3} {:>7.3} {:>12.3} {:>9.0}", l.layer, l.top1_accuracy, l.recall, l.label_recall, l.predicted_set_size);
+                }
+                println!("-> {} ({:.1} s)", s.predictor_path, s.seconds);
             }
         }
         Command::Pack { model, dense_prefix, out, json } => {

@@ -5,7 +5,7 @@
 //! Every output is written under a temporary name and renamed, so an interrupted stage leaves
 //! no file that a later run could take for a good one.
 
-use crate::{capture, cluster, import, pack};
+use crate::{capture, cluster, import, pack, train};
 use anyhow::{bail, Context, Result};
 use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
 use formats::model_dir::ModelConfig;
@@ -28,6 +28,9 @@ pub struct Recipe {
     pub capture: CaptureRecipe,
     pub cluster: ClusterRecipe,
     pub pack: PackRecipe,
+    /// Predictor training; every field has a default.
+    #[serde(default)]
+    pub train: train::TrainSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,10 +178,19 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         seed: 0,
     };
     let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?, "k": cls.k,
-        "k_max_factor": cls.k_max_factor, "max_iterations": cls.max_iterations, "dense_prefix": d});
+        "k_max_factor": cls.k_max_factor, "max_iterations": cls.max_iterations, "dense_prefix": d, "labels": "best-cover"});
     let cluster_json = cl_dir.join("cluster.json");
     st.run("cluster", &key, &[cl_dir.join("centroids.safetensors"), cl_dir.join("labels.safetensors"), cluster_json.clone()], || {
         cluster::cluster(&cap_dir, &cl_dir, &cls, show_progress).map(|_| ())
+    })?;
+
+    // train: the shared predictor
+    let tr_dir = out.join("predictor");
+    let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?,
+        "cluster": file_fingerprint(&[cl_dir.join("labels.safetensors"), cl_dir.join("centroids.safetensors")])?,
+        "dense_prefix": d, "settings": r.train});
+    st.run("train", &key, &[tr_dir.join("predictor.safetensors"), tr_dir.join("train.json")], || {
+        train::train(&model_dir, &cap_dir, &cl_dir, d, &tr_dir, &r.train, show_progress).map(|_| ())
     })?;
 
     // pack
@@ -200,6 +212,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("records", out.join("records.bin")),
         ("resident", out.join("resident.safetensors")),
         ("centroids", cl_dir.join("centroids.safetensors")),
+        ("predictor", tr_dir.join("predictor.safetensors")),
         ("thresholds", cap_dir.join("thresholds.json")),
         ("tokenizer", model_dir.join("tokenizer.json")),
     ] {

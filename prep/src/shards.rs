@@ -1,7 +1,7 @@
 //! Reading back the Arrow IPC mask shards written by `prep capture` (used by cluster and report).
 
 use anyhow::{bail, Context, Result};
-use arrow_array::{Array, FixedSizeBinaryArray, UInt32Array};
+use arrow_array::{Array, FixedSizeBinaryArray, FixedSizeListArray, Float16Array, UInt32Array};
 use std::path::{Path, PathBuf};
 
 /// Every mask column of a capture, concatenated across shards in file order.
@@ -24,17 +24,15 @@ impl CapturedMasks {
     }
 }
 
-/// Number of neurons in both bit-packed sets.
-pub fn overlap(a: &[u8], b: &[u8]) -> u64 {
-    a.iter().zip(b).map(|(x, y)| (x & y).count_ones() as u64).sum()
-}
+pub use formats::centroids::overlap;
 
 /// The layer a mask column belongs to (`mask_l05` -> 5).
 pub fn layer_of(column: &str) -> usize {
     column.rsplit("_l").next().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
-pub fn read_masks(dir: &Path) -> Result<CapturedMasks> {
+/// The masks-*.arrow shards of a capture directory, in the order every reader concatenates them.
+pub fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("{}: cannot read the capture directory", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -44,6 +42,32 @@ pub fn read_masks(dir: &Path) -> Result<CapturedMasks> {
     if shards.is_empty() {
         bail!("{}: no masks-*.arrow shard (run `prep capture` first)", dir.display());
     }
+    Ok(shards)
+}
+
+/// The hidden state after layer 0 of every captured token, `[rows, d]` as f32, and d.
+pub fn read_hidden0(dir: &Path) -> Result<(Vec<f32>, usize)> {
+    let mut out = Vec::new();
+    let mut d = 0;
+    for shard in shard_paths(dir)? {
+        let f = std::fs::File::open(&shard).with_context(|| format!("{}: cannot open", shard.display()))?;
+        let reader = arrow_ipc::reader::FileReader::try_new(f, None).with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
+        for batch in reader {
+            let batch = batch.with_context(|| format!("{}: corrupt record batch", shard.display()))?;
+            let col = batch
+                .column_by_name("hidden_after_layer0")
+                .with_context(|| format!("{}: no hidden_after_layer0 column", shard.display()))?;
+            let list = col.as_any().downcast_ref::<FixedSizeListArray>().context("hidden_after_layer0 is not a FixedSizeList")?;
+            d = list.value_length() as usize;
+            let values = list.values().as_any().downcast_ref::<Float16Array>().context("hidden_after_layer0 items are not Float16")?;
+            out.extend(values.values().iter().map(|v| v.to_f32()));
+        }
+    }
+    Ok((out, d))
+}
+
+pub fn read_masks(dir: &Path) -> Result<CapturedMasks> {
+    let shards = shard_paths(dir)?;
     let mut m = CapturedMasks { names: vec![], cols: vec![], width: 0, n_ff: 0, sequence: vec![] };
     for shard in &shards {
         let f = std::fs::File::open(shard).with_context(|| format!("{}: cannot open", shard.display()))?;

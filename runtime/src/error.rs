@@ -28,6 +28,9 @@ pub enum RuntimeError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, #[source] source: std::io::Error },
 
+    #[error("--mem-budget {budget} bytes is too small: this model needs at least {minimum} bytes ({:.1} MiB): {breakdown}", *minimum as f64 / 1048576.0)]
+    BudgetTooSmall { budget: u64, minimum: u64, breakdown: String },
+
     #[error("{0}")]
     Input(String),
 }

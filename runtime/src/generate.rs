@@ -35,6 +35,7 @@ pub fn generate(
     prompt: &str,
     opts: &GenerateOptions,
     sampler: &mut Sampler,
+    mut hook: Option<&mut dyn crate::model::MlpHook>,
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerationReport> {
     let prompt_ids = tok.encode(prompt, true)?;
@@ -48,7 +49,7 @@ pub fn generate(
     let mut cache = model.new_cache(opts.ctx)?;
     let eos = model.config.eos_token_ids();
     let t0 = std::time::Instant::now();
-    let mut logits = model.forward(&prompt_ids, &mut cache, prompt_ids.len() - 1)?;
+    let mut logits = model.forward_observed(&prompt_ids, &mut cache, prompt_ids.len() - 1, hook.as_mut().map(|h| &mut **h as &mut dyn crate::model::MlpHook))?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut out: Vec<u32> = Vec::with_capacity(opts.max_new_tokens);
     let mut printed = String::new();
@@ -77,7 +78,7 @@ pub fn generate(
         if step + 1 == opts.max_new_tokens {
             break;
         }
-        logits = model.forward(&[next], &mut cache, 0)?;
+        logits = model.forward_observed(&[next], &mut cache, 0, hook.as_mut().map(|h| &mut **h as &mut dyn crate::model::MlpHook))?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     // Decode speed counts the forward passes after the first sampled token.

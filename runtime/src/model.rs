@@ -54,6 +54,22 @@ pub trait MlpHook {
     /// Called after `observe`: zero entries of `gate_silu` to drop those neurons (their
     /// product, and so their down-projection, becomes 0).
     fn sparsify(&mut self, _layer: usize, _gate_silu: &mut [f32], _up: &[f32]) {}
+
+    /// True when the hook computes some layers' MLP itself ([`MlpHook::mlp`]) one token at a
+    /// time: the forward pass then runs its tokens one by one.
+    fn single_token(&self) -> bool {
+        false
+    }
+
+    /// Does [`MlpHook::mlp`] compute this layer's MLP (instead of the resident weights)?
+    fn replaces_mlp(&self, _layer: usize) -> bool {
+        false
+    }
+
+    /// The MLP output of `layer` for the normed input `xn` `[n, d]`, into `out` `[n, d]`.
+    fn mlp(&mut self, _layer: usize, _xn: &[f32], _out: &mut [f32]) -> Result<()> {
+        Err(RuntimeError::Input("this hook computes no MLP".into()))
+    }
 }
 
 pub struct Model {
@@ -108,16 +124,73 @@ impl TensorSource {
     }
 }
 
+/// Where the MLP weights of the sparse layers come from.
+#[derive(Clone, Copy)]
+enum SparseMlps<'a> {
+    /// From the model's tensors (a model directory).
+    Resident,
+    /// Rebuilt from records.bin (every row in memory).
+    Records(&'a formats::records::RecordFile),
+    /// Not loaded: layers >= this are computed by a streaming hook.
+    OnStorage(usize),
+}
+
+/// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
+fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: usize) -> Result<(F16Matrix, F16Matrix, F16Matrix)> {
+    let mut gate = vec![half::f16::ZERO; ff * d];
+    let mut up = vec![half::f16::ZERO; ff * d];
+    let mut down_t = vec![half::f16::ZERO; ff * d];
+    for j in 0..ff {
+        let r = rf.read(l, j)?;
+        gate[j * d..(j + 1) * d].copy_from_slice(&r.gate);
+        up[j * d..(j + 1) * d].copy_from_slice(&r.up);
+        down_t[j * d..(j + 1) * d].copy_from_slice(&r.down_t);
+    }
+    let mut down = vec![half::f16::ZERO; d * ff];
+    for j in 0..ff {
+        for i in 0..d {
+            down[i * ff + j] = down_t[j * d + i];
+        }
+    }
+    Ok((F16Matrix::owned(ff, d, gate), F16Matrix::owned(ff, d, up), F16Matrix::owned(d, ff, down)))
+}
+
 impl Model {
     /// Loads a canonical model directory (see `formats::model_dir`). Weights stay memory-mapped.
     pub fn load(dir: &Path) -> Result<Self> {
         let config = ModelConfig::load(dir)?;
-        let arch = config.validate(&dir.join(model_dir::CONFIG_FILE))?;
         let files = model_dir::safetensors_files(dir)?
             .into_iter()
             .map(MappedSafetensors::open)
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let src = TensorSource { files };
+        Self::assemble(dir, &dir.join(model_dir::CONFIG_FILE), config, TensorSource { files }, SparseMlps::Resident)
+    }
+
+    /// Loads a prepared model (`prep prepare`'s manifest.toml) with every row in memory:
+    /// resident.safetensors, and the sparse layers' MLPs rebuilt from records.bin (every
+    /// record's header and CRC checked). The streaming engine reads the same records on demand.
+    pub fn load_prepared(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Self> {
+        let resident = manifest.artifact_path_of(manifest_path, "resident")?;
+        let records_path = manifest.artifact_path_of(manifest_path, "records")?;
+        let c = &manifest.model;
+        let rf = formats::records::RecordFile::open(&records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
+        let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
+        let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))
+    }
+
+    /// Loads a prepared model for streaming: resident.safetensors only; the sparse layers' MLP
+    /// weights stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
+    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Self> {
+        let resident = manifest.artifact_path_of(manifest_path, "resident")?;
+        let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
+        let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage(manifest.sparsity.dense_prefix))
+    }
+
+    /// `sparse`: where the MLPs of the sparse layers come from.
+    fn assemble(dir: &Path, config_path: &Path, config: ModelConfig, src: TensorSource, sparse: SparseMlps) -> Result<Self> {
+        let arch = config.validate(config_path)?;
         let c = &config;
         let (d, ff, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
         let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
@@ -131,6 +204,11 @@ impl Model {
                         Architecture::Llama => Ok(None),
                     }
                 };
+                let (w_gate, w_up, w_down) = match sparse {
+                    SparseMlps::Records(rf) if l >= rf.first_layer => mlp_from_records(rf, l, d, ff)?,
+                    SparseMlps::OnStorage(first) if l >= first => (F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, 0, vec![])),
+                    _ => (src.matrix(&n.gate_proj, ff, d)?, src.matrix(&n.up_proj, ff, d)?, src.matrix(&n.down_proj, d, ff)?),
+                };
                 Ok(LayerWeights {
                     attn_norm: src.vector(&n.attn_norm, d)?,
                     wq: src.matrix(&n.q_proj, q_dim, d)?,
@@ -141,9 +219,9 @@ impl Model {
                     bv: bias(&n.v_bias, kv_dim)?,
                     wo: src.matrix(&n.o_proj, d, q_dim)?,
                     mlp_norm: src.vector(&n.mlp_norm, d)?,
-                    w_gate: src.matrix(&n.gate_proj, ff, d)?,
-                    w_up: src.matrix(&n.up_proj, ff, d)?,
-                    w_down: src.matrix(&n.down_proj, d, ff)?,
+                    w_gate,
+                    w_up,
+                    w_down,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -202,6 +280,15 @@ impl Model {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(RuntimeError::TokenOutOfRange { token: bad, vocab: c.vocab_size });
         }
+        if n > 1 && observer.as_ref().is_some_and(|o| o.single_token()) {
+            // one token at a time; keep the logits of rows logits_from..
+            let mut logits = Vec::new();
+            for (t, &tok) in tokens.iter().enumerate() {
+                let from = if t >= logits_from { 0 } else { 1 };
+                logits.extend(self.forward_observed(&[tok], cache, from, observer.as_mut().map(|o| &mut **o as &mut dyn MlpHook))?);
+            }
+            return Ok(logits);
+        }
         let w = &self.weights;
         let (d, ff, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
         let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
@@ -251,6 +338,12 @@ impl Model {
 
             // --- MLP block: down(silu(gate(xn)) * up(xn)) ---
             rmsnorm(&x, &lw.mlp_norm, eps, &mut xn);
+            if let Some(obs) = observer.as_mut().filter(|o| o.replaces_mlp(l)) {
+                obs.mlp(l, &xn, &mut proj)?;
+                x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+                obs.after_layer(l, &x);
+                continue;
+            }
             if n == 1 {
                 matvec_many(&xn, &[&lw.w_gate, &lw.w_up], &mut [&mut gate, &mut up]);
             } else {

@@ -1,9 +1,10 @@
-//! `runtime`: run, score and (later) stream a model on the device.
+//! `runtime`: run, score and stream a model on the device.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use runtime::generate::{generate, GenerateOptions};
 use runtime::sampler::Sampler;
+use runtime::{PreparedMode, Sparsity};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -14,11 +15,52 @@ struct Cli {
     command: Command,
 }
 
+/// How a prepared model (manifest.toml) runs; ignored for a model directory.
+#[derive(Args, Clone)]
+struct ModeArgs {
+    /// Memory budget for the streaming engine (e.g. 155MiB, 1.5GiB): refused with the minimum
+    /// when too small; what it leaves beyond K_max rows per layer becomes extra row slots.
+    #[arg(long)]
+    mem_budget: Option<String>,
+    /// Predicted sets with every row in memory and batched prefill (same sets as streaming;
+    /// also measures predictor top-1 and recall).
+    #[arg(long, conflicts_with_all = ["mem_budget", "dense"])]
+    in_memory: bool,
+    /// Every layer dense (the reference for the sparse figures).
+    #[arg(long, conflicts_with = "mem_budget")]
+    dense: bool,
+    /// Read records with pread on the thread pool instead of io_uring.
+    #[arg(long)]
+    pread: bool,
+    /// Records per coalesced read at most (default: 1 MiB worth).
+    #[arg(long)]
+    max_run_bytes: Option<usize>,
+}
+
+impl ModeArgs {
+    fn mode(&self, ctx: usize) -> Result<PreparedMode> {
+        if self.dense {
+            return Ok(PreparedMode::Dense);
+        }
+        if self.in_memory {
+            return Ok(PreparedMode::InMemory);
+        }
+        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, ..Default::default() };
+        if let Some(b) = &self.mem_budget {
+            s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
+        }
+        if let Some(m) = self.max_run_bytes {
+            s.max_run_bytes = m;
+        }
+        Ok(PreparedMode::Stream(s))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Generate text after a prompt; prints prefill and decode tok/s.
     Run {
-        /// Model directory (or, later, a prepared manifest.toml).
+        /// Model directory, or a prepared model's manifest.toml (streamed by default).
         model: PathBuf,
         #[arg(long, short = 'p')]
         prompt: String,
@@ -35,18 +77,21 @@ enum Command {
         /// Worker threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
-        /// KV cache positions (default: prompt + n).
+        /// KV cache positions (default: 2048, or prompt + n when larger).
         #[arg(long)]
         ctx: Option<usize>,
         /// Never choose an end-of-sequence token (as llama.cpp's --ignore-eos): always generate n.
         #[arg(long)]
         ignore_eos: bool,
+        #[command(flatten)]
+        mode: ModeArgs,
         /// Print one JSON object at the end instead of streaming text.
         #[arg(long)]
         json: bool,
     },
     /// Perplexity of a text file with llama-perplexity's protocol.
     Perplexity {
+        /// Model directory, or a prepared model's manifest.toml (streamed by default).
         model: PathBuf,
         #[arg(long)]
         text: PathBuf,
@@ -61,6 +106,49 @@ enum Command {
         oracle_thresholds: Option<PathBuf>,
         #[arg(long, default_value_t = 0)]
         dense_prefix: usize,
+        #[command(flatten)]
+        mode: ModeArgs,
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Zero-shot multiple-choice accuracy (lm-evaluation-harness's acc_norm).
+    Eval {
+        /// Model directory, or a prepared model's manifest.toml (streamed by default).
+        model: PathBuf,
+        /// hellaswag
+        #[arg(long, default_value = "hellaswag")]
+        task: String,
+        /// The task's Arrow file or its directory.
+        #[arg(long, default_value = "data/eval/hellaswag/none/validation")]
+        data: PathBuf,
+        /// Score only the first N items.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        mode: ModeArgs,
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decode speed on the streaming engine and where the time and bytes go.
+    Bench {
+        /// A prepared model's manifest.toml.
+        manifest: PathBuf,
+        #[arg(long)]
+        mem_budget: Option<String>,
+        /// Prompt text file (default: a fixed sentence).
+        #[arg(long)]
+        prompt_file: Option<PathBuf>,
+        /// Tokens to generate.
+        #[arg(short = 'n', default_value_t = 256)]
+        n: usize,
+        #[arg(long)]
+        pread: bool,
+        #[arg(long)]
+        max_run_bytes: Option<usize>,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -68,10 +156,60 @@ enum Command {
     },
 }
 
+/// The sparsity figures as JSON (null for a dense run).
+fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
+    match s {
+        None => serde_json::Value::Null,
+        Some(Sparsity::InMemory(s)) => serde_json::json!({
+            "mode": "in-memory",
+            "dense_prefix": s.dense_prefix,
+            "sparse_layer_density": s.density(n_ff),
+            "top1_accuracy": s.overall_top1(),
+            "recall": s.overall_recall(),
+            "layers": s.stats.iter().map(|l| serde_json::json!({"layer": l.layer, "top1_accuracy": l.top1_accuracy(),
+                "recall": l.recall(), "mean_set_size": l.mean_set_size()})).collect::<Vec<_>>(),
+        }),
+        Some(Sparsity::Stream(e)) => {
+            let st = &e.stats;
+            serde_json::json!({
+                "mode": "stream",
+                "dense_prefix": e.first_layer,
+                "tokens": st.tokens,
+                "reuse_ratio": st.reuse_ratio(),
+                "rows_loaded": st.rows_loaded,
+                "bytes_read": st.bytes_read,
+                "plan": e.plan,
+            })
+        }
+    }
+}
+
+fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
+    match s {
+        Some(Sparsity::InMemory(p)) => println!(
+            "predicted sparsity: {:.3} of sparse-layer neurons kept (layers >= {}); top-1 {:.3}, recall {:.3}",
+            p.density(n_ff), p.dense_prefix, p.overall_top1(), p.overall_recall()
+        ),
+        Some(Sparsity::Stream(e)) => {
+            e.refresh_io_stats();
+            let st = &e.stats;
+            println!(
+                "streamed: {} tokens, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
+                st.tokens,
+                st.reuse_ratio(),
+                st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
+                e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
+                e.plan.budget_bytes.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "unlimited".into())
+            );
+        }
+        None => {}
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let threads = match &cli.command {
-        Command::Run { threads, .. } | Command::Perplexity { threads, .. } => *threads,
+        Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } => *threads,
     };
     // The whole command runs inside the pool, so every parallel op forks from a worker thread
     // (cheap) instead of being injected from outside and waking a sleeping worker (~10s of us,
@@ -91,42 +229,57 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, json } => {
-            let (model, tok) = runtime::open_model(&model)?;
-            let prompt_len = tok.encode(&prompt, true)?.len();
-            let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.unwrap_or(prompt_len + n), stop_at_eos: !ignore_eos };
+        Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
+            let ctx = ctx.unwrap_or(2048);
+            let mut opened = runtime::open(&model, &mode.mode(ctx)?)?;
+            let prompt_len = opened.tokenizer.encode(&prompt, true)?.len();
+            let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.max(prompt_len + n).min(opened.model.max_context()), stop_at_eos: !ignore_eos };
             let mut sampler = Sampler::new(temp, top_p, seed);
             let mut stdout = std::io::stdout();
-            let r = generate(&model, &tok, &prompt, &opts, &mut sampler, |piece| {
+            let hook = opened.sparsity.as_mut().map(|s| s.as_hook());
+            let r = generate(&opened.model, &opened.tokenizer, &prompt, &opts, &mut sampler, hook, |piece| {
                 if !json {
                     let _ = stdout.write_all(piece.as_bytes());
                     let _ = stdout.flush();
                 }
             })?;
+            let n_ff = opened.model.config.intermediate_size;
             if json {
-                println!("{}", serde_json::to_string(&r)?);
+                let mut v = serde_json::to_value(&r)?;
+                if let Some(Sparsity::Stream(e)) = opened.sparsity.as_mut() {
+                    e.refresh_io_stats();
+                }
+                v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
+                v["peak_rss_bytes"] = runtime::bench::peak_rss_bytes().into();
+                println!("{v}");
             } else {
                 println!();
                 eprintln!(
                     "prompt {} tokens, prefill {:.1} tok/s; generated {} tokens, decode {:.1} tok/s",
                     r.prompt_tokens, r.prefill_tok_per_s, r.generated_tokens, r.decode_tok_per_s
                 );
+                print_sparsity(opened.sparsity.as_mut(), n_ff);
             }
         }
-        Command::Perplexity { model, text, ctx, chunks, threads: _, oracle_thresholds, dense_prefix, json } => {
-            let (model, tok) = runtime::open_model(&model)?;
+        Command::Perplexity { model, text, ctx, chunks, threads: _, oracle_thresholds, dense_prefix, mode, json } => {
+            let mode = if oracle_thresholds.is_some() { PreparedMode::Dense } else { mode.mode(ctx)? };
+            let mut opened = runtime::open(&model, &mode)?;
+            let n_ff = opened.model.config.intermediate_size;
             let mut oracle = match &oracle_thresholds {
                 Some(p) => {
                     let t = formats::thresholds::Thresholds::load(p)?;
-                    if t.n_layers() != model.config.num_hidden_layers {
-                        anyhow::bail!("{}: thresholds for {} layers, the model has {}", p.display(), t.n_layers(), model.config.num_hidden_layers);
+                    if t.n_layers() != opened.model.config.num_hidden_layers {
+                        anyhow::bail!("{}: thresholds for {} layers, the model has {}", p.display(), t.n_layers(), opened.model.config.num_hidden_layers);
                     }
                     Some(runtime::oracle::OracleSparsity::new(t, dense_prefix))
                 }
                 None => None,
             };
-            let hook = oracle.as_mut().map(|o| o as &mut dyn runtime::model::MlpHook);
-            let r = runtime::perplexity::perplexity(&model, &tok, &text, ctx, chunks, hook, |i, n, ppl| {
+            let hook = match oracle.as_mut() {
+                Some(o) => Some(o as &mut dyn runtime::model::MlpHook),
+                None => opened.sparsity.as_mut().map(|s| s.as_hook()),
+            };
+            let r = runtime::perplexity::perplexity(&opened.model, &opened.tokenizer, &text, ctx, chunks, hook, |i, n, ppl| {
                 if !json {
                     eprint!("\r[{i}/{n}] perplexity so far {ppl:.4}");
                 }
@@ -135,18 +288,73 @@ fn run(cli: Cli) -> Result<()> {
                 serde_json::json!({"mask_kind": o.thresholds.mask_kind, "alpha": o.thresholds.alpha,
                     "dense_prefix": o.dense_prefix, "sparse_layer_density": o.density()})
             });
+            if let Some(Sparsity::Stream(e)) = opened.sparsity.as_mut() {
+                e.refresh_io_stats();
+            }
             if json {
                 let mut v = serde_json::to_value(&r)?;
                 v["oracle_sparsity"] = oracle_json.unwrap_or(serde_json::Value::Null);
+                v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
                 println!("{v}");
             } else {
                 eprintln!();
                 if let Some(o) = &oracle {
                     println!("oracle sparsity: {:.3} of sparse-layer neurons kept (layers >= {})", o.density(), o.dense_prefix);
                 }
+                print_sparsity(opened.sparsity.as_mut(), n_ff);
                 println!(
                     "perplexity {:.4} over {} chunks of {} ({} tokens scored, {} in the text), {:.1} tok/s",
                     r.perplexity, r.chunks, r.ctx, r.tokens_scored, r.tokens, r.tokens_per_s
+                );
+            }
+        }
+        Command::Eval { model, task, data, limit, mode, threads: _, json } => {
+            let mut opened = runtime::open(&model, &mode.mode(2048)?)?;
+            let n_ff = opened.model.config.intermediate_size;
+            let hook = opened.sparsity.as_mut().map(|s| s.as_hook());
+            let r = runtime::eval::evaluate(&opened.model, &opened.tokenizer, &task, &data, limit, hook, |i, n, acc| {
+                if !json {
+                    eprint!("\r[{i}/{n}] accuracy so far {acc:.4}");
+                }
+            })?;
+            if let Some(Sparsity::Stream(e)) = opened.sparsity.as_mut() {
+                e.refresh_io_stats();
+            }
+            if json {
+                let mut v = serde_json::to_value(&r)?;
+                v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
+                println!("{v}");
+            } else {
+                eprintln!();
+                print_sparsity(opened.sparsity.as_mut(), n_ff);
+                println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
+            }
+        }
+        Command::Bench { manifest, mem_budget, prompt_file, n, pread, max_run_bytes, threads: _, json } => {
+            if !manifest.is_file() {
+                anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
+            }
+            let prompt = match &prompt_file {
+                Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+                None => "The history of the printing press begins in the fifteenth century, when".to_string(),
+            };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes };
+            let mut opened = runtime::open(&manifest, &mode.mode(2048)?)?;
+            let Some(Sparsity::Stream(engine)) = opened.sparsity.as_mut() else { unreachable!("stream mode") };
+            let r = runtime::bench::bench(&opened.model, &opened.tokenizer, engine, prompt.trim_end(), n)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("decode {:.2} tok/s ({} tokens after a {}-token prompt; prefill {:.1} tok/s)", r.decode_tok_per_s, r.generated_tokens, r.prompt_tokens, r.prefill_tok_per_s);
+                println!(
+                    "per token: {:.1} KiB read in {:.1} requests, {:.0} of {:.0} rows read (reuse {:.3}); I/O wait {:.2} ms, compute {:.2} ms, predictor {:.2} ms",
+                    r.bytes_read_per_token / 1024.0, r.requests_per_token, r.rows_read_per_token, r.rows_needed_per_token, r.reuse_ratio,
+                    r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
+                );
+                println!(
+                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB)",
+                    r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0
                 );
             }
         }

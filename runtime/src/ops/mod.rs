@@ -2,6 +2,7 @@
 //! matrices are row-major, activations `[tokens, features]`.
 
 pub mod attention;
+pub mod layernorm;
 pub mod matmul;
 pub mod rmsnorm;
 pub mod rope;

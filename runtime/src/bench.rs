@@ -1,0 +1,129 @@
+//! `runtime bench`: decode speed of a prepared model on the streaming engine, with the paper's
+//! breakdown (bytes and rows read per token, reuse, I/O wait, compute, predictor, bandwidth,
+//! peak RSS). Greedy decoding of `n` tokens after the prompt, end-of-sequence ignored.
+
+use crate::error::{Result, RuntimeError};
+use crate::sampler::argmax;
+use crate::stream::{StreamStats, StreamingEngine};
+use crate::{Model, Tokenizer};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_tok_per_s: f64,
+    pub decode_tok_per_s: f64,
+    pub bytes_read_per_token: f64,
+    pub rows_read_per_token: f64,
+    pub rows_needed_per_token: f64,
+    pub reuse_ratio: f64,
+    pub io_wait_ms_per_token: f64,
+    pub compute_ms_per_token: f64,
+    pub predictor_ms_per_token: f64,
+    pub read_bandwidth_bytes_per_s: f64,
+    pub requests_per_token: f64,
+    pub first_token_bytes_read: u64,
+    pub peak_rss_bytes: u64,
+    pub mem_budget_bytes: Option<u64>,
+    pub planned_bytes: u64,
+    pub minimum_budget_bytes: u64,
+    pub slots_per_layer: Vec<usize>,
+    /// Reuse per sparse layer during decode.
+    pub reuse_per_layer: Vec<f64>,
+    pub io_path: String,
+    pub text: String,
+}
+
+/// Peak resident set size of this process (VmHWM), bytes.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}
+
+fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
+    StreamStats {
+        tokens: a.tokens - b.tokens,
+        rows_needed: a.rows_needed - b.rows_needed,
+        rows_loaded: a.rows_loaded - b.rows_loaded,
+        bytes_read: a.bytes_read - b.bytes_read,
+        read_requests: a.read_requests - b.read_requests,
+        io_wait_ms: a.io_wait_ms - b.io_wait_ms,
+        predictor_ms: a.predictor_ms - b.predictor_ms,
+        sparse_compute_ms: a.sparse_compute_ms - b.sparse_compute_ms,
+        io_busy_ms: a.io_busy_ms - b.io_busy_ms,
+        layers: a
+            .layers
+            .iter()
+            .zip(&b.layers)
+            .map(|(x, y)| crate::stream::engine::LayerStreamStats {
+                layer: x.layer,
+                capacity: x.capacity,
+                tokens: x.tokens - y.tokens,
+                rows_needed: x.rows_needed - y.rows_needed,
+                rows_loaded: x.rows_loaded - y.rows_loaded,
+            })
+            .collect(),
+    }
+}
+
+pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, prompt: &str, n: usize) -> Result<BenchReport> {
+    let ids = tok.encode(prompt, true)?;
+    if ids.is_empty() {
+        return Err(RuntimeError::Input("the prompt is empty".into()));
+    }
+    let mut cache = model.new_cache(ids.len() + n)?;
+    let vocab = model.vocab_size();
+    let t0 = std::time::Instant::now();
+    // first token alone: its bytes are the cold start (full active sets)
+    model.forward_observed(&ids[..1], &mut cache, 1, Some(engine))?;
+    engine.refresh_io_stats();
+    let first_token_bytes_read = engine.stats.bytes_read;
+    let mut logits = model.forward_observed(&ids[1..], &mut cache, ids.len().saturating_sub(2), Some(engine))?;
+    if ids.len() == 1 {
+        cache.len = 0;
+        logits = model.forward_observed(&ids, &mut cache, 0, Some(engine))?;
+    }
+    let prefill_s = t0.elapsed().as_secs_f64();
+    engine.refresh_io_stats();
+    let before = engine.stats.clone();
+    let mut out_ids = Vec::new();
+    let t1 = std::time::Instant::now();
+    let mut next = argmax(&logits[logits.len() - vocab..]) as u32;
+    for _ in 0..n {
+        out_ids.push(next);
+        logits = model.forward_observed(&[next], &mut cache, 0, Some(engine))?;
+        next = argmax(&logits) as u32;
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    engine.refresh_io_stats();
+    let d = diff(&engine.stats, &before);
+    let per = |v: f64| v / n.max(1) as f64;
+    Ok(BenchReport {
+        prompt_tokens: ids.len(),
+        generated_tokens: n,
+        prefill_tok_per_s: ids.len() as f64 / prefill_s,
+        decode_tok_per_s: n as f64 / decode_s,
+        bytes_read_per_token: per(d.bytes_read as f64),
+        rows_read_per_token: per(d.rows_loaded as f64),
+        rows_needed_per_token: per(d.rows_needed as f64),
+        reuse_ratio: d.reuse_ratio(),
+        io_wait_ms_per_token: per(d.io_wait_ms),
+        compute_ms_per_token: per(decode_s * 1e3 - d.io_wait_ms - d.predictor_ms),
+        predictor_ms_per_token: per(d.predictor_ms),
+        read_bandwidth_bytes_per_s: if d.io_busy_ms > 0.0 { d.bytes_read as f64 / (d.io_busy_ms / 1e3) } else { 0.0 },
+        requests_per_token: per(d.read_requests as f64),
+        first_token_bytes_read,
+        peak_rss_bytes: peak_rss_bytes(),
+        mem_budget_bytes: engine.plan.budget_bytes,
+        planned_bytes: engine.plan.total_bytes,
+        minimum_budget_bytes: engine.plan.minimum_bytes,
+        slots_per_layer: engine.plan.capacity.clone(),
+        reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),
+        io_path: engine.fallback.clone().map(|f| format!("pread ({f})")).unwrap_or_else(|| "io_uring + O_DIRECT".into()),
+        text: tok.decode(&out_ids)?,
+    })
+}

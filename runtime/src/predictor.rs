@@ -1,0 +1,278 @@
+//! The shared activation predictor at inference (layout: `formats::predictor`), and
+//! [`PredictedSparsity`], the MLP hook that runs every sparse layer on its predicted set.
+//! Training is `prep train`; this file only runs the trained network, with the runtime's own
+//! kernels (f16 weights, f32 math).
+
+use crate::error::Result;
+use crate::model::MlpHook;
+use crate::ops::layernorm::layernorm;
+use crate::ops::matmul::matmul;
+use crate::ops::swiglu::silu_in_place;
+use crate::tensor::F16Matrix;
+use formats::centroids::{CentroidSet, CentroidTable};
+use formats::predictor::{PredictorSpec, LAYER_NORM_EPS};
+use formats::safetensors_io::{self, MappedSafetensors};
+use formats::thresholds::Thresholds;
+use formats::FormatError;
+use std::path::Path;
+
+struct Block {
+    norm_w: Vec<f32>, // [h]
+    norm_b: Vec<f32>, // [h]
+    fc1: F16Matrix,   // [h, h]
+    fc1_b: Vec<f32>,  // [h]
+    fc2: F16Matrix,   // [h, h]
+    fc2_b: Vec<f32>,  // [h]
+}
+
+pub struct Predictor {
+    pub spec: PredictorSpec,
+    c0_embedding: Vec<f32>, // [k_layer0, e]
+    input: F16Matrix,       // [h, d + e]
+    input_b: Vec<f32>,      // [h]
+    blocks: Vec<Block>,
+    norm_w: Vec<f32>,       // [h]
+    norm_b: Vec<f32>,       // [h]
+    heads: F16Matrix,       // [S * K, h]
+    heads_b: Vec<f32>,      // [S * K]
+}
+
+fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
+    }
+}
+
+impl Predictor {
+    pub fn load(path: &Path) -> Result<Self> {
+        let f = MappedSafetensors::open(path)?;
+        let spec = PredictorSpec::from_metadata(path, f.metadata.as_ref())?;
+        let shapes: std::collections::HashMap<String, Vec<usize>> = spec.tensors().into_iter().collect();
+        let get = |name: &str| -> Result<Vec<half::f16>> {
+            let e = f.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.into() })?;
+            if e.shape != shapes[name] {
+                return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.into(), expected: shapes[name].clone(), actual: e.shape.clone() }.into());
+            }
+            Ok(safetensors_io::to_f16_vec(path, name, e.dtype, f.bytes(e))?)
+        };
+        let vecf = |name: &str| -> Result<Vec<f32>> { Ok(get(name)?.iter().map(|v| v.to_f32()).collect()) };
+        let mat = |name: &str| -> Result<F16Matrix> {
+            let s = &shapes[name];
+            Ok(F16Matrix::owned(s[0], s[1], get(name)?))
+        };
+        let blocks = (0..spec.blocks)
+            .map(|i| {
+                Ok(Block {
+                    norm_w: vecf(&format!("blocks.{i}.norm.weight"))?,
+                    norm_b: vecf(&format!("blocks.{i}.norm.bias"))?,
+                    fc1: mat(&format!("blocks.{i}.fc1.weight"))?,
+                    fc1_b: vecf(&format!("blocks.{i}.fc1.bias"))?,
+                    fc2: mat(&format!("blocks.{i}.fc2.weight"))?,
+                    fc2_b: vecf(&format!("blocks.{i}.fc2.bias"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Predictor {
+            c0_embedding: vecf("c0_embedding.weight")?,
+            input: mat("input.weight")?,
+            input_b: vecf("input.bias")?,
+            blocks,
+            norm_w: vecf("norm.weight")?,
+            norm_b: vecf("norm.bias")?,
+            heads: mat("heads.weight")?,
+            heads_b: vecf("heads.bias")?,
+            spec,
+        })
+    }
+
+    /// Weights in bytes (f16).
+    pub fn n_bytes(&self) -> usize {
+        self.spec.parameter_count() * 2
+    }
+
+    /// Logits `[n, S * K]` for `n` tokens: `h0` `[n, d_model]` the hidden state after layer 0,
+    /// `c0` `[n]` the layer-0 centroid ids.
+    pub fn logits(&self, h0: &[f32], c0: &[u32]) -> Vec<f32> {
+        let s = &self.spec;
+        let (n, d, e, h) = (c0.len(), s.d_model, s.c0_embedding_dim, s.hidden);
+        // x = concat(h0 / rms(h0), emb[c0])   [n, d + e]
+        let mut x = vec![0f32; n * (d + e)];
+        for t in 0..n {
+            let hr = &h0[t * d..(t + 1) * d];
+            let inv = 1.0 / (hr.iter().map(|v| v * v).sum::<f32>() / d as f32 + 1e-6).sqrt();
+            let xr = &mut x[t * (d + e)..(t + 1) * (d + e)];
+            xr[..d].iter_mut().zip(hr).for_each(|(o, v)| *o = v * inv);
+            let c = (c0[t] as usize).min(s.k_layer0 - 1);
+            xr[d..].copy_from_slice(&self.c0_embedding[c * e..(c + 1) * e]);
+        }
+        let mut z = vec![0f32; n * h];
+        matmul(&x, n, &self.input, &mut z);
+        add_bias(&mut z, &self.input_b);
+        let (mut zn, mut a, mut b) = (vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h]);
+        for blk in &self.blocks {
+            layernorm(&z, &blk.norm_w, &blk.norm_b, LAYER_NORM_EPS as f32, &mut zn);
+            matmul(&zn, n, &blk.fc1, &mut a);
+            add_bias(&mut a, &blk.fc1_b);
+            silu_in_place(&mut a);
+            matmul(&a, n, &blk.fc2, &mut b);
+            add_bias(&mut b, &blk.fc2_b);
+            z.iter_mut().zip(&b).for_each(|(zi, bi)| *zi += bi);
+        }
+        layernorm(&z, &self.norm_w, &self.norm_b, LAYER_NORM_EPS as f32, &mut zn);
+        let mut out = vec![0f32; n * s.n_sparse_layers * s.k];
+        matmul(&zn, n, &self.heads, &mut out);
+        add_bias(&mut out, &self.heads_b);
+        out
+    }
+
+    /// Predicted centroid ids `[n, S]` (the argmax of each head).
+    pub fn predict(&self, h0: &[f32], c0: &[u32]) -> Vec<u32> {
+        let k = self.spec.k;
+        self.logits(h0, c0)
+            .chunks_exact(k)
+            .map(|head| head.iter().enumerate().fold((0u32, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i as u32, v) } else { b }).0)
+            .collect()
+    }
+}
+
+/// Per sparse layer, how well the predicted sets matched the true (threshold) sets.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LayerPredictionStats {
+    pub layer: usize,
+    pub tokens: u64,
+    /// Tokens whose predicted centroid is the one that covers the true set best.
+    pub top1_hits: u64,
+    /// Truly active neurons, and those inside the predicted set.
+    pub true_active: u64,
+    pub true_active_predicted: u64,
+    /// Neurons kept (the predicted set's size, summed over tokens).
+    pub kept: u64,
+}
+
+impl LayerPredictionStats {
+    pub fn top1_accuracy(&self) -> f64 {
+        self.top1_hits as f64 / self.tokens.max(1) as f64
+    }
+    pub fn recall(&self) -> f64 {
+        self.true_active_predicted as f64 / self.true_active.max(1) as f64
+    }
+    pub fn mean_set_size(&self) -> f64 {
+        self.kept as f64 / self.tokens.max(1) as f64
+    }
+}
+
+/// Bit-packed product mask of one token's activations.
+fn product_mask(th: &Thresholds, layer: usize, g: &[f32], u: &[f32], out: &mut [u8]) {
+    out.fill(0);
+    for (j, (&gj, &uj)) in g.iter().zip(u).enumerate() {
+        if th.active(layer, gj, uj) {
+            out[j / 8] |= 1 << (j % 8);
+        }
+    }
+}
+
+/// Runs the sparse layers (>= dense prefix) on the predicted centroid sets: after layer 0 the
+/// predictor picks a centroid per sparse layer and token; the layer keeps only that set's
+/// neurons. It also measures, against the true threshold masks, top-1 accuracy and recall.
+pub struct PredictedSparsity {
+    pub predictor: Predictor,
+    /// Layer-0 centroids (the c0 feature) and, per sparse layer, its centroid sets.
+    layer0: CentroidSet,
+    sparse: Vec<CentroidSet>,
+    thresholds: Thresholds,
+    pub dense_prefix: usize,
+    /// `[n_tokens, S]` ids of the current forward pass.
+    ids: Vec<u32>,
+    c0: Vec<u32>,
+    pub stats: Vec<LayerPredictionStats>,
+    /// Measure top-1 and recall against the true masks (costs a K x width scan per token).
+    pub measure: bool,
+}
+
+impl PredictedSparsity {
+    pub fn new(predictor: Predictor, centroids: &CentroidTable, thresholds: Thresholds) -> Result<Self> {
+        let s = predictor.spec.clone();
+        if thresholds.mask_kind != formats::thresholds::MaskKind::Product {
+            return Err(crate::RuntimeError::Input("the predictor supports product masks only (gate-up: not built yet)".into()));
+        }
+        let layer0 = centroids.layer(0)?.clone();
+        let sparse = (0..s.n_sparse_layers).map(|i| centroids.layer(s.first_layer + i).cloned()).collect::<std::result::Result<Vec<_>, _>>()?;
+        let stats = (0..s.n_sparse_layers).map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() }).collect();
+        Ok(PredictedSparsity { dense_prefix: s.first_layer, predictor, layer0, sparse, thresholds, ids: vec![], c0: vec![], stats, measure: true })
+    }
+
+    /// Neurons kept, over neurons in the sparse layers, so far.
+    pub fn density(&self, n_ff: usize) -> f64 {
+        let kept: u64 = self.stats.iter().map(|s| s.kept).sum();
+        let tokens: u64 = self.stats.iter().map(|s| s.tokens).sum();
+        kept as f64 / (tokens.max(1) as f64 * n_ff as f64)
+    }
+
+    pub fn overall_recall(&self) -> f64 {
+        let a: u64 = self.stats.iter().map(|s| s.true_active).sum();
+        let p: u64 = self.stats.iter().map(|s| s.true_active_predicted).sum();
+        p as f64 / a.max(1) as f64
+    }
+
+    pub fn overall_top1(&self) -> f64 {
+        let h: u64 = self.stats.iter().map(|s| s.top1_hits).sum();
+        let t: u64 = self.stats.iter().map(|s| s.tokens).sum();
+        h as f64 / t.max(1) as f64
+    }
+}
+
+impl MlpHook for PredictedSparsity {
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+        if layer != 0 {
+            return;
+        }
+        let n_ff = self.layer0.width * 8;
+        let n_ff = n_ff.min(up.len());
+        let n = up.len() / n_ff;
+        let mut mask = vec![0u8; self.layer0.width];
+        self.c0 = (0..n)
+            .map(|t| {
+                product_mask(&self.thresholds, 0, &gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff], &mut mask);
+                self.layer0.best_cover(&mask)
+            })
+            .collect();
+    }
+
+    fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
+        if layer == 0 {
+            self.ids = self.predictor.predict(hidden, &self.c0);
+        }
+    }
+
+    fn sparsify(&mut self, layer: usize, gate_silu: &mut [f32], up: &[f32]) {
+        if layer < self.dense_prefix {
+            return;
+        }
+        let si = layer - self.dense_prefix;
+        let n_sparse = self.sparse.len();
+        let set = &self.sparse[si];
+        let n = self.c0.len();
+        let n_ff = up.len() / n;
+        let mut mask = vec![0u8; set.width];
+        for t in 0..n {
+            let c = self.ids[t * n_sparse + si] as usize;
+            let bits = set.row(c);
+            let (g, u) = (&mut gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
+            let st = &mut self.stats[si];
+            st.tokens += 1;
+            if self.measure {
+                product_mask(&self.thresholds, layer, g, u, &mut mask);
+                st.true_active += mask.iter().map(|b| b.count_ones() as u64).sum::<u64>();
+                st.true_active_predicted += mask.iter().zip(bits).map(|(a, b)| (a & b).count_ones() as u64).sum::<u64>();
+                st.top1_hits += (set.best_cover(&mask) as usize == c) as u64;
+            }
+            for (j, gj) in g.iter_mut().enumerate() {
+                if bits[j / 8] >> (j % 8) & 1 == 0 {
+                    *gj = 0.0;
+                } else {
+                    st.kept += 1;
+                }
+            }
+        }
+    }
+}

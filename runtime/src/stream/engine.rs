@@ -1,0 +1,400 @@
+//! `StreamingEngine`: the sparse layers' MLP rows live in `records.bin`; each sparse layer has
+//! a buffer of C >= K_max row slots. Per token: layer 0 runs, the predictor picks every sparse
+//! layer's centroid, the slot maps give the delta (rows not resident), and a background I/O
+//! thread reads the delta (io_uring, O_DIRECT, coalesced runs) while the dense prefix computes;
+//! each sparse layer waits only for its own rows, then computes its MLP from the active slots.
+
+use super::aligned::AlignedBuf;
+use super::budget::MemoryPlan;
+use super::reader::{RecordReader, Run};
+use super::slots::{Load, SlotMap, EMPTY};
+use crate::error::{Result, RuntimeError};
+use crate::model::MlpHook;
+use crate::ops::simd::{axpy_f16, dot2_f16_f32};
+use crate::ops::swiglu::silu;
+use crate::predictor::Predictor;
+use formats::centroids::{CentroidSet, CentroidTable};
+use formats::records::{check_record, RECORD_HEADER_BYTES};
+use formats::thresholds::Thresholds;
+use half::f16;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+struct LayerStore {
+    map: SlotMap,
+    /// `[capacity, record_bytes]`: each slot holds a whole record (header + gate, up, downT).
+    buf: AlignedBuf,
+}
+
+#[derive(Default)]
+struct Progress {
+    tick: u64,
+    layers_done: usize,
+    error: Option<String>,
+}
+
+struct Shared {
+    layers: Vec<Mutex<LayerStore>>,
+    progress: Mutex<Progress>,
+    cv: Condvar,
+}
+
+struct IoJob {
+    tick: u64,
+    /// Per sparse layer, the rows to load (sorted by neuron).
+    loads: Vec<Vec<Load>>,
+}
+
+/// Per sparse layer counters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LayerStreamStats {
+    pub layer: usize,
+    pub capacity: usize,
+    pub tokens: u64,
+    pub rows_needed: u64,
+    pub rows_loaded: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StreamStats {
+    pub tokens: u64,
+    pub rows_needed: u64,
+    pub rows_loaded: u64,
+    pub bytes_read: u64,
+    pub read_requests: u64,
+    pub io_wait_ms: f64,
+    pub predictor_ms: f64,
+    pub sparse_compute_ms: f64,
+    /// Wall time the I/O thread spent reading and scattering.
+    pub io_busy_ms: f64,
+    pub layers: Vec<LayerStreamStats>,
+}
+
+impl StreamStats {
+    /// Share of needed rows that were already resident.
+    pub fn reuse_ratio(&self) -> f64 {
+        1.0 - self.rows_loaded as f64 / self.rows_needed.max(1) as f64
+    }
+}
+
+pub struct StreamingEngine {
+    pub plan: MemoryPlan,
+    shared: Arc<Shared>,
+    tx: Option<Sender<IoJob>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
+    pub predictor: Predictor,
+    layer0: CentroidSet,
+    /// Per sparse layer, per centroid: its neurons.
+    sets: Vec<Vec<Vec<u32>>>,
+    thresholds: Thresholds,
+    pub first_layer: usize,
+    d_model: usize,
+    record_bytes: usize,
+    tick: u64,
+    c0: u32,
+    /// Active set of each sparse layer for the current token: (centroid id).
+    ids: Vec<u32>,
+    pub stats: StreamStats,
+    /// The first error of the current token (reported at the next sparse layer).
+    error: Option<RuntimeError>,
+    pub fallback: Option<String>,
+    pub records_path: PathBuf,
+    /// Predicted centroid ids of every token so far, `[tokens][sparse layers]`.
+    pub history: Vec<Vec<u32>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    pub mem_budget_bytes: Option<u64>,
+    pub ctx: usize,
+    pub queue_depth: usize,
+    pub staging_bytes: usize,
+    /// Longest coalesced read.
+    pub max_run_bytes: usize,
+    pub force_pread: bool,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        StreamSettings { mem_budget_bytes: None, ctx: 2048, queue_depth: 256, staging_bytes: 8 << 20, max_run_bytes: 1 << 20, force_pread: false }
+    }
+}
+
+fn wait_for(shared: &Shared, tick: u64, layer_index: usize) -> std::result::Result<(), String> {
+    let mut p = shared.progress.lock().unwrap();
+    loop {
+        if let Some(e) = &p.error {
+            return Err(e.clone());
+        }
+        if p.tick == tick && p.layers_done > layer_index {
+            return Ok(());
+        }
+        p = shared.cv.wait(p).unwrap();
+    }
+}
+
+/// Groups sorted loads into runs of consecutive neurons (<= max_records each).
+fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=loads.len() {
+        if i == loads.len() || loads[i].neuron != loads[i - 1].neuron + 1 || i - start >= max_records {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn io_worker(
+    rx: std::sync::mpsc::Receiver<IoJob>,
+    shared: Arc<Shared>,
+    mut reader: RecordReader,
+    mut staging: AlignedBuf,
+    layout: formats::manifest::RecordsLayout,
+    d_model: usize,
+    max_run_bytes: usize,
+    io_stats: Arc<Mutex<(u64, u64, f64)>>,
+) {
+    let rb = layout.record_bytes;
+    let max_records = (max_run_bytes / rb).max(1).min(staging.len() / rb);
+    while let Ok(job) = rx.recv() {
+        let t0 = Instant::now();
+        for (si, loads) in job.loads.iter().enumerate() {
+            let layer = layout.first_layer + si;
+            let result = (|| -> std::result::Result<(), String> {
+                let runs = runs_of(loads, max_records);
+                let mut r = 0;
+                while r < runs.len() {
+                    // fill the staging buffer with whole runs
+                    let mut batch = Vec::new();
+                    let mut used = 0usize;
+                    while r < runs.len() && used + runs[r].len() * rb <= staging.len() {
+                        let first = &loads[runs[r].start];
+                        batch.push((runs[r].clone(), Run { offset: layout.offset(layer, first.neuron as usize), bytes: runs[r].len() * rb, staging_offset: used }));
+                        used += runs[r].len() * rb;
+                        r += 1;
+                    }
+                    let plain: Vec<Run> = batch.iter().map(|b| b.1).collect();
+                    reader.read_runs(&plain, &mut staging).map_err(|e| e.to_string())?;
+                    let mut store = shared.layers[si].lock().unwrap();
+                    for (range, run) in &batch {
+                        for (k, load) in loads[range.clone()].iter().enumerate() {
+                            let src = &staging.as_slice()[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
+                            let off = run.offset + (k * rb) as u64;
+                            if let Err(e) = check_record(src, &reader.path, off, layer as u32, load.neuron, d_model) {
+                                for l in loads {
+                                    store.map.invalidate(l.slot);
+                                }
+                                return Err(e.to_string());
+                            }
+                            let s = load.slot as usize;
+                            store.buf.as_mut_slice()[s * rb..(s + 1) * rb].copy_from_slice(src);
+                        }
+                    }
+                }
+                Ok(())
+            })();
+            let mut p = shared.progress.lock().unwrap();
+            if p.tick == job.tick {
+                if let Err(e) = result {
+                    p.error.get_or_insert(e);
+                }
+                p.layers_done = si + 1;
+            }
+            drop(p);
+            shared.cv.notify_all();
+        }
+        let mut s = io_stats.lock().unwrap();
+        *s = (reader.bytes_read, reader.requests, s.2 + t0.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
+impl StreamingEngine {
+    pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
+        let predictor = Predictor::load(&manifest.artifact_path_of(manifest_path, "predictor")?)?;
+        let centroids = CentroidTable::load(&manifest.artifact_path_of(manifest_path, "centroids")?)?;
+        let thresholds = Thresholds::load(&manifest.artifact_path_of(manifest_path, "thresholds")?)?;
+        let records_path = manifest.artifact_path_of(manifest_path, "records")?;
+        let plan = MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings)?;
+        let c = &manifest.model;
+        let first = manifest.sparsity.dense_prefix;
+        let n_sparse = c.num_hidden_layers - first;
+        if predictor.spec.first_layer != first || predictor.spec.n_sparse_layers != n_sparse {
+            return Err(RuntimeError::Input(format!("{}: the predictor covers layers {}.. ({}), the manifest's sparse layers are {first}..{}", manifest_path.display(), predictor.spec.first_layer, predictor.spec.n_sparse_layers, c.num_hidden_layers)));
+        }
+        let rb = manifest.records.record_bytes;
+        let len = std::fs::metadata(&records_path).map_err(|e| formats::FormatError::io(&records_path, e))?.len();
+        if len != (manifest.records.count * rb) as u64 {
+            return Err(formats::FormatError::Truncated { path: records_path.clone(), offset: len, what: format!("{} records of {rb} bytes", manifest.records.count), needed: (manifest.records.count * rb) as u64, file_bytes: len }.into());
+        }
+        let layers = plan.capacity.iter().map(|&cap| Mutex::new(LayerStore { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * rb) })).collect();
+        let shared = Arc::new(Shared { layers, progress: Mutex::new(Progress::default()), cv: Condvar::new() });
+        let reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
+        let fallback = reader.fallback.clone();
+        let staging = AlignedBuf::new(plan.staging_bytes);
+        let (tx, rx) = channel();
+        let io_stats = Arc::new(Mutex::new((0, 0, 0.0)));
+        let worker = {
+            let (shared, layout, d, mrb, ios) = (shared.clone(), manifest.records.clone(), c.hidden_size, settings.max_run_bytes, io_stats.clone());
+            std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
+        };
+        let sets = (first..c.num_hidden_layers)
+            .map(|l| {
+                let s = centroids.layer(l)?;
+                Ok((0..s.k).map(|k| s.neurons(k)).collect())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let stats = StreamStats {
+            layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        Ok(StreamingEngine {
+            layer0: centroids.layer(0)?.clone(),
+            plan,
+            shared,
+            tx: Some(tx),
+            worker: Some(worker),
+            io_stats,
+            predictor,
+            sets,
+            thresholds,
+            first_layer: first,
+            d_model: c.hidden_size,
+            record_bytes: rb,
+            tick: 0,
+            c0: 0,
+            ids: vec![],
+            stats,
+            error: None,
+            fallback,
+            records_path,
+            history: Vec::new(),
+        })
+    }
+
+    /// Bytes read and requests so far (from the I/O thread).
+    pub fn refresh_io_stats(&mut self) {
+        let s = *self.io_stats.lock().unwrap();
+        self.stats.bytes_read = s.0;
+        self.stats.read_requests = s.1;
+        self.stats.io_busy_ms = s.2;
+    }
+
+    /// Plans every sparse layer's delta for the predicted ids and hands it to the I/O thread.
+    fn dispatch(&mut self) {
+        self.tick += 1;
+        let mut loads = Vec::with_capacity(self.sets.len());
+        for (si, &id) in self.ids.iter().enumerate() {
+            let active = &self.sets[si][id as usize];
+            let l = self.shared.layers[si].lock().unwrap().map.plan(active, self.tick);
+            let st = &mut self.stats.layers[si];
+            st.tokens += 1;
+            st.rows_needed += active.len() as u64;
+            st.rows_loaded += l.len() as u64;
+            self.stats.rows_needed += active.len() as u64;
+            self.stats.rows_loaded += l.len() as u64;
+            loads.push(l);
+        }
+        {
+            let mut p = self.shared.progress.lock().unwrap();
+            *p = Progress { tick: self.tick, layers_done: 0, error: None };
+        }
+        if self.tx.as_ref().is_none_or(|tx| tx.send(IoJob { tick: self.tick, loads }).is_err()) {
+            self.error = Some(RuntimeError::Input("the record I/O thread has stopped".into()));
+        }
+        self.stats.tokens += 1;
+    }
+
+    /// The MLP of sparse layer `si` for one token: `out = sum_j silu(g_j) u_j downT_j` over the
+    /// active neurons j, `g_j = gate_j . xn`, `u_j = up_j . xn`.
+    fn sparse_mlp_one(&self, si: usize, xn: &[f32], out: &mut [f32]) {
+        let store = self.shared.layers[si].lock().unwrap();
+        let active = &self.sets[si][self.ids[si] as usize];
+        let (d, rb) = (self.d_model, self.record_bytes);
+        let buf = store.buf.as_slice();
+        let row = |slot: usize, part: usize| -> &[f16] {
+            let start = slot * rb + RECORD_HEADER_BYTES + part * d * 2;
+            bytemuck::cast_slice(&buf[start..start + d * 2])
+        };
+        let partial = active
+            .par_chunks(64)
+            .map(|chunk| {
+                let mut acc = vec![0f32; d];
+                for &j in chunk {
+                    let s = store.map.slot_of[j as usize];
+                    debug_assert_ne!(s, EMPTY);
+                    let s = s as usize;
+                    let (g, u) = dot2_f16_f32(row(s, 0), row(s, 1), xn);
+                    axpy_f16(silu(g) * u, row(s, 2), &mut acc);
+                }
+                acc
+            })
+            .reduce(|| vec![0f32; d], |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            });
+        out.copy_from_slice(&partial);
+    }
+}
+
+impl Drop for StreamingEngine {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl MlpHook for StreamingEngine {
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+        if layer == 0 {
+            let mut mask = vec![0u8; self.layer0.width];
+            for (j, (&g, &u)) in gate_silu.iter().zip(up).enumerate() {
+                if self.thresholds.active(0, g, u) {
+                    mask[j / 8] |= 1 << (j % 8);
+                }
+            }
+            self.c0 = self.layer0.best_cover(&mask);
+        }
+    }
+
+    fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
+        if layer == 0 {
+            let t0 = Instant::now();
+            self.ids = self.predictor.predict(hidden, &[self.c0]);
+            self.history.push(self.ids.clone());
+            self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
+            self.dispatch();
+        }
+    }
+
+    fn single_token(&self) -> bool {
+        true
+    }
+
+    fn replaces_mlp(&self, layer: usize) -> bool {
+        layer >= self.first_layer
+    }
+
+    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let si = layer - self.first_layer;
+        let t0 = Instant::now();
+        wait_for(&self.shared, self.tick, si).map_err(RuntimeError::Input)?;
+        let t1 = Instant::now();
+        self.stats.io_wait_ms += (t1 - t0).as_secs_f64() * 1e3;
+        self.sparse_mlp_one(si, xn, out);
+        self.stats.sparse_compute_ms += t1.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+}

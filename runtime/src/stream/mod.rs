@@ -1,0 +1,11 @@
+//! The streaming engine: sparse-layer MLP rows read from `records.bin` on demand into bounded
+//! per-layer slot buffers (see `engine`), within a memory budget (`budget`).
+
+pub mod aligned;
+pub mod budget;
+pub mod engine;
+pub mod reader;
+pub mod slots;
+
+pub use budget::{parse_bytes, MemoryPlan};
+pub use engine::{StreamSettings, StreamStats, StreamingEngine};

@@ -1,0 +1,102 @@
+//! `SlotMap`: which neuron rows of one sparse layer are resident, in which slot of the layer's
+//! buffer, and when each was last used. Planning a token's active set gives the `Load`s (the
+//! delta): missing rows, each with the slot it goes to, taken from free slots first and then
+//! from the least recently used rows not in the set.
+
+pub const EMPTY: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Load {
+    pub neuron: u32,
+    pub slot: u32,
+}
+
+pub struct SlotMap {
+    /// `[n_ff]` slot of each neuron, or EMPTY.
+    pub slot_of: Vec<u32>,
+    /// `[capacity]` neuron in each slot, or EMPTY.
+    pub neuron_of: Vec<u32>,
+    /// `[capacity]` tick of the last token that used the slot.
+    last_used: Vec<u64>,
+}
+
+impl SlotMap {
+    pub fn new(n_ff: usize, capacity: usize) -> Self {
+        SlotMap { slot_of: vec![EMPTY; n_ff], neuron_of: vec![EMPTY; capacity], last_used: vec![0; capacity] }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.neuron_of.len()
+    }
+
+    /// Marks `active` (distinct neurons) as used at `tick` (> every earlier tick) and returns the
+    /// rows to load, sorted by neuron. Panics if `active` exceeds the capacity (the engine sizes
+    /// every buffer to at least K_max).
+    pub fn plan(&mut self, active: &[u32], tick: u64) -> Vec<Load> {
+        assert!(active.len() <= self.capacity(), "active set {} > buffer {}", active.len(), self.capacity());
+        let mut missing = Vec::new();
+        for &j in active {
+            match self.slot_of[j as usize] {
+                EMPTY => missing.push(j),
+                s => self.last_used[s as usize] = tick,
+            }
+        }
+        if missing.is_empty() {
+            return vec![];
+        }
+        // victims: empty slots first, then the least recently used rows not used this tick
+        let mut victims: Vec<u32> = (0..self.capacity() as u32).filter(|&s| self.last_used[s as usize] < tick || self.neuron_of[s as usize] == EMPTY).collect();
+        victims.sort_unstable_by_key(|&s| (self.neuron_of[s as usize] != EMPTY, self.last_used[s as usize]));
+        let mut loads = Vec::with_capacity(missing.len());
+        for (&j, &s) in missing.iter().zip(&victims) {
+            let old = self.neuron_of[s as usize];
+            if old != EMPTY {
+                self.slot_of[old as usize] = EMPTY;
+            }
+            self.neuron_of[s as usize] = j;
+            self.slot_of[j as usize] = s;
+            self.last_used[s as usize] = tick;
+            loads.push(Load { neuron: j, slot: s });
+        }
+        loads.sort_unstable();
+        loads
+    }
+
+    /// Forgets a slot's row (its load failed).
+    pub fn invalidate(&mut self, slot: u32) {
+        let old = self.neuron_of[slot as usize];
+        if old != EMPTY {
+            self.slot_of[old as usize] = EMPTY;
+        }
+        self.neuron_of[slot as usize] = EMPTY;
+        self.last_used[slot as usize] = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deltas_and_lru_eviction() {
+        let mut m = SlotMap::new(10, 4);
+        let l1 = m.plan(&[1, 2, 3], 1);
+        assert_eq!(l1.iter().map(|l| l.neuron).collect::<Vec<_>>(), [1, 2, 3]);
+        // 2 and 3 resident; 4 takes the free slot
+        let l2 = m.plan(&[2, 3, 4], 2);
+        assert_eq!(l2.iter().map(|l| l.neuron).collect::<Vec<_>>(), [4]);
+        // 5 evicts 1 (last used at tick 1), not 2/3/4
+        let l3 = m.plan(&[5, 2], 3);
+        assert_eq!(l3.len(), 1);
+        assert_eq!(m.slot_of[1], EMPTY);
+        assert_eq!(m.neuron_of[l3[0].slot as usize], 5);
+        // nothing new: no loads
+        assert!(m.plan(&[5, 2], 4).is_empty());
+        // every resident neuron is in exactly the slot the map says
+        for (s, &n) in m.neuron_of.iter().enumerate() {
+            if n != EMPTY {
+                assert_eq!(m.slot_of[n as usize], s as u32);
+            }
+        }
+    }
+}

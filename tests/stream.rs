@@ -1,0 +1,183 @@
+//! The streaming engine on prepared fixtures: with every neuron kept it equals the dense
+//! model; the rows it reads are exactly the deltas of the predicted sets; a flipped byte in
+//! records.bin is a CRC error naming layer, neuron and offset; a too-small budget is refused
+//! with the minimum; and it runs inside a cgroup v1 memory limit of budget + 10%.
+
+use runtime::{PreparedMode, Sparsity};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use tests::*;
+
+/// Prepares the fixture once per (K_max factor) into target/test-scratch/stream-<name>.
+fn prepared(name: &str, k_max_factor: f64) -> PathBuf {
+    let root = repo_root();
+    let dir = root.join("target/test-scratch").join(format!("stream-{name}"));
+    let text = format!(
+        r#"name = "stream-{name}"
+model_dir = "{model}"
+out = "{out}"
+[capture]
+corpus = ["{boolq}", "{hamlet}"]
+mask_kind = "product"
+alpha = 0.62
+seq_len = 64
+sequences = 8
+threshold_sequences = 4
+[cluster]
+k = 16
+k_max_factor = {k_max_factor}
+max_iterations = 5
+[pack]
+dense_prefix = 26
+[train]
+hidden = 64
+max_epochs = 4
+"#,
+        model = fixture_model().display(),
+        out = dir.join("artifacts").display(),
+        boolq = root.join("data/text/boolq.txt").display(),
+        hamlet = root.join("data/text/hamlet.txt").display(),
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = dir.join("recipe.toml");
+    std::fs::write(&recipe, text).unwrap();
+    let out = run_bin("prep", &["prepare", recipe.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    dir.join("artifacts/manifest.toml")
+}
+
+fn all_neurons() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| prepared("all", 100.0))
+}
+
+fn default_sparse() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| prepared("sparse", 1.5))
+}
+
+fn stream(manifest: &Path, budget: Option<u64>) -> runtime::Opened {
+    let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, ..Default::default() };
+    runtime::open(manifest, &PreparedMode::Stream(s)).unwrap()
+}
+
+#[test]
+fn every_neuron_kept_equals_dense() {
+    let m = all_neurons();
+    let manifest = formats::manifest::Manifest::load(m).unwrap();
+    assert!(manifest.sparsity.k_max.iter().all(|&k| k == 1536), "{:?}", manifest.sparsity.k_max);
+    let (dense, tok) = runtime::open_model(&fixture_model()).unwrap();
+    let ids = tok.encode("The quick brown fox jumps over the lazy dog, and then", true).unwrap();
+    let mut cache = dense.new_cache(64).unwrap();
+    let want = dense.forward(&ids, &mut cache, 0).unwrap();
+    let mut s = stream(m, None);
+    let mut cache = s.model.new_cache(64).unwrap();
+    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
+    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    assert_eq!(want.len(), got.len());
+    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 2e-3, "streamed logits differ from dense by {max_diff}");
+}
+
+#[test]
+fn rows_read_are_exactly_the_deltas() {
+    let m = default_sparse();
+    let mut s = stream(m, None); // unlimited: nothing is evicted, a row is read once
+    let ids = s.tokenizer.encode("Once upon a time there was a small village by the sea where", true).unwrap();
+    let mut cache = s.model.new_cache(64).unwrap();
+    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
+    s.model.forward_observed(&ids, &mut cache, ids.len() - 1, hook).unwrap();
+    let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!("not streaming") };
+    e.refresh_io_stats();
+    let manifest = formats::manifest::Manifest::load(m).unwrap();
+    let centroids = formats::centroids::CentroidTable::load(&manifest.artifact_path_of(m, "centroids").unwrap()).unwrap();
+    // replay the predicted ids: each layer reads what is new to the union of earlier sets
+    let mut expected = 0u64;
+    for (si, layer) in (26..30).enumerate() {
+        let set = centroids.layer(layer).unwrap();
+        let mut resident = HashSet::new();
+        let mut loaded = 0u64;
+        for ids in &e.history {
+            for j in set.neurons(ids[si] as usize) {
+                loaded += resident.insert(j) as u64;
+            }
+        }
+        assert_eq!(e.stats.layers[si].rows_loaded, loaded, "layer {layer}");
+        expected += loaded;
+    }
+    assert_eq!(e.history.len(), ids.len());
+    assert_eq!(e.stats.rows_loaded, expected);
+    assert_eq!(e.stats.bytes_read, expected * manifest.records.record_bytes as u64, "bytes read = rows x record size");
+    assert!(e.stats.read_requests < expected, "adjacent records are coalesced ({} requests for {expected} rows)", e.stats.read_requests);
+}
+
+#[test]
+fn flipped_byte_is_a_crc_error() {
+    let m = all_neurons();
+    let src = m.parent().unwrap();
+    let dir = scratch("stream-crc");
+    for f in ["manifest.toml", "records.bin", "resident.safetensors"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    // the other artifacts are referenced relative to the manifest: link their folders
+    for d in ["cluster", "predictor", "capture"] {
+        std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
+    }
+    let manifest = formats::manifest::Manifest::load(m).unwrap();
+    let tok_rel = &manifest.artifacts.iter().find(|a| a.role == "tokenizer").unwrap().path;
+    assert!(Path::new(tok_rel).is_absolute(), "tokenizer path {tok_rel}");
+    // flip one payload byte of layer 27, neuron 100 (every neuron is read: K_max = n_ff)
+    let off = manifest.records.offset(27, 100) + 512 + 77;
+    let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
+    bytes[off as usize] ^= 0x10;
+    std::fs::write(dir.join("records.bin"), bytes).unwrap();
+    let mpath = dir.join("manifest.toml");
+    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    let record_off = manifest.records.offset(27, 100);
+    assert!(e.contains("records.bin") && e.contains("CRC") && e.contains(&record_off.to_string()) && e.contains("27") && e.contains("100"), "{e}");
+}
+
+#[test]
+fn too_small_budget_gives_the_minimum() {
+    let m = default_sparse();
+    let out = run_bin("runtime", &["run", m.to_str().unwrap(), "-p", "Hello", "-n", "2", "--mem-budget", "50MiB"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("--mem-budget") && e.contains("at least") && e.contains("resident"), "{e}");
+}
+
+/// Runs `runtime bench` in a fresh cgroup v1 memory group limited to budget + 10%.
+#[test]
+fn runs_within_a_cgroup_memory_limit() {
+    let m = default_sparse();
+    let cg = Path::new("/sys/fs/cgroup/memory");
+    assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
+    // the minimum budget, from the engine's own refusal
+    let probe = run_bin("runtime", &["bench", m.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"]);
+    let e = String::from_utf8_lossy(&probe.stderr);
+    let minimum: u64 = e.split("at least ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"));
+    let budget = minimum + (4 << 20);
+    let limit = budget + budget / 10;
+    let group = cg.join(format!("np-test-{}", std::process::id()));
+    std::fs::create_dir(&group).unwrap();
+    std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+    let bin = repo_root().join("target/release/runtime");
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 --json",
+        group.display(),
+        bin.display(),
+        m.display()
+    );
+    let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
+    let _ = std::fs::remove_dir(&group);
+    assert!(out.status.success(), "bench under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rss = r["peak_rss_bytes"].as_u64().unwrap();
+    assert!(rss <= limit, "peak RSS {rss} over the limit {limit}");
+    assert!(r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    eprintln!("budget {budget}, limit {limit}, peak RSS {rss}, failcnt {}", failcnt.trim());
+}
