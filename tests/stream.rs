@@ -84,6 +84,9 @@ fn every_neuron_kept_equals_dense() {
 fn rows_read_are_exactly_the_deltas() {
     let m = default_sparse();
     let mut s = stream(m, None); // unlimited: nothing is evicted, a row is read once
+    if let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() {
+        e.record_history = true;
+    }
     let ids = s.tokenizer.encode("Once upon a time there was a small village by the sea where", true).unwrap();
     let mut cache = s.model.new_cache(64).unwrap();
     let hook = s.sparsity.as_mut().map(|x| x.as_hook());
@@ -91,15 +94,14 @@ fn rows_read_are_exactly_the_deltas() {
     let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!("not streaming") };
     e.refresh_io_stats();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
-    let centroids = formats::centroids::CentroidTable::load(&manifest.artifact_path_of(m, "centroids").unwrap()).unwrap();
-    // replay the predicted ids: each layer reads what is new to the union of earlier sets
+    // replay the active sets: each layer reads what is new to the union of earlier sets
     let mut expected = 0u64;
     for (si, layer) in (26..30).enumerate() {
-        let set = centroids.layer(layer).unwrap();
         let mut resident = HashSet::new();
         let mut loaded = 0u64;
-        for ids in &e.history {
-            for j in set.neurons(ids[si] as usize) {
+        for sets in &e.history {
+            assert_eq!(sets[si].len(), manifest.sparsity.k_max[si], "every set holds K_max neurons");
+            for &j in &sets[si] {
                 loaded += resident.insert(j) as u64;
             }
         }
@@ -180,4 +182,23 @@ fn runs_within_a_cgroup_memory_limit() {
     assert!(rss <= limit, "peak RSS {rss} over the limit {limit}");
     assert!(r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{r}");
     eprintln!("budget {budget}, limit {limit}, peak RSS {rss}, failcnt {}", failcnt.trim());
+}
+
+/// The quality figures come from `--in-memory` (batched); streaming must compute the same.
+#[test]
+fn streaming_equals_in_memory_predicted_sets() {
+    let m = default_sparse();
+    let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
+    let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
+    let mut cache = mem.model.new_cache(64).unwrap();
+    let hook = mem.sparsity.as_mut().map(|x| x.as_hook());
+    let want = mem.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let mut s = stream(m, None);
+    let mut cache = s.model.new_cache(64).unwrap();
+    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
+    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 2e-3, "streamed logits differ from in-memory predicted sparsity by {max_diff}");
+    let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
+    assert!(p.density(1536) < 0.9, "sets are sparse: density {}", p.density(1536));
 }

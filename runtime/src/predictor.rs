@@ -135,6 +135,74 @@ impl Predictor {
     }
 }
 
+/// How a head's K logits become a layer's set of K_max neurons.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SetRule {
+    /// The most likely centroid's set (NeuroPrefetcher).
+    Top1,
+    /// The K_max neurons of largest expected membership `sum_c p_c [j in set_c]` over the
+    /// `candidates` most likely centroids (p = softmax of the head). Same size, fewer misses.
+    Soft { candidates: usize },
+}
+
+impl Default for SetRule {
+    fn default() -> Self {
+        SetRule::Soft { candidates: 8 }
+    }
+}
+
+impl std::str::FromStr for SetRule {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "top1" => Ok(SetRule::Top1),
+            _ => s
+                .strip_prefix("soft")
+                .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
+                .map(|candidates| SetRule::Soft { candidates })
+                .ok_or_else(|| format!("set rule '{s}': expected top1, soft or softN (N candidates)")),
+        }
+    }
+}
+
+/// (argmax centroid, bitset of the predicted set) for one head's logits `[K]`.
+pub fn predicted_set(head: &[f32], set: &CentroidSet, k_max: usize, rule: SetRule) -> (u32, Vec<u8>) {
+    let argmax = head.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
+    match rule {
+        SetRule::Top1 => (argmax as u32, set.row(argmax).to_vec()),
+        SetRule::Soft { candidates } => {
+            let mut order: Vec<usize> = (0..head.len()).collect();
+            let m = candidates.clamp(1, head.len());
+            order.select_nth_unstable_by(m - 1, |&a, &b| head[b].total_cmp(&head[a]));
+            let top = &order[..m];
+            let max = head[argmax];
+            let z: f32 = head.iter().map(|&v| (v - max).exp()).sum();
+            let n_ff = set.width * 8;
+            let mut score = vec![0f32; n_ff];
+            for &c in top {
+                let p = (head[c] - max).exp() / z;
+                for (i, &b) in set.row(c).iter().enumerate() {
+                    let mut b = b;
+                    while b != 0 {
+                        score[i * 8 + b.trailing_zeros() as usize] += p;
+                        b &= b - 1;
+                    }
+                }
+            }
+            let mut idx: Vec<usize> = (0..n_ff).filter(|&j| score[j] > 0.0).collect();
+            if idx.len() > k_max {
+                idx.select_nth_unstable_by(k_max - 1, |&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+                idx.truncate(k_max);
+            }
+            let mut bits = vec![0u8; set.width];
+            for j in idx {
+                bits[j / 8] |= 1 << (j % 8);
+            }
+            (argmax as u32, bits)
+        }
+    }
+}
+
 /// Per sparse layer, how well the predicted sets matched the true (threshold) sets.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct LayerPredictionStats {
@@ -181,8 +249,11 @@ pub struct PredictedSparsity {
     sparse: Vec<CentroidSet>,
     thresholds: Thresholds,
     pub dense_prefix: usize,
-    /// `[n_tokens, S]` ids of the current forward pass.
-    ids: Vec<u32>,
+    /// `[n_tokens, S]` (argmax id, predicted set bits) of the current forward pass.
+    current: Vec<(u32, Vec<u8>)>,
+    /// K_max per sparse layer.
+    k_max: Vec<usize>,
+    pub rule: SetRule,
     c0: Vec<u32>,
     pub stats: Vec<LayerPredictionStats>,
     /// Measure top-1 and recall against the true masks (costs a K x width scan per token).
@@ -198,7 +269,8 @@ impl PredictedSparsity {
         let layer0 = centroids.layer(0)?.clone();
         let sparse = (0..s.n_sparse_layers).map(|i| centroids.layer(s.first_layer + i).cloned()).collect::<std::result::Result<Vec<_>, _>>()?;
         let stats = (0..s.n_sparse_layers).map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() }).collect();
-        Ok(PredictedSparsity { dense_prefix: s.first_layer, predictor, layer0, sparse, thresholds, ids: vec![], c0: vec![], stats, measure: true })
+        let k_max = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
+        Ok(PredictedSparsity { dense_prefix: s.first_layer, predictor, layer0, sparse, thresholds, current: vec![], k_max, rule: SetRule::default(), c0: vec![], stats, measure: true })
     }
 
     /// Neurons kept, over neurons in the sparse layers, so far.
@@ -240,7 +312,14 @@ impl MlpHook for PredictedSparsity {
 
     fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
         if layer == 0 {
-            self.ids = self.predictor.predict(hidden, &self.c0);
+            let k = self.predictor.spec.k;
+            let n_sparse = self.sparse.len();
+            let logits = self.predictor.logits(hidden, &self.c0);
+            self.current = logits
+                .chunks_exact(k)
+                .enumerate()
+                .map(|(i, head)| predicted_set(head, &self.sparse[i % n_sparse], self.k_max[i % n_sparse], self.rule))
+                .collect();
         }
     }
 
@@ -255,8 +334,8 @@ impl MlpHook for PredictedSparsity {
         let n_ff = up.len() / n;
         let mut mask = vec![0u8; set.width];
         for t in 0..n {
-            let c = self.ids[t * n_sparse + si] as usize;
-            let bits = set.row(c);
+            let (c, ref bits) = self.current[t * n_sparse + si];
+            let c = c as usize;
             let (g, u) = (&mut gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
             let st = &mut self.stats[si];
             st.tokens += 1;
@@ -274,5 +353,25 @@ impl MlpHook for PredictedSparsity {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_rules_give_k_max_neurons() {
+        // 3 centroids over 16 neurons, 4 each
+        let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b1111_0000, 0, 0, 0b0000_1111] };
+        let head = [0.1f32, 2.0, 1.9];
+        let (id, bits) = predicted_set(&head, &set, 4, SetRule::Top1);
+        assert_eq!((id, bits), (1, vec![0b1111_0000, 0]));
+        let (_, bits) = predicted_set(&head, &set, 4, SetRule::Soft { candidates: 3 });
+        assert_eq!(bits.iter().map(|b| b.count_ones()).sum::<u32>(), 4);
+        // centroids 1 and 2 are nearly tied: their neurons outrank centroid 0's
+        assert_eq!(bits[0] & 0b0000_1111, 0);
+        assert_eq!("soft16".parse::<SetRule>().unwrap(), SetRule::Soft { candidates: 16 });
+        assert_eq!("top1".parse::<SetRule>().unwrap(), SetRule::Top1);
     }
 }

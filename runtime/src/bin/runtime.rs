@@ -32,9 +32,34 @@ struct ModeArgs {
     /// Read records with pread on the thread pool instead of io_uring.
     #[arg(long)]
     pread: bool,
-    /// Records per coalesced read at most (default: 1 MiB worth).
+    /// Bytes per coalesced read at most (default: 1 MiB).
     #[arg(long)]
     max_run_bytes: Option<usize>,
+    /// With --in-memory: also run layers below L dense (L >= the manifest's dense prefix), to
+    /// measure other dense prefixes with the same predictor.
+    #[arg(long, requires = "in_memory")]
+    dense_from: Option<usize>,
+    /// How a head's logits become the layer's K_max neurons: top1 (the most likely centroid's
+    /// set, the paper's) or softN (largest expected membership over the N most likely
+    /// centroids; default soft8).
+    #[arg(long, default_value = "soft8")]
+    set_rule: runtime::predictor::SetRule,
+}
+
+/// Applies --dense-from and --set-rule to an opened prepared model.
+fn apply_mode(opened: &mut runtime::Opened, mode: &ModeArgs) -> Result<()> {
+    match opened.sparsity.as_mut() {
+        Some(Sparsity::InMemory(p)) => p.rule = mode.set_rule,
+        Some(Sparsity::Stream(e)) => e.rule = mode.set_rule,
+        None => {}
+    }
+    if let (Some(l), Some(Sparsity::InMemory(p))) = (mode.dense_from, opened.sparsity.as_mut()) {
+        if l < p.predictor.spec.first_layer {
+            anyhow::bail!("--dense-from {l}: the predictor starts at layer {} (the prepared dense prefix)", p.predictor.spec.first_layer);
+        }
+        p.dense_prefix = l;
+    }
+    Ok(())
 }
 
 impl ModeArgs {
@@ -149,6 +174,8 @@ enum Command {
         pread: bool,
         #[arg(long)]
         max_run_bytes: Option<usize>,
+        #[arg(long, default_value = "soft8")]
+        set_rule: runtime::predictor::SetRule,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -232,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
             let ctx = ctx.unwrap_or(2048);
             let mut opened = runtime::open(&model, &mode.mode(ctx)?)?;
+            apply_mode(&mut opened, &mode)?;
             let prompt_len = opened.tokenizer.encode(&prompt, true)?.len();
             let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.max(prompt_len + n).min(opened.model.max_context()), stop_at_eos: !ignore_eos };
             let mut sampler = Sampler::new(temp, top_p, seed);
@@ -262,8 +290,10 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Perplexity { model, text, ctx, chunks, threads: _, oracle_thresholds, dense_prefix, mode, json } => {
-            let mode = if oracle_thresholds.is_some() { PreparedMode::Dense } else { mode.mode(ctx)? };
+            let mode_args = mode;
+            let mode = if oracle_thresholds.is_some() { PreparedMode::Dense } else { mode_args.mode(ctx)? };
             let mut opened = runtime::open(&model, &mode)?;
+            apply_mode(&mut opened, &mode_args)?;
             let n_ff = opened.model.config.intermediate_size;
             let mut oracle = match &oracle_thresholds {
                 Some(p) => {
@@ -310,6 +340,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Eval { model, task, data, limit, mode, threads: _, json } => {
             let mut opened = runtime::open(&model, &mode.mode(2048)?)?;
+            apply_mode(&mut opened, &mode)?;
             let n_ff = opened.model.config.intermediate_size;
             let hook = opened.sparsity.as_mut().map(|s| s.as_hook());
             let r = runtime::eval::evaluate(&opened.model, &opened.tokenizer, &task, &data, limit, hook, |i, n, acc| {
@@ -330,7 +361,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, pread, max_run_bytes, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, pread, max_run_bytes, set_rule, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -338,8 +369,9 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from: None, set_rule };
             let mut opened = runtime::open(&manifest, &mode.mode(2048)?)?;
+            apply_mode(&mut opened, &mode)?;
             let Some(Sparsity::Stream(engine)) = opened.sparsity.as_mut() else { unreachable!("stream mode") };
             let r = runtime::bench::bench(&opened.model, &opened.tokenizer, engine, prompt.trim_end(), n)?;
             if json {

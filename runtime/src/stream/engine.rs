@@ -89,23 +89,26 @@ pub struct StreamingEngine {
     io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
     pub predictor: Predictor,
     layer0: CentroidSet,
-    /// Per sparse layer, per centroid: its neurons.
-    sets: Vec<Vec<Vec<u32>>>,
+    /// Per sparse layer: its centroid sets and K_max.
+    sets: Vec<CentroidSet>,
+    k_max: Vec<usize>,
+    pub rule: crate::predictor::SetRule,
+    /// The current token's active neurons per sparse layer (ascending).
+    active: Vec<Vec<u32>>,
     thresholds: Thresholds,
     pub first_layer: usize,
     d_model: usize,
     record_bytes: usize,
     tick: u64,
     c0: u32,
-    /// Active set of each sparse layer for the current token: (centroid id).
-    ids: Vec<u32>,
     pub stats: StreamStats,
     /// The first error of the current token (reported at the next sparse layer).
     error: Option<RuntimeError>,
     pub fallback: Option<String>,
     pub records_path: PathBuf,
-    /// Predicted centroid ids of every token so far, `[tokens][sparse layers]`.
-    pub history: Vec<Vec<u32>>,
+    /// With `record_history`: every token's active sets, `[tokens][sparse layers][neurons]`.
+    pub history: Vec<Vec<Vec<u32>>>,
+    pub record_history: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -245,12 +248,7 @@ impl StreamingEngine {
             let (shared, layout, d, mrb, ios) = (shared.clone(), manifest.records.clone(), c.hidden_size, settings.max_run_bytes, io_stats.clone());
             std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
         };
-        let sets = (first..c.num_hidden_layers)
-            .map(|l| {
-                let s = centroids.layer(l)?;
-                Ok((0..s.k).map(|k| s.neurons(k)).collect())
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
@@ -264,18 +262,21 @@ impl StreamingEngine {
             io_stats,
             predictor,
             sets,
+            k_max: manifest.sparsity.k_max.clone(),
+            rule: crate::predictor::SetRule::default(),
+            active: vec![],
             thresholds,
             first_layer: first,
             d_model: c.hidden_size,
             record_bytes: rb,
             tick: 0,
             c0: 0,
-            ids: vec![],
             stats,
             error: None,
             fallback,
             records_path,
             history: Vec::new(),
+            record_history: false,
         })
     }
 
@@ -291,8 +292,7 @@ impl StreamingEngine {
     fn dispatch(&mut self) {
         self.tick += 1;
         let mut loads = Vec::with_capacity(self.sets.len());
-        for (si, &id) in self.ids.iter().enumerate() {
-            let active = &self.sets[si][id as usize];
+        for (si, active) in self.active.iter().enumerate() {
             let l = self.shared.layers[si].lock().unwrap().map.plan(active, self.tick);
             let st = &mut self.stats.layers[si];
             st.tokens += 1;
@@ -316,7 +316,7 @@ impl StreamingEngine {
     /// active neurons j, `g_j = gate_j . xn`, `u_j = up_j . xn`.
     fn sparse_mlp_one(&self, si: usize, xn: &[f32], out: &mut [f32]) {
         let store = self.shared.layers[si].lock().unwrap();
-        let active = &self.sets[si][self.ids[si] as usize];
+        let active = &self.active[si];
         let (d, rb) = (self.d_model, self.record_bytes);
         let buf = store.buf.as_slice();
         let row = |slot: usize, part: usize| -> &[f16] {
@@ -369,8 +369,19 @@ impl MlpHook for StreamingEngine {
     fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
         if layer == 0 {
             let t0 = Instant::now();
-            self.ids = self.predictor.predict(hidden, &[self.c0]);
-            self.history.push(self.ids.clone());
+            let logits = self.predictor.logits(hidden, &[self.c0]);
+            let k = self.predictor.spec.k;
+            self.active = logits
+                .chunks_exact(k)
+                .enumerate()
+                .map(|(si, head)| {
+                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], self.k_max[si], self.rule);
+                    CentroidSet { k: 1, width: bits.len(), bits }.neurons(0)
+                })
+                .collect();
+            if self.record_history {
+                self.history.push(self.active.clone());
+            }
             self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
             self.dispatch();
         }

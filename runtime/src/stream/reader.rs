@@ -30,6 +30,8 @@ pub struct RecordReader {
     pub fallback: Option<String>,
     pub bytes_read: u64,
     pub requests: u64,
+    /// The staging buffer is registered with the ring (reads use IORING_OP_READ_FIXED).
+    registered: bool,
 }
 
 impl RecordReader {
@@ -58,7 +60,20 @@ impl RecordReader {
         if let Some(why) = &fallback {
             eprintln!("runtime: {}: {why}; reading records with pread on the thread pool", path.display());
         }
-        Ok(RecordReader { path: path.to_path_buf(), file, ring, queue_depth, fallback, bytes_read: 0, requests: 0 })
+        Ok(RecordReader { path: path.to_path_buf(), file, ring, queue_depth, fallback, bytes_read: 0, requests: 0, registered: false })
+    }
+
+    /// Registers `staging` with the ring so reads skip per-request page pinning. The buffer
+    /// must be the one passed to every later `read_runs` and must outlive this reader.
+    pub fn register(&mut self, staging: &mut AlignedBuf) -> Result<()> {
+        if let Some(ring) = self.ring.as_mut() {
+            let iov = libc::iovec { iov_base: staging.as_mut_slice().as_mut_ptr() as *mut libc::c_void, iov_len: staging.len() };
+            // SAFETY: the iovec covers exactly the staging allocation, which the caller keeps
+            // alive (and passes to every read) for as long as this ring exists.
+            unsafe { ring.submitter().register_buffers(&[iov]) }.map_err(|e| RuntimeError::Format(FormatError::io(&self.path, e)))?;
+            self.registered = true;
+        }
+        Ok(())
     }
 
     /// Reads every run into `staging` (runs must not overlap there).
@@ -66,13 +81,13 @@ impl RecordReader {
         self.requests += runs.len() as u64;
         self.bytes_read += runs.iter().map(|r| r.bytes as u64).sum::<u64>();
         match self.ring.as_mut() {
-            Some(ring) => read_uring(ring, &self.file, &self.path, self.queue_depth, runs, staging),
+            Some(ring) => read_uring(ring, &self.file, &self.path, self.queue_depth, self.registered, runs, staging),
             None => read_pread(&self.file, &self.path, runs, staging),
         }
     }
 }
 
-fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, runs: &[Run], staging: &mut AlignedBuf) -> Result<()> {
+fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, registered: bool, runs: &[Run], staging: &mut AlignedBuf) -> Result<()> {
     let fd = types::Fd(file.as_raw_fd());
     let base = staging.as_mut_slice().as_mut_ptr();
     let cap = staging.len();
@@ -91,10 +106,12 @@ fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, runs: &[R
             });
             let r = runs[i];
             assert!(r.staging_offset + r.bytes <= cap, "run outside the staging buffer");
-            let entry = opcode::Read::new(fd, base.wrapping_add(r.staging_offset + done[i]), (r.bytes - done[i]) as u32)
-                .offset(r.offset + done[i] as u64)
-                .build()
-                .user_data(i as u64);
+            let (ptr, len, off) = (base.wrapping_add(r.staging_offset + done[i]), (r.bytes - done[i]) as u32, r.offset + done[i] as u64);
+            let entry = if registered {
+                opcode::ReadFixed::new(fd, ptr, len, 0).offset(off).build().user_data(i as u64)
+            } else {
+                opcode::Read::new(fd, ptr, len).offset(off).build().user_data(i as u64)
+            };
             // SAFETY: the target range lies inside `staging` (asserted), which outlives this call
             // and is borrowed mutably here, so nothing else touches it until every read completes
             // (we wait for all in-flight entries before returning, also on error paths below).

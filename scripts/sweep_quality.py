@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Quality of predicted-set sparsity against dense (issue #4's sweep), with the runtime itself.
+
+For a prepared model (manifest.toml): dense, then the predictor's sets at every dense prefix d
+in --d (d >= the prepared prefix: layers below d run dense, the same predictor serves the
+rest). Each point: HellaSwag acc_norm (`runtime eval`) and LAMBADA perplexity
+(`runtime perplexity`), both `--in-memory` (the same sets the streaming engine reads; tests
+check that streaming gives the same logits). Writes bench/results/quality-<name>.json and .png.
+"""
+import argparse, json, os, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RT = Path(os.environ.get("RUNTIME_BIN", ROOT / "target/release/runtime"))
+
+
+def run(args):
+    out = subprocess.run([str(RT), *args, "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"runtime {' '.join(args)} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def point(manifest, mode, limit, chunks, text):
+    t0 = time.time()
+    ev = run(["eval", manifest, "--task", "hellaswag", "--limit", str(limit), *mode])
+    pp = run(["perplexity", manifest, "--text", text, "--chunks", str(chunks), *mode])
+    sp = ev.get("sparsity") or {}
+    return {"hellaswag_acc_norm": ev["accuracy"], "hellaswag_acc": ev["accuracy_unnormalized"], "items": ev["items"],
+            "perplexity": pp["perplexity"], "sparse_layer_density": sp.get("sparse_layer_density"),
+            "recall": sp.get("recall"), "top1": sp.get("top1_accuracy"), "seconds": time.time() - t0}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--manifest", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--d", default="", help="comma-separated dense prefixes (default: the prepared one)")
+    ap.add_argument("--limit", type=int, default=200, help="HellaSwag items")
+    ap.add_argument("--chunks", type=int, default=4, help="perplexity chunks of 512")
+    ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"))
+    a = ap.parse_args()
+    m = open(a.manifest).read()
+    n_layers = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("num_hidden_layers")))
+    d0 = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("dense_prefix")))
+    ds = [int(x) for x in a.d.split(",") if x] or [d0]
+    dense = point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
+    print(f"dense: acc_norm {dense['hellaswag_acc_norm']:.4f}, ppl {dense['perplexity']:.3f}", flush=True)
+    rows = []
+    for d in ds:
+        p = point(a.manifest, ["--in-memory", "--dense-from", str(d)], a.limit, a.chunks, a.text)
+        p["dense_prefix"] = d
+        p["sparse_layers"] = n_layers - d
+        p["acc_ratio"] = p["hellaswag_acc_norm"] / dense["hellaswag_acc_norm"]
+        p["ppl_ratio"] = p["perplexity"] / dense["perplexity"]
+        # share of all MLP neurons skipped across the whole model
+        p["model_mlp_sparsity"] = (n_layers - d) / n_layers * (1 - (p["sparse_layer_density"] or 1))
+        rows.append(p)
+        print(f"d={d}: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
+              f"({p['ppl_ratio']:.3f}x), density {p['sparse_layer_density']:.3f}, recall {p['recall']:.3f}", flush=True)
+    res = {"model": a.name, "manifest": a.manifest, "hellaswag_items": a.limit, "perplexity_text": a.text,
+           "perplexity_chunks": a.chunks, "dense": dense, "sparse": rows}
+    out = ROOT / f"bench/results/quality-{a.name}.json"
+    out.write_text(json.dumps(res, indent=2))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        xs = [r["model_mlp_sparsity"] * 100 for r in rows]
+        ax[0].plot(xs, [r["acc_ratio"] for r in rows], "o-")
+        ax[0].axhline(0.95, ls="--", c="gray")
+        ax[0].set_xlabel("MLP neurons skipped, whole model (%)"); ax[0].set_ylabel("HellaSwag acc_norm / dense")
+        ax[1].plot(xs, [r["ppl_ratio"] for r in rows], "o-")
+        ax[1].set_xlabel("MLP neurons skipped, whole model (%)"); ax[1].set_ylabel("perplexity / dense (LAMBADA)")
+        for r, x in zip(rows, xs):
+            ax[0].annotate(f"d={r['dense_prefix']}", (x, r["acc_ratio"])); ax[1].annotate(f"d={r['dense_prefix']}", (x, r["ppl_ratio"]))
+        fig.suptitle(f"{a.name}: predicted sparsity vs dense ({a.limit} HellaSwag items)")
+        fig.tight_layout(); fig.savefig(out.with_suffix(".png"), dpi=100)
+    except ImportError:
+        print("matplotlib missing: no PNG (pip install matplotlib)")
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
