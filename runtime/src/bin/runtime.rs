@@ -170,6 +170,9 @@ enum Command {
         /// Tokens to generate.
         #[arg(short = 'n', default_value_t = 256)]
         n: usize,
+        /// KV cache positions (counted in the budget); prompt + n must fit.
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
         #[arg(long)]
         pread: bool,
         #[arg(long)]
@@ -361,7 +364,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, pread, max_run_bytes, set_rule, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -370,8 +373,12 @@ fn run(cli: Cli) -> Result<()> {
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
             let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from: None, set_rule };
-            let mut opened = runtime::open(&manifest, &mode.mode(2048)?)?;
+            let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
             apply_mode(&mut opened, &mode)?;
+            let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
+            if prompt_tokens + n > ctx {
+                return Err(runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into());
+            }
             let Some(Sparsity::Stream(engine)) = opened.sparsity.as_mut() else { unreachable!("stream mode") };
             let r = runtime::bench::bench(&opened.model, &opened.tokenizer, engine, prompt.trim_end(), n)?;
             if json {

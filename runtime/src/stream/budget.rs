@@ -29,6 +29,8 @@ pub struct MemoryPlan {
     pub staging_bytes: usize,
     pub process_bytes: u64,
     pub record_bytes: usize,
+    /// Bytes of one slot: a neuron's gate, up and downT rows (f16).
+    pub slot_row_bytes: usize,
     /// Slots per sparse layer.
     pub capacity: Vec<usize>,
     pub slot_bytes: u64,
@@ -53,7 +55,8 @@ impl MemoryPlan {
         let process_bytes = PROCESS_BASE_BYTES + 4 * size("tokenizer")?;
         let fixed = resident_bytes + predictor_bytes + centroid_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let k_max = &m.sparsity.k_max;
-        let min_slots: u64 = k_max.iter().map(|&k| (k * rb) as u64).sum();
+        let srb = 3 * c.hidden_size * 2;
+        let min_slots: u64 = k_max.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
         let capacity: Vec<usize> = match s.mem_budget_bytes {
@@ -70,11 +73,11 @@ impl MemoryPlan {
                 });
             }
             Some(b) => {
-                let extra_rows_per_layer = ((b - minimum_bytes) / k_max.len().max(1) as u64 / rb as u64) as usize;
+                let extra_rows_per_layer = ((b - minimum_bytes) / k_max.len().max(1) as u64 / srb as u64) as usize;
                 k_max.iter().map(|&k| (k + extra_rows_per_layer).min(n_ff)).collect()
             }
         };
-        let slot_bytes: u64 = capacity.iter().map(|&c| (c * rb) as u64).sum();
+        let slot_bytes: u64 = capacity.iter().map(|&c| (c * srb) as u64).sum();
         Ok(MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
             resident_bytes,
@@ -84,6 +87,7 @@ impl MemoryPlan {
             staging_bytes,
             process_bytes,
             record_bytes: rb,
+            slot_row_bytes: srb,
             capacity,
             slot_bytes,
             minimum_bytes,

@@ -26,7 +26,8 @@ use std::time::Instant;
 
 struct LayerStore {
     map: SlotMap,
-    /// `[capacity, record_bytes]`: each slot holds a whole record (header + gate, up, downT).
+    /// `[capacity, 3 * d_model]` f16: each slot holds one neuron's gate, up and downT rows (the
+    /// record's payload; its header and padding are checked and dropped).
     buf: AlignedBuf,
 }
 
@@ -98,7 +99,6 @@ pub struct StreamingEngine {
     thresholds: Thresholds,
     pub first_layer: usize,
     d_model: usize,
-    record_bytes: usize,
     tick: u64,
     c0: u32,
     pub stats: StreamStats,
@@ -197,8 +197,8 @@ fn io_worker(
                                 }
                                 return Err(e.to_string());
                             }
-                            let s = load.slot as usize;
-                            store.buf.as_mut_slice()[s * rb..(s + 1) * rb].copy_from_slice(src);
+                            let (s, pb) = (load.slot as usize, 3 * d_model * 2);
+                            store.buf.as_mut_slice()[s * pb..(s + 1) * pb].copy_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + pb]);
                         }
                     }
                 }
@@ -237,7 +237,7 @@ impl StreamingEngine {
         if len != (manifest.records.count * rb) as u64 {
             return Err(formats::FormatError::Truncated { path: records_path.clone(), offset: len, what: format!("{} records of {rb} bytes", manifest.records.count), needed: (manifest.records.count * rb) as u64, file_bytes: len }.into());
         }
-        let layers = plan.capacity.iter().map(|&cap| Mutex::new(LayerStore { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * rb) })).collect();
+        let layers = plan.capacity.iter().map(|&cap| Mutex::new(LayerStore { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) })).collect();
         let shared = Arc::new(Shared { layers, progress: Mutex::new(Progress::default()), cv: Condvar::new() });
         let reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
         let fallback = reader.fallback.clone();
@@ -268,7 +268,6 @@ impl StreamingEngine {
             thresholds,
             first_layer: first,
             d_model: c.hidden_size,
-            record_bytes: rb,
             tick: 0,
             c0: 0,
             stats,
@@ -317,10 +316,11 @@ impl StreamingEngine {
     fn sparse_mlp_one(&self, si: usize, xn: &[f32], out: &mut [f32]) {
         let store = self.shared.layers[si].lock().unwrap();
         let active = &self.active[si];
-        let (d, rb) = (self.d_model, self.record_bytes);
+        let d = self.d_model;
+        let pb = 3 * d * 2;
         let buf = store.buf.as_slice();
         let row = |slot: usize, part: usize| -> &[f16] {
-            let start = slot * rb + RECORD_HEADER_BYTES + part * d * 2;
+            let start = slot * pb + part * d * 2;
             bytemuck::cast_slice(&buf[start..start + d * 2])
         };
         let partial = active

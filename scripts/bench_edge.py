@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""`make bench-edge MODEL=<name>`: the paper's main experiment on an emulated edge device.
+
+llama.cpp (`make baseline`, computing from its mmap) and our streaming runtime run side by
+side, each confined the same way: a memory limit (cgroup v1 memory.limit_in_bytes, or v2
+memory.max) and a read-bandwidth throttle on the disk holding the files (v1
+blkio.throttle.read_bps_device, or v2 io.max). Page cache dropped before every run; systems
+interleaved; medians over --reps. 128 tokens generated after a held-out (LAMBADA) prompt.
+Beside each of our settings: its quality (from bench/results/quality-<model>.json), bytes
+read per token and reuse; llama.cpp's major page faults per token (/usr/bin/time -v).
+Every group and throttle is removed afterwards, also on Ctrl-C or SIGTERM.
+
+Writes bench/results/edge-<model>.json and .png.
+"""
+import argparse, atexit, json, os, re, signal, statistics, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RT = str(ROOT / "target/release/runtime")
+LLAMA = str(ROOT / "baseline/bin/llama-completion")
+CREATED = []  # group directories to remove
+
+
+def cleanup(*_):
+    for d in reversed(CREATED):
+        for _ in range(50):
+            try:
+                # move stragglers out, then remove the group
+                procs = Path(d, "cgroup.procs")
+                if procs.exists():
+                    for pid in procs.read_text().split():
+                        try:
+                            Path(d).parent.joinpath("cgroup.procs").write_text(pid)
+                        except OSError:
+                            pass
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+    CREATED.clear()
+
+
+def on_signal(sig, _frame):
+    cleanup()
+    sys.exit(128 + sig)
+
+
+class Groups:
+    """A memory group and an I/O group (v1), or one v2 group with both controllers."""
+
+    def __init__(self, name, mem_bytes, read_bps, dev):
+        self.v2 = not Path("/sys/fs/cgroup/memory").is_dir() and Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        if self.v2:
+            g = Path("/sys/fs/cgroup") / name
+            g.mkdir(); CREATED.append(str(g))
+            (g / "memory.max").write_text(str(mem_bytes) if mem_bytes else "max")
+            if read_bps:
+                (g / "io.max").write_text(f"{dev} rbps={read_bps}")
+            self.procs = [g / "cgroup.procs"]
+            self.mem_dir = g
+        else:
+            m = Path("/sys/fs/cgroup/memory") / name
+            b = Path("/sys/fs/cgroup/blkio") / name
+            m.mkdir(); CREATED.append(str(m))
+            b.mkdir(); CREATED.append(str(b))
+            if mem_bytes:
+                (m / "memory.limit_in_bytes").write_text(str(mem_bytes))
+                sw = m / "memory.memsw.limit_in_bytes"
+                if sw.exists():
+                    sw.write_text(str(mem_bytes))
+            if read_bps:
+                (b / "blkio.throttle.read_bps_device").write_text(f"{dev} {read_bps}")
+            self.procs = [m / "cgroup.procs", b / "cgroup.procs"]
+            self.mem_dir = m
+
+    def wrap(self, cmd):
+        joins = "; ".join(f"echo $$ > {p}" for p in self.procs)
+        return ["sh", "-c", f'{joins}; exec "$@"', "sh", "/usr/bin/time", "-v", *cmd]
+
+
+def prerequisites(gguf, manifest):
+    errors = []
+    if os.geteuid() != 0:
+        errors.append("run as root (cgroups and drop_caches)")
+    if not (Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() or Path("/sys/fs/cgroup/cgroup.controllers").exists()):
+        errors.append("no cgroup v1 memory controller at /sys/fs/cgroup/memory and no cgroup v2 at /sys/fs/cgroup")
+    if Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/blkio").is_dir():
+        errors.append("no cgroup v1 blkio controller at /sys/fs/cgroup/blkio")
+    for p, why in [(LLAMA, "make baseline"), (gguf, "make baseline (F16 GGUF)"), (RT, "make build"), (manifest, "make prepare"), ("/usr/bin/time", "apt-get install time")]:
+        if not Path(p).exists():
+            errors.append(f"{p} missing ({why})")
+    if errors:
+        sys.exit("bench-edge: prerequisites missing:\n  " + "\n  ".join(errors))
+
+
+def device_of(path):
+    src = subprocess.run(["df", "--output=source", str(path)], capture_output=True, text=True).stdout.split()[-1]
+    name = Path(src).name
+    for cand in [name, re.sub(r"p?\d+$", "", name)]:
+        dev = Path("/sys/block") / cand / "dev"
+        if dev.exists():
+            return dev.read_text().strip()
+    sys.exit(f"bench-edge: cannot find the block device of {path} ({src})")
+
+
+def drop_caches():
+    subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=False)
+
+
+def parse_time(stderr):
+    faults = re.search(r"Major \(requiring I/O\) page faults: (\d+)", stderr)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)
+    return (int(faults.group(1)) if faults else None, int(rss.group(1)) * 1024 if rss else None)
+
+
+def run_llama(g, gguf, prompt_file, n, threads, timeout):
+    cmd = [LLAMA, "-m", gguf, "-f", prompt_file, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv", "--simple-io",
+           "-t", str(threads), "-c", "1024", "--no-warmup"]
+    t0 = time.time()
+    try:
+        out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout,
+                             env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    except subprocess.TimeoutExpired:
+        return {"timed_out": True, "seconds": timeout, "decode_tok_per_s": None}
+    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", out.stderr)
+    faults, rss = parse_time(out.stderr)
+    if out.returncode != 0 or not m:
+        return {"failed": True, "returncode": out.returncode, "stderr_tail": out.stderr[-600:], "seconds": time.time() - t0}
+    runs = int(m.group(2))
+    return {"decode_tok_per_s": float(m.group(3)), "major_faults": faults, "major_faults_per_token": faults / max(runs, 1) if faults is not None else None,
+            "peak_rss_bytes": rss, "seconds": time.time() - t0}
+
+
+def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
+    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"]
+    t0 = time.time()
+    try:
+        out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"timed_out": True, "seconds": timeout, "decode_tok_per_s": None}
+    faults, rss = parse_time(out.stderr)
+    if out.returncode != 0:
+        m = re.search(r"at least (\d+) bytes", out.stderr)
+        return {"refused" if m else "failed": True, "minimum_budget_bytes": int(m.group(1)) if m else None,
+                "stderr_tail": out.stderr[-600:], "decode_tok_per_s": None}
+    j = json.loads(out.stdout.strip().splitlines()[-1])
+    j.pop("text", None)
+    j["major_faults"] = faults
+    j["seconds"] = time.time() - t0
+    return j
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--fractions", default="0.4,0.5,0.6,0.75,none", help="memory limits as fractions of the F16 model size")
+    ap.add_argument("--throttles", default="none,200,50", help="read throttles in MiB/s")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as timed out")
+    a = ap.parse_args()
+    gguf = str(ROOT / f"baseline/{a.model}-f16.gguf")
+    manifest = str(ROOT / f"artifacts/{a.model}/manifest.toml")
+    prerequisites(gguf, manifest)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    atexit.register(cleanup)
+    model_bytes = Path(gguf).stat().st_size
+    dev = device_of(ROOT / "artifacts")
+    if device_of(gguf) != dev:
+        print(f"note: the GGUF and the records are on different devices; throttling {dev} and {device_of(gguf)}")
+    prompt_file = str(ROOT / "target/bench-edge-prompt.txt")
+    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:600])
+    fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
+    throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
+    quality = None
+    qpath = ROOT / f"bench/results/quality-{a.model}.json"
+    if qpath.exists():
+        q = json.loads(qpath.read_text())
+        d0 = int(re.search(r"^dense_prefix = (\d+)", Path(manifest).read_text(), re.M).group(1))
+        row = next((r for r in q["sparse"] if r["dense_prefix"] == d0), None)
+        if row:
+            quality = {"dense_prefix": d0, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"], "hellaswag_items": q["hellaswag_items"]}
+    runs = []
+    for rep in range(a.reps):
+        for th in throttles:
+            for fr in fractions:
+                limit = int(model_bytes * fr) if fr else None
+                for system in ("llama.cpp", "runtime"):
+                    name = f"np-edge-{os.getpid()}"
+                    g = Groups(name, limit, th * 2**20 if th else None, dev)
+                    drop_caches()
+                    try:
+                        if system == "llama.cpp":
+                            r = run_llama(g, gguf, prompt_file, a.n, a.threads, a.timeout)
+                        else:
+                            budget = int(limit * 0.9) if limit else 64 * 2**30
+                            r = run_ours(g, manifest, budget, prompt_file, a.n, a.threads, a.timeout)
+                            r["budget_bytes"] = budget
+                    finally:
+                        cleanup()
+                    r.update({"system": system, "memory_fraction": fr, "memory_limit_bytes": limit, "throttle_mib_s": th, "rep": rep})
+                    runs.append(r)
+                    tps = r.get("decode_tok_per_s")
+                    status = f"{tps:.2f} tok/s" if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
+                                                           "timed out" if r.get("timed_out") else "failed")
+                    print(f"rep {rep} throttle {th or '-':>4} limit {('%.2f' % fr) if fr else 'none':>5} {system:<10} {status}", flush=True)
+    # medians per setting
+    table = []
+    for th in throttles:
+        for fr in fractions:
+            row = {"memory_fraction": fr, "memory_limit_bytes": int(model_bytes * fr) if fr else None, "throttle_mib_s": th}
+            for system in ("llama.cpp", "runtime"):
+                rs = [r for r in runs if r["system"] == system and r["memory_fraction"] == fr and r["throttle_mib_s"] == th]
+                ok = [r["decode_tok_per_s"] for r in rs if r.get("decode_tok_per_s")]
+                key = "llama_cpp" if system == "llama.cpp" else "runtime"
+                row[key] = statistics.median(ok) if ok else None
+                if system == "llama.cpp":
+                    mf = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None]
+                    row["llama_cpp_major_faults_per_token"] = statistics.median(mf) if mf else None
+                else:
+                    for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token"):
+                        v = [r[k] for r in rs if k in r]
+                        row[f"runtime_{k}"] = statistics.median(v) if v else None
+                    ref = [r for r in rs if r.get("refused")]
+                    row["runtime_refused_minimum_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
+            row["speedup"] = row["runtime"] / row["llama_cpp"] if row["runtime"] and row["llama_cpp"] else None
+            table.append(row)
+    res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "threads": a.threads,
+           "reps": a.reps, "quality_at_default": quality, "settings": table, "runs": runs}
+    out = ROOT / f"bench/results/edge-{a.model}.json"
+    out.write_text(json.dumps(res, indent=2))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for th in throttles:
+            for key, style in (("llama_cpp", "--"), ("runtime", "-")):
+                pts = [(r["memory_fraction"] or 1.25, r[key]) for r in table if r["throttle_mib_s"] == th and r[key]]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", label=f"{key} {'%d MiB/s' % th if th else 'unthrottled'}")
+            for r in table:
+                if r["throttle_mib_s"] == th and r["speedup"]:
+                    ax.annotate(f"{r['speedup']:.1f}x", (r["memory_fraction"] or 1.25, r["runtime"]))
+        ax.set_yscale("log"); ax.set_xlabel("memory limit / F16 model size (1.25 = unlimited)"); ax.set_ylabel("decode tok/s")
+        ax.legend(fontsize=8); ax.set_title(f"{a.model}: decode under memory limits and read throttles")
+        fig.tight_layout(); fig.savefig(out.with_suffix(".png"), dpi=100)
+    except ImportError:
+        pass
+    for r in table:
+        print(json.dumps({k: r[k] for k in ("memory_fraction", "throttle_mib_s", "llama_cpp", "runtime", "speedup", "runtime_refused_minimum_bytes")}))
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()
