@@ -201,3 +201,24 @@ fn perplexity_text_too_short() {
     let out = run_bin("runtime", &["perplexity", fixture_model().to_str().unwrap(), "--text", p.to_str().unwrap()]);
     assert_clean_error(&out, &["short.txt", "at least 1024 (2 x ctx) are needed"]);
 }
+
+#[test]
+fn manifest_garbage_or_missing_artifact() {
+    let d = scratch("bad-manifest");
+    let p = d.join("manifest.toml");
+    std::fs::write(&p, "this is not a manifest").unwrap();
+    let out = run_bin("runtime", &["run", p.to_str().unwrap(), "--prompt", "hi", "-n", "1"]);
+    assert_clean_error(&out, &["manifest.toml"]);
+    let out = run_bin("runtime", &["eval", d.join("missing.toml").to_str().unwrap(), "--limit", "1"]);
+    assert_clean_error(&out, &["missing.toml", "no such file"]);
+}
+
+#[test]
+fn eval_unknown_task_and_missing_data() {
+    let m = fixture_model();
+    let out = run_bin("runtime", &["eval", m.to_str().unwrap(), "--task", "mmlu", "--limit", "1"]);
+    assert_clean_error(&out, &["--task mmlu: unknown task"]);
+    let d = scratch("no-eval-data");
+    let out = run_bin("runtime", &["eval", m.to_str().unwrap(), "--data", d.to_str().unwrap(), "--limit", "1"]);
+    assert_clean_error(&out, &["no .arrow file"]);
+}

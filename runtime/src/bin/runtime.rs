@@ -102,7 +102,7 @@ enum Command {
         /// Worker threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
-        /// KV cache positions (default: 2048, or prompt + n when larger).
+        /// KV cache positions (default: prompt + n; a streamed model's budget counts 2048).
         #[arg(long)]
         ctx: Option<usize>,
         /// Never choose an end-of-sequence token (as llama.cpp's --ignore-eos): always generate n.
@@ -260,11 +260,11 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
-            let ctx = ctx.unwrap_or(2048);
-            let mut opened = runtime::open(&model, &mode.mode(ctx)?)?;
+            // the streaming plan counts a KV cache of --ctx positions (2048 when not given)
+            let mut opened = runtime::open(&model, &mode.mode(ctx.unwrap_or(2048))?)?;
             apply_mode(&mut opened, &mode)?;
             let prompt_len = opened.tokenizer.encode(&prompt, true)?.len();
-            let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.max(prompt_len + n).min(opened.model.max_context()), stop_at_eos: !ignore_eos };
+            let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.unwrap_or(prompt_len + n), stop_at_eos: !ignore_eos };
             let mut sampler = Sampler::new(temp, top_p, seed);
             let mut stdout = std::io::stdout();
             let hook = opened.sparsity.as_mut().map(|s| s.as_hook());

@@ -47,7 +47,12 @@ impl MemoryPlan {
         };
         let c = &m.model;
         let rb = m.records.record_bytes;
-        let resident_bytes = size("resident")?;
+        // An untied input embedding is only read a row per token (its address is known once the
+        // token is sampled: Budgeting Bytes' class A0): its rows fault in from the mapped file on
+        // use and are not held, so it is not counted. A tied one is the output head: all of it.
+        let embed_bytes = (c.vocab_size * c.hidden_size * 2) as u64;
+        let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { embed_bytes };
+        let resident_bytes = size("resident")? - untied_embedding_bytes + if c.tie_word_embeddings { 0 } else { 4 << 20 };
         let predictor_bytes = predictor.n_bytes() as u64;
         let centroid_bytes: u64 = centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64).sum();
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
