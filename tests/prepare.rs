@@ -26,7 +26,7 @@ max_iterations = 5
 dense_prefix = {dense_prefix}
 [train]
 hidden = 64
-max_epochs = 8
+max_epochs = 30
 "#,
         model = fixture_model().display(),
         out = dir.join("artifacts").display(),
