@@ -327,7 +327,7 @@ impl MlpHook for PredictedSparsity {
         if layer < self.dense_prefix {
             return;
         }
-        let si = layer - self.dense_prefix;
+        let si = layer - self.predictor.spec.first_layer;
         let n_sparse = self.sparse.len();
         let set = &self.sparse[si];
         let n = self.c0.len();
