@@ -222,3 +222,19 @@ fn eval_unknown_task_and_missing_data() {
     let out = run_bin("runtime", &["eval", m.to_str().unwrap(), "--data", d.to_str().unwrap(), "--limit", "1"]);
     assert_clean_error(&out, &["no .arrow file"]);
 }
+
+/// A disk that fills mid-stage: `prep pack` into an 8 MiB tmpfs (the records need 25 MiB)
+/// fails with one clear error and leaves neither records.bin nor its temporary file.
+#[test]
+fn disk_full_mid_pack() {
+    let d = scratch("disk-full");
+    let mnt = d.join("small-disk");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let ok = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt.to_str().unwrap()]).status().unwrap();
+    assert!(ok.success(), "cannot mount a tmpfs (the test needs root)");
+    let out = run_bin("prep", &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "26", "--out", mnt.to_str().unwrap()]);
+    let left: Vec<String> = std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    assert_clean_error(&out, &["records.bin", "No space left on device"]);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -112,11 +112,17 @@ pub fn tmp_path(path: &Path) -> PathBuf {
 }
 
 /// Writes `bytes` to `tmp`, fsyncs, and renames it to `path`.
+/// On failure (a full disk, ...) the temporary file is removed.
 pub fn write_atomic(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = std::fs::File::create(tmp).map_err(|e| FormatError::io(tmp, e))?;
-    f.write_all(bytes).map_err(|e| FormatError::io(tmp, e))?;
-    f.sync_all().map_err(|e| FormatError::io(tmp, e))?;
-    drop(f);
+    let written = (|| {
+        let mut f = std::fs::File::create(tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(tmp);
+        return Err(FormatError::io(tmp, e));
+    }
     std::fs::rename(tmp, path).map_err(|e| FormatError::io(path, e))
 }
 

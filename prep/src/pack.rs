@@ -60,24 +60,32 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
     let rec_bytes = record_bytes(d);
     let records_path = out.join("records.bin");
     let tmp = safetensors_io::tmp_path(&records_path);
-    let mut w = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?);
     let pb = if show_progress { ProgressBar::new((n_layers - dense_prefix) as u64) } else { ProgressBar::hidden() };
     pb.set_style(ProgressStyle::with_template("packing records [{bar:40}] {pos}/{len} layers ({elapsed})").unwrap());
-    for layer in dense_prefix..n_layers {
-        let n = model_dir::layer_tensor_names(layer);
-        let (_, gate) = t.get(&n.gate_proj)?; // [ff, d]
-        let (_, up) = t.get(&n.up_proj)?; // [ff, d]
-        let (_, down) = t.get(&n.down_proj)?; // [d, ff]
-        let mut layer_buf = vec![0u8; ff * rec_bytes];
-        layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
-            let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
-            encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
-        });
-        w.write_all(&layer_buf).with_context(|| format!("{}: write failed", tmp.display()))?;
-        pb.inc(1);
+    let written = (|| -> Result<()> {
+        let mut w = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?);
+        for layer in dense_prefix..n_layers {
+            let n = model_dir::layer_tensor_names(layer);
+            let (_, gate) = t.get(&n.gate_proj)?; // [ff, d]
+            let (_, up) = t.get(&n.up_proj)?; // [ff, d]
+            let (_, down) = t.get(&n.down_proj)?; // [d, ff]
+            let mut layer_buf = vec![0u8; ff * rec_bytes];
+            layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
+                let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
+                encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
+            });
+            w.write_all(&layer_buf).with_context(|| format!("{}: write failed", tmp.display()))?;
+            pb.inc(1);
+        }
+        let f = w.into_inner().map_err(|e| anyhow::anyhow!("{}: {}", tmp.display(), e.error()))?;
+        f.sync_all().with_context(|| format!("{}: sync failed", tmp.display()))?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        // a full disk or any other failure: give the space back, leave no partial file
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    let f = w.into_inner().map_err(|e| anyhow::anyhow!("{}: {}", tmp.display(), e.error()))?;
-    f.sync_all().with_context(|| format!("{}: sync failed", tmp.display()))?;
     std::fs::rename(&tmp, &records_path)?;
     pb.finish_and_clear();
 
