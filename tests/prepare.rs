@@ -88,7 +88,8 @@ fn prepare_end_to_end_then_resume() {
         &[
             "report", dir.join("artifacts/capture").to_str().unwrap(), "--cluster", dir.join("artifacts/cluster").to_str().unwrap(),
             "--png", dir.join("reuse.png").to_str().unwrap(), "--mass-model", fixture_model().to_str().unwrap(),
-            "--mass-text", repo_root().join("data/text/lambada-500.txt").to_str().unwrap(), "--mass-tokens", "128", "--json",
+            "--mass-text", repo_root().join("data/text/lambada-500.txt").to_str().unwrap(), "--mass-tokens", "128",
+            "--predictor", dir.join("artifacts/predictor/predictor.safetensors").to_str().unwrap(), "--json",
         ],
     );
     assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
@@ -103,6 +104,9 @@ fn prepare_end_to_end_then_resume() {
     assert!(l28["centroid_recall"].as_f64().unwrap() > 0.3);
     let mass = l28["centroid_mass_coverage"].as_f64().unwrap();
     assert!(mass > 0.3 && mass <= 1.0, "mass coverage {mass}");
+    let (top1, recall, size) = (l28["predictor_top1"].as_f64().unwrap(), l28["predictor_recall"].as_f64().unwrap(), l28["predictor_set_size"].as_f64().unwrap());
+    assert!(top1 > 1.0 / 16.0 && recall > 0.3 && recall <= 1.0, "{l28}");
+    assert_eq!(size as usize, Manifest::load(&mpath).unwrap().sparsity.k_max[28 - 27], "predicted sets hold K_max");
     assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["centroid_mass_coverage"].is_null());
     assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["reuse_centroid"].is_null(), "layer 10 is dense, not clustered");
 }

@@ -99,6 +99,13 @@ enum Command {
         mass_text: Option<PathBuf>,
         #[arg(long, default_value_t = 4096)]
         mass_tokens: usize,
+        /// Add the predictor's top-1 accuracy, recall and set size per layer (its
+        /// predictor.safetensors; needs --cluster).
+        #[arg(long, requires = "cluster")]
+        predictor: Option<PathBuf>,
+        /// How the predictor's logits become a set (top1 or softN), as `runtime --set-rule`.
+        #[arg(long, default_value = "soft8")]
+        set_rule: runtime::predictor::SetRule,
         #[arg(long)]
         json: bool,
     },
@@ -203,8 +210,11 @@ fn run(cli: Cli) -> Result<()> {
                 println!("manifest: {} ({:.1} s in all)", r.manifest, r.seconds);
             }
         }
-        Command::Report { capture, cluster, out, png, mass_model, mass_text, mass_tokens, json } => {
+        Command::Report { capture, cluster, out, png, mass_model, mass_text, mass_tokens, predictor, set_rule, json } => {
             let mut r = report::report(&capture, cluster.as_deref())?;
+            if let (Some(p), Some(c)) = (&predictor, &cluster) {
+                report::add_predictor(&mut r, &capture, c, p, set_rule)?;
+            }
             if let (Some(m), Some(t), Some(c)) = (&mass_model, &mass_text, &cluster) {
                 report::add_mass_coverage(&mut r, &capture, c, m, t, mass_tokens)?;
             }
@@ -219,17 +229,20 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{text}");
             } else {
                 println!("{} tokens; reuse = share of token t+1's set active within the last k tokens", r.tokens);
-                println!("{:<14} {:>7} {:>22} {:>22} {:>7} {:>7}", "column", "density", "exact k=1/2/4", "centroid k=1/2/4", "recall", "mass");
+                println!("{:<14} {:>7} {:>22} {:>22} {:>7} {:>7} {:>7} {:>7} {:>7}", "column", "density", "exact k=1/2/4", "centroid k=1/2/4", "recall", "mass", "p.top1", "p.rec", "p.size");
                 let f = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
                 for l in &r.layers {
                     println!(
-                        "{:<14} {:>7.3} {:>22} {:>22} {:>7} {:>7}",
+                        "{:<14} {:>7.3} {:>22} {:>22} {:>7} {:>7} {:>7} {:>7} {:>7}",
                         l.column,
                         l.density,
                         f(&l.reuse_exact),
                         l.reuse_centroid.as_deref().map(f).unwrap_or_default(),
                         l.centroid_recall.map(|x| format!("{x:.3}")).unwrap_or_default(),
-                        l.centroid_mass_coverage.map(|x| format!("{x:.3}")).unwrap_or_default()
+                        l.centroid_mass_coverage.map(|x| format!("{x:.3}")).unwrap_or_default(),
+                        l.predictor_top1.map(|x| format!("{x:.3}")).unwrap_or_default(),
+                        l.predictor_recall.map(|x| format!("{x:.3}")).unwrap_or_default(),
+                        l.predictor_set_size.map(|x| format!("{x:.0}")).unwrap_or_default()
                     );
                 }
             }

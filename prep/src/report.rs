@@ -30,6 +30,11 @@ pub struct LayerReport {
     /// Share of the active neurons' activation mass (sum of |silu(g) * u|) inside the token's
     /// nearest centroid set, measured on `--mass-text` (product masks only).
     pub centroid_mass_coverage: Option<f64>,
+    /// With `--predictor`: the predictor's top-1 accuracy (its argmax is the best-covering
+    /// centroid), the recall of the true active set by the predicted set, and the set's size.
+    pub predictor_top1: Option<f64>,
+    pub predictor_recall: Option<f64>,
+    pub predictor_set_size: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -103,6 +108,9 @@ pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
             reuse_centroid,
             centroid_recall,
             centroid_mass_coverage: None,
+            predictor_top1: None,
+            predictor_recall: None,
+            predictor_set_size: None,
         });
     }
     Ok(Report { capture: capture.display().to_string(), tokens: n, windows: WINDOWS.to_vec(), layers })
@@ -242,6 +250,48 @@ pub fn add_mass_coverage(r: &mut Report, capture: &Path, cluster: &Path, model_d
         let layer = crate::shards::layer_of(&l.column);
         if hook.tables[layer].is_some() && hook.total[layer] > 0.0 {
             l.centroid_mass_coverage = Some(hook.covered[layer] / hook.total[layer]);
+        }
+    }
+    Ok(())
+}
+
+/// Adds the predictor's per-layer top-1 accuracy, recall and set size on this capture (its
+/// hidden states after layer 0 and its masks; no model run needed).
+pub fn add_predictor(r: &mut Report, capture: &Path, cluster: &Path, predictor: &Path, rule: runtime::predictor::SetRule) -> Result<()> {
+    let p = runtime::predictor::Predictor::load(predictor)?;
+    let centroids = formats::centroids::CentroidTable::load(&cluster.join("centroids.safetensors"))?;
+    let masks = crate::shards::read_masks(capture)?;
+    let (h0, d) = crate::shards::read_hidden0(capture)?;
+    if d != p.spec.d_model {
+        anyhow::bail!("{}: hidden states are {d} wide, the predictor expects {}", capture.display(), p.spec.d_model);
+    }
+    let n = masks.rows();
+    let w = masks.width;
+    let col = |layer: usize| masks.names.iter().position(|c| c == &format!("mask_l{layer:02}")).with_context(|| format!("no mask_l{layer:02} in {}", capture.display()));
+    let l0 = centroids.layer(0)?;
+    let m0 = &masks.cols[col(0)?];
+    let c0: Vec<u32> = (0..n).into_par_iter().map(|i| l0.best_cover(&m0[i * w..(i + 1) * w])).collect();
+    let (k, s_layers) = (p.spec.k, p.spec.n_sparse_layers);
+    let logits: Vec<f32> = (0..n).collect::<Vec<_>>().par_chunks(256).flat_map_iter(|ch| p.logits(&h0[ch[0] * d..(ch[ch.len() - 1] + 1) * d], &c0[ch[0]..ch[ch.len() - 1] + 1])).collect();
+    for si in 0..s_layers {
+        let layer = p.spec.first_layer + si;
+        let set = centroids.layer(layer)?;
+        let k_max: usize = set.row(0).iter().map(|b| b.count_ones() as usize).sum();
+        let bits = &masks.cols[col(layer)?];
+        let (hits, active, covered, size) = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let m = &bits[i * w..(i + 1) * w];
+                let head = &logits[(i * s_layers + si) * k..(i * s_layers + si + 1) * k];
+                let (id, pred) = runtime::predictor::predicted_set(head, set, k_max, rule);
+                let a: u64 = m.iter().map(|b| b.count_ones() as u64).sum();
+                ((set.best_cover(m) == id) as u64, a, overlap(m, &pred), pred.iter().map(|b| b.count_ones() as u64).sum::<u64>())
+            })
+            .reduce(|| (0, 0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2, a.3 + b.3));
+        if let Some(lr) = r.layers.iter_mut().find(|l| l.column == format!("mask_l{layer:02}")) {
+            lr.predictor_top1 = Some(hits as f64 / n as f64);
+            lr.predictor_recall = Some(covered as f64 / active.max(1) as f64);
+            lr.predictor_set_size = Some(size as f64 / n as f64);
         }
     }
     Ok(())
