@@ -253,6 +253,26 @@ pub fn train(
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
     let net = Net::new(&spec, vb)?;
+    // candle's CPU generator cannot be seeded: initialise every weight from our seeded one, so
+    // a run is reproducible (PyTorch's defaults: U(+-1/sqrt(fan_in)) for linear layers, unit
+    // variance for the embedding, LayerNorm at 1 and 0)
+    let mut init_rng = rand::rngs::StdRng::seed_from_u64(settings.seed ^ 0x5eed);
+    {
+        let mut varmap = varmap.clone();
+        for (name, shape) in spec.tensors() {
+            let fan_in = if name.starts_with("c0_embedding") { 0 } else if shape.len() == 2 { shape[1] } else { spec.tensors().iter().find(|(n, _)| *n == name.replace(".bias", ".weight")).map(|(_, s)| s.get(1).copied().unwrap_or(0)).unwrap_or(0) };
+            let n: usize = shape.iter().product();
+            let values: Vec<f32> = if name.contains("norm.weight") {
+                vec![1.0; n]
+            } else if name.contains("norm.bias") {
+                vec![0.0; n]
+            } else {
+                let bound = if fan_in == 0 { 3f32.sqrt() } else { 1.0 / (fan_in as f32).sqrt() };
+                (0..n).map(|_| rand::Rng::gen_range(&mut init_rng, -bound..bound)).collect()
+            };
+            varmap.set_one(&name, Tensor::from_vec(values, shape.as_slice(), &dev)?)?;
+        }
+    }
     let mut opt = candle_nn::AdamW::new(
         varmap.all_vars(),
         candle_nn::ParamsAdamW { lr: settings.learning_rate, weight_decay: settings.weight_decay, ..Default::default() },
