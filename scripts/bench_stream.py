@@ -3,7 +3,7 @@
 prepared model run dense with every row in memory (`runtime run --dense`), in one command.
 
 Budgets: the engine's minimum (every sparse layer holds exactly K_max rows, the paper's
-sizing), then larger buffers, up to unlimited. Per budget: decode tok/s, bytes and rows read
+sizing), then 25/50/75% of the way to every row resident, then unlimited. Per budget: decode tok/s, bytes and rows read
 per token, reuse, I/O wait / compute / predictor ms per token, peak RSS (`runtime bench`).
 Writes bench/results/stream-<model>.json and .png.
 """
@@ -33,7 +33,9 @@ def main():
     if not m:
         sys.exit(f"could not read the minimum budget: {probe.stderr}")
     minimum = int(m.group(1))
-    budgets = [minimum, int(minimum * 1.1), int(minimum * 1.25), int(minimum * 1.5), None]
+    # the plan with every row resident (no budget) bounds the useful range
+    full = json.loads(sh([RT, "bench", manifest, "-n", "1", "--json"]).stdout)["planned_bytes"]
+    budgets = [int(minimum + f * (full - minimum)) for f in (0.0, 0.25, 0.5, 0.75)] + [None]
     rows = []
     dense = []
     for rep in range(a.reps):
