@@ -45,3 +45,39 @@ pub fn run_bin(name: &str, args: &[&str]) -> Output {
     assert!(bin.exists(), "{} not built: run `make build`", bin.display());
     Command::new(&bin).args(args).output().expect("spawn binary")
 }
+
+/// Writes `<dir>/recipe.toml`: a CI-sized `prep prepare` recipe for the fixture (8 sequences of
+/// 64 tokens, K = 16, a 64-wide predictor) with output in `<dir>/artifacts`.
+pub fn fixture_recipe(dir: &Path, name: &str, dense_prefix: usize, k_max_factor: f64, max_epochs: usize) -> PathBuf {
+    let root = repo_root();
+    let text = format!(
+        r#"name = "{name}"
+model_dir = "{model}"
+out = "{out}"
+[capture]
+corpus = ["{boolq}", "{hamlet}"]
+mask_kind = "product"
+alpha = 0.62
+seq_len = 64
+sequences = 8
+threshold_sequences = 4
+[cluster]
+k = 16
+k_max_factor = {k_max_factor}
+max_iterations = 5
+[pack]
+dense_prefix = {dense_prefix}
+[train]
+hidden = 64
+max_epochs = {max_epochs}
+"#,
+        model = fixture_model().display(),
+        out = dir.join("artifacts").display(),
+        boolq = root.join("data/text/boolq.txt").display(),
+        hamlet = root.join("data/text/hamlet.txt").display(),
+    );
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join("recipe.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}

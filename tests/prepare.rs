@@ -6,36 +6,7 @@ use formats::manifest::Manifest;
 use tests::*;
 
 fn recipe(dir: &std::path::Path, dense_prefix: usize) -> std::path::PathBuf {
-    let root = repo_root();
-    let text = format!(
-        r#"name = "smollm2-135m-ci"
-model_dir = "{model}"
-out = "{out}"
-[capture]
-corpus = ["{boolq}", "{hamlet}"]
-mask_kind = "product"
-alpha = 0.62
-seq_len = 64
-sequences = 8
-threshold_sequences = 4
-[cluster]
-k = 16
-k_max_factor = 1.5
-max_iterations = 5
-[pack]
-dense_prefix = {dense_prefix}
-[train]
-hidden = 64
-max_epochs = 30
-"#,
-        model = fixture_model().display(),
-        out = dir.join("artifacts").display(),
-        boolq = root.join("data/text/boolq.txt").display(),
-        hamlet = root.join("data/text/hamlet.txt").display(),
-    );
-    let p = dir.join("recipe.toml");
-    std::fs::write(&p, text).unwrap();
-    p
+    fixture_recipe(dir, "smollm2-135m-ci", dense_prefix, 1.5, 30)
 }
 
 #[test]

@@ -11,37 +11,8 @@ use tests::*;
 
 /// Prepares the fixture once per (K_max factor) into target/test-scratch/stream-<name>.
 fn prepared(name: &str, k_max_factor: f64) -> PathBuf {
-    let root = repo_root();
-    let dir = root.join("target/test-scratch").join(format!("stream-{name}"));
-    let text = format!(
-        r#"name = "stream-{name}"
-model_dir = "{model}"
-out = "{out}"
-[capture]
-corpus = ["{boolq}", "{hamlet}"]
-mask_kind = "product"
-alpha = 0.62
-seq_len = 64
-sequences = 8
-threshold_sequences = 4
-[cluster]
-k = 16
-k_max_factor = {k_max_factor}
-max_iterations = 5
-[pack]
-dense_prefix = 26
-[train]
-hidden = 64
-max_epochs = 4
-"#,
-        model = fixture_model().display(),
-        out = dir.join("artifacts").display(),
-        boolq = root.join("data/text/boolq.txt").display(),
-        hamlet = root.join("data/text/hamlet.txt").display(),
-    );
-    std::fs::create_dir_all(&dir).unwrap();
-    let recipe = dir.join("recipe.toml");
-    std::fs::write(&recipe, text).unwrap();
+    let dir = repo_root().join("target/test-scratch").join(format!("stream-{name}"));
+    let recipe = fixture_recipe(&dir, &format!("stream-{name}"), 26, k_max_factor, 4);
     let out = run_bin("prep", &["prepare", recipe.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     dir.join("artifacts/manifest.toml")
