@@ -392,7 +392,7 @@ pub fn train(
     let c_rows: Vec<u32> = check.iter().map(|&i| data.c0[i]).collect();
     let ours = rt.logits(&h_rows, &c_rows);
     let max_diff = cand.iter().zip(&ours).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    let argmax = |v: &[f32]| v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0;
+    let argmax = runtime::sampler::argmax;
     let agree = cand.chunks_exact(k).zip(ours.chunks_exact(k)).filter(|(a, b)| argmax(a) == argmax(b)).count();
 
     let summary = TrainSummary {

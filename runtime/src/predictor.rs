@@ -124,15 +124,6 @@ impl Predictor {
         add_bias(&mut out, &self.heads_b);
         out
     }
-
-    /// Predicted centroid ids `[n, S]` (the argmax of each head).
-    pub fn predict(&self, h0: &[f32], c0: &[u32]) -> Vec<u32> {
-        let k = self.spec.k;
-        self.logits(h0, c0)
-            .chunks_exact(k)
-            .map(|head| head.iter().enumerate().fold((0u32, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i as u32, v) } else { b }).0)
-            .collect()
-    }
 }
 
 /// How a head's K logits become a layer's set of K_max neurons.
@@ -167,7 +158,7 @@ impl std::str::FromStr for SetRule {
 
 /// (argmax centroid, bitset of the predicted set) for one head's logits `[K]`.
 pub fn predicted_set(head: &[f32], set: &CentroidSet, k_max: usize, rule: SetRule) -> (u32, Vec<u8>) {
-    let argmax = head.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
+    let argmax = crate::sampler::argmax(head);
     match rule {
         SetRule::Top1 => (argmax as u32, set.row(argmax).to_vec()),
         SetRule::Soft { candidates } => {
@@ -230,7 +221,7 @@ impl LayerPredictionStats {
 }
 
 /// Bit-packed product mask of one token's activations.
-fn product_mask(th: &Thresholds, layer: usize, g: &[f32], u: &[f32], out: &mut [u8]) {
+pub(crate) fn product_mask(th: &Thresholds, layer: usize, g: &[f32], u: &[f32], out: &mut [u8]) {
     out.fill(0);
     for (j, (&gj, &uj)) in g.iter().zip(u).enumerate() {
         if th.active(layer, gj, uj) {

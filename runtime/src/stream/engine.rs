@@ -357,11 +357,7 @@ impl MlpHook for StreamingEngine {
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
         if layer == 0 {
             let mut mask = vec![0u8; self.layer0.width];
-            for (j, (&g, &u)) in gate_silu.iter().zip(up).enumerate() {
-                if self.thresholds.active(0, g, u) {
-                    mask[j / 8] |= 1 << (j % 8);
-                }
-            }
+            crate::predictor::product_mask(&self.thresholds, 0, gate_silu, up, &mut mask);
             self.c0 = self.layer0.best_cover(&mask);
         }
     }
