@@ -173,3 +173,53 @@ fn streaming_equals_in_memory_predicted_sets() {
     let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
     assert!(p.density(1536) < 0.9, "sets are sparse: density {}", p.density(1536));
 }
+
+/// One preparation, several operating points: the manifest's default_dense_from runs layers
+/// dense_prefix..default dense from records (same logits as --in-memory at that prefix), and
+/// `--dense-from fit` lowers it to the largest prefix whose plan fits the budget.
+#[test]
+fn dense_from_moves_with_the_budget() {
+    use runtime::stream::DenseFrom;
+    let m = default_sparse();
+    let mut manifest = formats::manifest::Manifest::load(m).unwrap();
+    assert_eq!(manifest.sparsity.dense_prefix, 26);
+    manifest.sparsity.default_dense_from = Some(28);
+    let variant = m.with_file_name("manifest-default28.toml");
+    manifest.save(&variant).unwrap();
+    let open = |dense_from: DenseFrom, budget: Option<u64>| {
+        let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_from, ..Default::default() };
+        runtime::open(&variant, &PreparedMode::Stream(s))
+    };
+    // the default prefix: layers 26 and 27 dense from records, 28.. streamed
+    let mut mem = runtime::open(&variant, &PreparedMode::InMemory).unwrap();
+    let ids = mem.tokenizer.encode("In the beginning the universe was created. This has made a lot of", true).unwrap();
+    let mut cache = mem.model.new_cache(64).unwrap();
+    let hook = mem.sparsity.as_mut().map(|x| x.as_hook());
+    let want = mem.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let mut s = open(DenseFrom::Default, None).unwrap();
+    let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!("not streaming") };
+    assert_eq!((e.first_layer, e.plan.capacity.len()), (28, 2));
+    let mut cache = s.model.new_cache(64).unwrap();
+    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
+    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 2e-3, "streamed at dense prefix 28 differs from in-memory by {max_diff}");
+    // minimums per prefix: each dense layer costs n_ff slots more than its K_max
+    let minimum = |l: usize| match open(DenseFrom::Layer(l), None).unwrap().sparsity {
+        Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
+        _ => unreachable!(),
+    };
+    let (m26, m27, m28) = (minimum(26), minimum(27), minimum(28));
+    assert!(m26 < m27 && m27 < m28, "{m26} {m27} {m28}");
+    let budget = (m27 + m28) / 2;
+    let e = open(DenseFrom::Default, Some(budget)).err().expect("the default prefix does not fit").to_string();
+    assert!(e.contains("at least") && e.contains("--dense-from fit"), "{e}");
+    let s = open(DenseFrom::Fit, Some(budget)).unwrap();
+    let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
+    assert_eq!(e.first_layer, 27, "the largest prefix within the budget");
+    assert!(e.plan.total_bytes <= budget);
+    let e = open(DenseFrom::Fit, Some(m26 - 1)).err().expect("nothing fits").to_string();
+    assert!(e.contains(&m26.to_string()) && e.contains("every layer from 26 sparse"), "{e}");
+    let e = open(DenseFrom::Layer(25), None).err().expect("no heads below 26").to_string();
+    assert!(e.contains("dense prefix 25") && e.contains("26..30"), "{e}");
+}

@@ -40,8 +40,15 @@ pub struct SparsitySettings {
     pub mask_kind: String,
     /// Fraction of neurons below the per-layer threshold (inactive), e.g. 0.62.
     pub alpha: f64,
-    /// Layers `0..dense_prefix` run dense from resident weights.
+    /// Layers `0..dense_prefix` run dense from resident weights; records.bin, the predictor's
+    /// heads and k_max cover `dense_prefix..n_layers`.
     pub dense_prefix: usize,
+    /// The operating point the runtime uses unless told otherwise: layers
+    /// `dense_prefix..default_dense_from` also run dense (their rows loaded from records.bin once),
+    /// the later ones sparse. Absent: `dense_prefix`. A smaller memory budget can move it down
+    /// (`runtime --dense-from fit`), at a quality cost `make bench-quality` measures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_dense_from: Option<usize>,
     /// Centroids per layer (and projection for `gate-up`).
     pub centroids: usize,
     /// Rows kept per centroid, one entry per sparse layer (`dense_prefix..n_layers`).
@@ -100,6 +107,13 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
+impl SparsitySettings {
+    /// The dense prefix the runtime uses by default (see `default_dense_from`).
+    pub fn default_dense_from(&self) -> usize {
+        self.default_dense_from.unwrap_or(self.dense_prefix)
+    }
+}
+
 impl Manifest {
     /// Structural checks that need no other file.
     pub fn validate(&self, path: &Path) -> Result<()> {
@@ -112,6 +126,11 @@ impl Manifest {
         let s = &self.sparsity;
         if s.dense_prefix > n_layers {
             return bad(format!("dense_prefix {} exceeds the model's {n_layers} layers", s.dense_prefix));
+        }
+        if let Some(l) = s.default_dense_from {
+            if l < s.dense_prefix || l > n_layers {
+                return bad(format!("default_dense_from {l} is outside dense_prefix..=n_layers ({}..={n_layers})", s.dense_prefix));
+            }
         }
         if s.k_max.len() != n_layers - s.dense_prefix {
             return bad(format!("{} k_max entries for {} sparse layers", s.k_max.len(), n_layers - s.dense_prefix));
@@ -206,7 +225,7 @@ mod tests {
             format_version: MANIFEST_FORMAT_VERSION,
             model_name: "smollm2-135m".into(),
             model,
-            sparsity: SparsitySettings { mask_kind: "product".into(), alpha: 0.62, dense_prefix: 20, centroids: 512, k_max: vec![900; 10] },
+            sparsity: SparsitySettings { mask_kind: "product".into(), alpha: 0.62, dense_prefix: 20, default_dense_from: None, centroids: 512, k_max: vec![900; 10] },
             records: RecordsLayout { path: "records.bin".into(), record_bytes: 4096, first_layer: 20, neurons_per_layer: 1536, count: 15360 },
             artifacts: vec![Artifact { role: "thresholds".into(), path: "thresholds.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() }],
             provenance: Provenance { prep_version: "0.1.0".into(), ..Default::default() },
@@ -245,6 +264,11 @@ mod tests {
         m.sparsity.k_max[3] = 2000;
         assert!(m.save(&p).unwrap_err().to_string().contains("k_max 2000 is outside 1..=1536"));
         let mut m = sample(&d);
+        m.sparsity.default_dense_from = Some(19);
+        assert!(m.save(&p).unwrap_err().to_string().contains("default_dense_from 19 is outside"));
+        m.sparsity.default_dense_from = Some(25);
+        m.save(&p).unwrap();
+        assert_eq!(Manifest::load(&p).unwrap().sparsity.default_dense_from(), 25);
         m.sparsity.dense_prefix = 31;
         assert!(m.save(&p).unwrap_err().to_string().contains("dense_prefix 31 exceeds"));
         let mut m = sample(&d);

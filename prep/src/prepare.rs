@@ -56,8 +56,14 @@ pub struct ClusterRecipe {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PackRecipe {
-    /// Layers 0..dense_prefix stay dense and resident.
+    /// Layers 0..dense_prefix stay dense and resident; records, centroids and predictor heads
+    /// cover dense_prefix..n_layers.
     pub dense_prefix: usize,
+    /// The runtime's default operating point (manifest `default_dense_from`): layers below it
+    /// also run dense. Lets one preparation serve budgets from "default quality" down to
+    /// "every layer after dense_prefix sparse" (`runtime --dense-from fit`).
+    #[serde(default)]
+    pub default_dense_from: Option<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -146,6 +152,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     if d > n_layers {
         bail!("{}: pack.dense_prefix {d} exceeds the model's {n_layers} layers", recipe_path.display());
     }
+    if let Some(l) = r.pack.default_dense_from {
+        if l < d || l > n_layers {
+            bail!("{}: pack.default_dense_from {l} is outside dense_prefix..=n_layers ({d}..={n_layers})", recipe_path.display());
+        }
+    }
     let model_fp = file_fingerprint(&model_files)?;
 
     // capture
@@ -229,6 +240,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
             mask_kind: serde_json::to_value(r.capture.mask_kind)?.as_str().unwrap_or("").to_string(),
             alpha: r.capture.alpha,
             dense_prefix: d,
+            default_dense_from: r.pack.default_dense_from,
             centroids: r.cluster.k,
             k_max,
         },

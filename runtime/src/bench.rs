@@ -27,7 +27,10 @@ pub struct BenchReport {
     pub peak_rss_bytes: u64,
     pub mem_budget_bytes: Option<u64>,
     pub planned_bytes: u64,
+    /// The smallest budget at this dense prefix.
     pub minimum_budget_bytes: u64,
+    /// Layers `dense_from..` ran sparse (after `--dense-from`, `fit` resolved).
+    pub dense_from: usize,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
     pub reuse_per_layer: Vec<f64>,
@@ -121,6 +124,7 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         mem_budget_bytes: engine.plan.budget_bytes,
         planned_bytes: engine.plan.total_bytes,
         minimum_budget_bytes: engine.plan.minimum_bytes,
+        dense_from: engine.plan.dense_from,
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),
         io_path: engine.fallback.clone().map(|f| format!("pread ({f})")).unwrap_or_else(|| "io_uring + O_DIRECT".into()),

@@ -77,7 +77,7 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything
             let engine = stream::StreamingEngine::new(path, &manifest, settings)?;
-            (Model::load_streaming(path, &manifest)?, Some(Sparsity::Stream(Box::new(engine))))
+            (Model::load_streaming(path, &manifest, engine.first_layer)?, Some(Sparsity::Stream(Box::new(engine))))
         }
         PreparedMode::InMemory | PreparedMode::Dense => {
             let model = Model::load_prepared(path, &manifest)?;
@@ -91,7 +91,9 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
                         path.display(), predictor.spec.first_layer, predictor.spec.d_model, manifest.sparsity.dense_prefix, manifest.model.hidden_size
                     )));
                 }
-                Some(Sparsity::InMemory(predictor::PredictedSparsity::new(predictor, &centroids, thresholds)?))
+                let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds)?;
+                p.dense_prefix = manifest.sparsity.default_dense_from();
+                Some(Sparsity::InMemory(p))
             } else {
                 None
             };

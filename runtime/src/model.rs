@@ -131,25 +131,23 @@ enum SparseMlps<'a> {
     Resident,
     /// Rebuilt from records.bin (every row in memory).
     Records(&'a formats::records::RecordFile),
-    /// Not loaded: layers >= this are computed by a streaming hook.
-    OnStorage(usize),
+    /// Layers `rf.first_layer..dense_from` rebuilt from records.bin; layers `>= dense_from` not
+    /// loaded (computed by a streaming hook).
+    OnStorage { records: &'a formats::records::RecordFile, dense_from: usize },
 }
 
 /// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
 fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: usize) -> Result<(F16Matrix, F16Matrix, F16Matrix)> {
     let mut gate = vec![half::f16::ZERO; ff * d];
     let mut up = vec![half::f16::ZERO; ff * d];
-    let mut down_t = vec![half::f16::ZERO; ff * d];
+    let mut down = vec![half::f16::ZERO; d * ff];
     for j in 0..ff {
         let r = rf.read(l, j)?;
         gate[j * d..(j + 1) * d].copy_from_slice(&r.gate);
         up[j * d..(j + 1) * d].copy_from_slice(&r.up);
-        down_t[j * d..(j + 1) * d].copy_from_slice(&r.down_t);
-    }
-    let mut down = vec![half::f16::ZERO; d * ff];
-    for j in 0..ff {
-        for i in 0..d {
-            down[i * ff + j] = down_t[j * d + i];
+        // record j holds column j of down ([d, ff]) as a row
+        for (i, &v) in r.down_t.iter().enumerate() {
+            down[i * ff + j] = v;
         }
     }
     Ok((F16Matrix::owned(ff, d, gate), F16Matrix::owned(ff, d, up), F16Matrix::owned(d, ff, down)))
@@ -179,13 +177,17 @@ impl Model {
         Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))
     }
 
-    /// Loads a prepared model for streaming: resident.safetensors only; the sparse layers' MLP
-    /// weights stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
-    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Self> {
+    /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
+    /// `dense_prefix..dense_from` rebuilt once from records.bin; the MLP weights of layers
+    /// `dense_from..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
+    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_from: usize) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
+        let records_path = manifest.artifact_path_of(manifest_path, "records")?;
+        let c = &manifest.model;
+        let rf = formats::records::RecordFile::open(&records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
         let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage(manifest.sparsity.dense_prefix))
+        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_from })
     }
 
     /// `sparse`: where the MLPs of the sparse layers come from.
@@ -206,7 +208,8 @@ impl Model {
                 };
                 let (w_gate, w_up, w_down) = match sparse {
                     SparseMlps::Records(rf) if l >= rf.first_layer => mlp_from_records(rf, l, d, ff)?,
-                    SparseMlps::OnStorage(first) if l >= first => (F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, 0, vec![])),
+                    SparseMlps::OnStorage { dense_from, .. } if l >= dense_from => (F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, 0, vec![])),
+                    SparseMlps::OnStorage { records, .. } if l >= records.first_layer => mlp_from_records(records, l, d, ff)?,
                     _ => (src.matrix(&n.gate_proj, ff, d)?, src.matrix(&n.up_proj, ff, d)?, src.matrix(&n.down_proj, d, ff)?),
                 };
                 Ok(LayerWeights {

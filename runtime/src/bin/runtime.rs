@@ -35,10 +35,11 @@ struct ModeArgs {
     /// Bytes per coalesced read at most (default: 1 MiB).
     #[arg(long)]
     max_run_bytes: Option<usize>,
-    /// With --in-memory: also run layers below L dense (L >= the manifest's dense prefix), to
-    /// measure other dense prefixes with the same predictor.
-    #[arg(long, requires = "in_memory")]
-    dense_from: Option<usize>,
+    /// Layers below L run dense, L.. sparse (dense_prefix <= L <= n_layers; default: the
+    /// manifest's default_dense_from). `fit` (streaming): the largest L up to that default whose
+    /// memory plan fits --mem-budget, so a smaller budget trades quality for memory.
+    #[arg(long)]
+    dense_from: Option<runtime::stream::DenseFrom>,
     /// How a head's logits become the layer's K_max neurons: top1 (the most likely centroid's
     /// set, the paper's) or softN (largest expected membership over the N most likely
     /// centroids; default soft8).
@@ -53,9 +54,16 @@ fn apply_mode(opened: &mut runtime::Opened, mode: &ModeArgs) -> Result<()> {
         Some(Sparsity::Stream(e)) => e.rule = mode.set_rule,
         None => {}
     }
-    if let (Some(l), Some(Sparsity::InMemory(p))) = (mode.dense_from, opened.sparsity.as_mut()) {
-        if l < p.predictor.spec.first_layer {
-            anyhow::bail!("--dense-from {l}: the predictor starts at layer {} (the prepared dense prefix)", p.predictor.spec.first_layer);
+    if let (Some(d), Some(Sparsity::InMemory(p))) = (mode.dense_from, opened.sparsity.as_mut()) {
+        use runtime::stream::DenseFrom;
+        let n_layers = opened.model.config.num_hidden_layers;
+        let l = match d {
+            DenseFrom::Layer(l) => l,
+            DenseFrom::Default => p.dense_prefix,
+            DenseFrom::Fit => anyhow::bail!("--dense-from fit sizes the streaming engine's memory plan: it needs --mem-budget, not --in-memory"),
+        };
+        if l < p.predictor.spec.first_layer || l > n_layers {
+            anyhow::bail!("--dense-from {l}: the predictor covers layers {}..{n_layers} (the prepared dense prefix on)", p.predictor.spec.first_layer);
         }
         p.dense_prefix = l;
     }
@@ -70,7 +78,7 @@ impl ModeArgs {
         if self.in_memory {
             return Ok(PreparedMode::InMemory);
         }
-        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, ..Default::default() };
+        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), ..Default::default() };
         if let Some(b) = &self.mem_budget {
             s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
         }
@@ -179,6 +187,10 @@ enum Command {
         max_run_bytes: Option<usize>,
         #[arg(long, default_value = "soft8")]
         set_rule: runtime::predictor::SetRule,
+        /// Layers below L dense, L.. sparse; `fit`: as many dense as --mem-budget allows (up to
+        /// the manifest's default).
+        #[arg(long)]
+        dense_from: Option<runtime::stream::DenseFrom>,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -224,8 +236,9 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
             e.refresh_io_stats();
             let st = &e.stats;
             println!(
-                "streamed: {} tokens, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
+                "streamed: {} tokens, layers {}.. sparse, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
                 st.tokens,
+                e.first_layer,
                 st.reuse_ratio(),
                 st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
                 e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
@@ -364,7 +377,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -372,7 +385,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from: None, set_rule };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule };
             let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
             apply_mode(&mut opened, &mode)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
@@ -391,9 +404,9 @@ fn run(cli: Cli) -> Result<()> {
                     r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
                 );
                 println!(
-                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB)",
+                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from
                 );
             }
         }

@@ -2,10 +2,13 @@
 //! loaded, and refuses a budget it cannot meet with the minimum it would need.
 //!
 //! Counted: resident.safetensors (mapped and all of it touched: embeddings, attention, norms,
-//! head, dense-prefix MLPs), the predictor (f16) and the centroid table, the KV cache for
-//! `--ctx`, the staging buffer, a fixed allowance for the process (code, tokenizer, activations),
-//! and the slot buffers. Each sparse layer needs at least K_max slots; what the budget leaves
-//! beyond that is spread evenly (in bytes) over the sparse layers, up to every neuron.
+//! head, dense-prefix MLPs), the MLPs of the layers `dense_prefix..dense_from` that run dense
+//! from rows loaded once out of records.bin, the predictor (f16) and the centroid table, the KV
+//! cache for `--ctx`, the staging buffer, a fixed allowance for the process (code, tokenizer,
+//! activations), and the slot buffers. Each sparse layer needs at least K_max slots; what the
+//! budget leaves beyond that is spread evenly (in bytes) over the sparse layers, up to every
+//! neuron. [`MemoryPlan::fit`] picks the largest `dense_from` (up to the manifest's default)
+//! whose plan fits the budget.
 
 use super::engine::StreamSettings;
 use crate::error::{Result, RuntimeError};
@@ -23,6 +26,10 @@ pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
     pub resident_bytes: u64,
+    /// Layers `dense_from..` are sparse; `dense_prefix..dense_from` run dense from records.
+    pub dense_from: usize,
+    /// MLP weights of the layers `dense_prefix..dense_from`, loaded from records.bin.
+    pub dense_from_records_bytes: u64,
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
     pub kv_cache_bytes: u64,
@@ -40,7 +47,35 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    pub fn new(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings) -> Result<Self> {
+    /// The plan with the manifest's default dense prefix lowered as far as the budget needs
+    /// (never below its `dense_prefix`); without a budget, the default.
+    pub fn fit(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings) -> Result<Self> {
+        let default = m.sparsity.default_dense_from();
+        let mut first_error = None;
+        for l in (m.sparsity.dense_prefix..=default).rev() {
+            match Self::new(manifest_path, m, predictor, centroids, s, l) {
+                Ok(p) => return Ok(p),
+                Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) if l > m.sparsity.dense_prefix => {
+                    first_error.get_or_insert((budget, minimum, breakdown));
+                }
+                Err(e) => {
+                    // even every layer after dense_prefix sparse does not fit: say both minimums
+                    if let (RuntimeError::BudgetTooSmall { budget, minimum, breakdown }, Some((_, min_default, _))) = (&e, &first_error) {
+                        return Err(RuntimeError::BudgetTooSmall {
+                            budget: *budget,
+                            minimum: *minimum,
+                            breakdown: format!("{breakdown}; with every layer from {} sparse (at the default dense prefix {default}: {} MiB)", m.sparsity.dense_prefix, min_default >> 20),
+                        });
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        unreachable!("the loop ends at dense_prefix with Ok or Err")
+    }
+
+    /// The plan with layers `dense_from..` sparse (`dense_prefix <= dense_from <= n_layers`).
+    pub fn new(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings, dense_from: usize) -> Result<Self> {
         let size = |role: &str| -> Result<u64> {
             let p = m.artifact_path_of(manifest_path, role)?;
             Ok(std::fs::metadata(&p).map_err(|e| formats::FormatError::io(&p, e))?.len())
@@ -58,9 +93,17 @@ impl MemoryPlan {
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
         let staging_bytes = s.staging_bytes.max(rb).div_ceil(4096) * 4096;
         let process_bytes = PROCESS_BASE_BYTES + 4 * size("tokenizer")?;
-        let fixed = resident_bytes + predictor_bytes + centroid_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
-        let k_max = &m.sparsity.k_max;
+        let (d0, n_layers) = (m.sparsity.dense_prefix, c.num_hidden_layers);
+        if dense_from < d0 || dense_from > n_layers {
+            return Err(RuntimeError::Input(format!(
+                "{}: dense prefix {dense_from}: this preparation has records and predictor heads for layers {d0}..{n_layers}, so it can run layers {d0}..={n_layers} sparse from",
+                manifest_path.display()
+            )));
+        }
         let srb = 3 * c.hidden_size * 2;
+        let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * srb) as u64;
+        let fixed = resident_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
+        let k_max = &m.sparsity.k_max[dense_from - d0..];
         let min_slots: u64 = k_max.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
@@ -71,8 +114,8 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB, predictor {:.1} MiB, centroids {:.1} MiB, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, K_max slots {:.1} MiB",
-                        resident_bytes >> 20, predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0, s.ctx, kv_cache_bytes as f64 / 1048576.0,
+                        "resident {} MiB, dense layers {d0}..{dense_from} from records {} MiB, predictor {:.1} MiB, centroids {:.1} MiB, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, K_max slots {:.1} MiB",
+                        resident_bytes >> 20, dense_from_records_bytes >> 20, predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0, s.ctx, kv_cache_bytes as f64 / 1048576.0,
                         staging_bytes as f64 / 1048576.0, process_bytes >> 20, min_slots as f64 / 1048576.0
                     ),
                 });
@@ -86,6 +129,8 @@ impl MemoryPlan {
         Ok(MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
             resident_bytes,
+            dense_from,
+            dense_from_records_bytes,
             predictor_bytes,
             centroid_bytes,
             kv_cache_bytes,

@@ -97,7 +97,11 @@ pub struct StreamingEngine {
     /// The current token's active neurons per sparse layer (ascending).
     active: Vec<Vec<u32>>,
     thresholds: Thresholds,
+    /// The first sparse layer (`--dense-from`, resolved).
     pub first_layer: usize,
+    /// The predictor's head of sparse layer `si` is `si + head_offset` (its heads start at the
+    /// manifest's dense_prefix).
+    head_offset: usize,
     d_model: usize,
     tick: u64,
     c0: u32,
@@ -120,11 +124,44 @@ pub struct StreamSettings {
     /// Longest coalesced read.
     pub max_run_bytes: usize,
     pub force_pread: bool,
+    /// Which layers run sparse (`--dense-from`).
+    pub dense_from: DenseFrom,
+}
+
+/// Where the sparse layers start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenseFrom {
+    /// The manifest's `default_dense_from`.
+    #[default]
+    Default,
+    /// Layers `L..` sparse (`dense_prefix <= L <= n_layers`).
+    Layer(usize),
+    /// The largest `L <= default_dense_from` whose memory plan fits the budget.
+    Fit,
+}
+
+impl std::str::FromStr for DenseFrom {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "fit" => Ok(DenseFrom::Fit),
+            "default" => Ok(DenseFrom::Default),
+            n => n.parse().map(DenseFrom::Layer).map_err(|_| format!("'{s}': expected a layer number, 'fit' or 'default'")),
+        }
+    }
 }
 
 impl Default for StreamSettings {
     fn default() -> Self {
-        StreamSettings { mem_budget_bytes: None, ctx: 2048, queue_depth: 256, staging_bytes: 8 << 20, max_run_bytes: 1 << 20, force_pread: false }
+        StreamSettings {
+            mem_budget_bytes: None,
+            ctx: 2048,
+            queue_depth: 256,
+            staging_bytes: 8 << 20,
+            max_run_bytes: 1 << 20,
+            force_pread: false,
+            dense_from: DenseFrom::Default,
+        }
     }
 }
 
@@ -161,6 +198,7 @@ fn io_worker(
     mut reader: RecordReader,
     mut staging: AlignedBuf,
     layout: formats::manifest::RecordsLayout,
+    first_sparse_layer: usize,
     d_model: usize,
     max_run_bytes: usize,
     io_stats: Arc<Mutex<(u64, u64, f64)>>,
@@ -170,7 +208,7 @@ fn io_worker(
     while let Ok(job) = rx.recv() {
         let t0 = Instant::now();
         for (si, loads) in job.loads.iter().enumerate() {
-            let layer = layout.first_layer + si;
+            let layer = first_sparse_layer + si;
             let result = (|| -> std::result::Result<(), String> {
                 let runs = runs_of(loads, max_records);
                 let mut r = 0;
@@ -225,13 +263,27 @@ impl StreamingEngine {
         let centroids = CentroidTable::load(&manifest.artifact_path_of(manifest_path, "centroids")?)?;
         let thresholds = Thresholds::load(&manifest.artifact_path_of(manifest_path, "thresholds")?)?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
-        let plan = MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings)?;
         let c = &manifest.model;
-        let first = manifest.sparsity.dense_prefix;
-        let n_sparse = c.num_hidden_layers - first;
-        if predictor.spec.first_layer != first || predictor.spec.n_sparse_layers != n_sparse {
-            return Err(RuntimeError::Input(format!("{}: the predictor covers layers {}.. ({}), the manifest's sparse layers are {first}..{}", manifest_path.display(), predictor.spec.first_layer, predictor.spec.n_sparse_layers, c.num_hidden_layers)));
+        let d0 = manifest.sparsity.dense_prefix;
+        if predictor.spec.first_layer != d0 || predictor.spec.n_sparse_layers != c.num_hidden_layers - d0 {
+            return Err(RuntimeError::Input(format!("{}: the predictor covers layers {}.. ({}), the manifest's sparse layers are {d0}..{}", manifest_path.display(), predictor.spec.first_layer, predictor.spec.n_sparse_layers, c.num_hidden_layers)));
         }
+        let default = manifest.sparsity.default_dense_from();
+        let plan = match settings.dense_from {
+            DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, &predictor, &centroids, settings)?,
+            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, l)?,
+            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, default).map_err(|e| match e {
+                RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
+                    budget,
+                    minimum,
+                    breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-from fit` runs more layers sparse, down to layer {d0})"),
+                },
+                e => e,
+            })?,
+        };
+        // the sparse layers are first..n_layers; the predictor's heads start at d0
+        let first = plan.dense_from;
+        let head_offset = first - d0;
         let rb = manifest.records.record_bytes;
         let len = std::fs::metadata(&records_path).map_err(|e| formats::FormatError::io(&records_path, e))?.len();
         if len != (manifest.records.count * rb) as u64 {
@@ -246,7 +298,7 @@ impl StreamingEngine {
         let io_stats = Arc::new(Mutex::new((0, 0, 0.0)));
         let worker = {
             let (shared, layout, d, mrb, ios) = (shared.clone(), manifest.records.clone(), c.hidden_size, settings.max_run_bytes, io_stats.clone());
-            std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
+            std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, first, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
         };
         let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
         let stats = StreamStats {
@@ -262,7 +314,8 @@ impl StreamingEngine {
             io_stats,
             predictor,
             sets,
-            k_max: manifest.sparsity.k_max.clone(),
+            k_max: manifest.sparsity.k_max[head_offset..].to_vec(),
+            head_offset,
             rule: crate::predictor::SetRule::default(),
             active: vec![],
             thresholds,
@@ -369,6 +422,7 @@ impl MlpHook for StreamingEngine {
             let k = self.predictor.spec.k;
             self.active = logits
                 .chunks_exact(k)
+                .skip(self.head_offset)
                 .enumerate()
                 .map(|(si, head)| {
                     let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], self.k_max[si], self.rule);

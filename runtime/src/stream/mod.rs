@@ -8,4 +8,4 @@ pub mod reader;
 pub mod slots;
 
 pub use budget::{parse_bytes, MemoryPlan};
-pub use engine::{StreamSettings, StreamStats, StreamingEngine};
+pub use engine::{StreamSettings, DenseFrom, StreamStats, StreamingEngine};
