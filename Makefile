@@ -64,7 +64,7 @@ bench-stream: build
 
 ## bench-quality: HellaSwag and perplexity, predicted sparsity vs dense, over dense prefixes
 bench-quality: build
-	python3 scripts/sweep_quality.py --manifest artifacts/$(MODEL)/manifest.toml --name $(MODEL) $(if $(D),--d $(D),)
+	python3 scripts/sweep_quality.py --manifest artifacts/$(MODEL)/manifest.toml --name $(MODEL) $(if $(D),--d $(D),) $(QUALITY_ARGS)
 
 ## bench-edge: llama.cpp vs runtime under cgroup memory limits and read throttles (root)
 bench-edge: build

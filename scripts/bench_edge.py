@@ -5,12 +5,15 @@ llama.cpp (`make baseline`, computing from its mmap) and our streaming runtime r
 side, each confined the same way: a memory limit (cgroup v1 memory.limit_in_bytes, or v2
 memory.max) and a read-bandwidth throttle on the disk holding the files (v1
 blkio.throttle.read_bps_device, or v2 io.max). Page cache dropped before every run; systems
-interleaved; medians over --reps. 128 tokens generated after a held-out (LAMBADA) prompt.
-Beside each of our settings: its quality (from bench/results/quality-<model>.json), bytes
-read per token and reuse; llama.cpp's major page faults per token (/usr/bin/time -v).
-Every group and throttle is removed afterwards, also on Ctrl-C or SIGTERM.
+interleaved; medians over --reps. 128 tokens generated after a held-out (LAMBADA) prompt
+(--n-confined: fewer in the confined settings, for both systems, where llama.cpp needs
+seconds to minutes per token). Ours runs with `--dense-from fit`: the most dense layers the
+budget (90% of the limit) allows, and beside each setting its quality at that dense prefix
+(from bench/results/quality-<model>.json; `make bench-quality D=<that prefix>` when missing),
+bytes read per token, reuse and the latency breakdown; llama.cpp's major page faults per token
+(/usr/bin/time -v). Every group and throttle is removed afterwards, also on Ctrl-C or SIGTERM.
 
-Writes bench/results/edge-<model>.json and .png.
+Writes bench/results/edge-<model>.json, .png and .md (the README table).
 """
 import argparse, atexit, json, os, re, signal, statistics, subprocess, sys, time
 from pathlib import Path
@@ -134,7 +137,8 @@ def run_llama(g, gguf, prompt_file, n, threads, timeout):
 
 
 def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
-    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"]
+    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-from", "fit", "-n", str(n), "--prompt-file", prompt_file,
+           "--threads", str(threads), "--json"]
     t0 = time.time()
     try:
         out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
@@ -148,6 +152,7 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
     j = json.loads(out.stdout.strip().splitlines()[-1])
     j.pop("text", None)
     j["major_faults"] = faults
+    j["major_faults_per_token"] = faults / max(j["generated_tokens"] + j["prompt_tokens"], 1) if faults is not None else None
     j["seconds"] = time.time() - t0
     return j
 
@@ -159,6 +164,8 @@ def main():
     ap.add_argument("--throttles", default="none,200,50", help="read throttles in MiB/s")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--n-confined", type=int, default=None,
+                    help="tokens to generate (both systems) where a memory limit or a throttle applies (default: -n)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as timed out")
     a = ap.parse_args()
@@ -176,36 +183,38 @@ def main():
     Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:600])
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
-    quality = None
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
-    if qpath.exists():
-        q = json.loads(qpath.read_text())
-        d0 = int(re.search(r"^dense_prefix = (\d+)", Path(manifest).read_text(), re.M).group(1))
-        row = next((r for r in q["sparse"] if r["dense_prefix"] == d0), None)
-        if row:
-            quality = {"dense_prefix": d0, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"], "hellaswag_items": q["hellaswag_items"]}
+    qrows = json.loads(qpath.read_text()) if qpath.exists() else {"sparse": [], "hellaswag_items": None}
+
+    def quality_at(d):
+        row = next((r for r in qrows["sparse"] if r["dense_prefix"] == d), None)
+        if row is None:
+            return None
+        return {"dense_prefix": d, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
+                "hellaswag_items": qrows["hellaswag_items"], "model_mlp_sparsity": row.get("model_mlp_sparsity")}
     runs = []
     for rep in range(a.reps):
         for th in throttles:
             for fr in fractions:
                 limit = int(model_bytes * fr) if fr else None
+                n = a.n_confined if a.n_confined and (fr or th) else a.n
                 for system in ("llama.cpp", "runtime"):
                     name = f"np-edge-{os.getpid()}"
                     g = Groups(name, limit, th * 2**20 if th else None, dev)
                     drop_caches()
                     try:
                         if system == "llama.cpp":
-                            r = run_llama(g, gguf, prompt_file, a.n, a.threads, a.timeout)
+                            r = run_llama(g, gguf, prompt_file, n, a.threads, a.timeout)
                         else:
                             budget = int(limit * 0.9) if limit else 64 * 2**30
-                            r = run_ours(g, manifest, budget, prompt_file, a.n, a.threads, a.timeout)
+                            r = run_ours(g, manifest, budget, prompt_file, n, a.threads, a.timeout)
                             r["budget_bytes"] = budget
                     finally:
                         cleanup()
-                    r.update({"system": system, "memory_fraction": fr, "memory_limit_bytes": limit, "throttle_mib_s": th, "rep": rep})
+                    r.update({"system": system, "memory_fraction": fr, "memory_limit_bytes": limit, "throttle_mib_s": th, "rep": rep, "tokens_asked": n})
                     runs.append(r)
                     tps = r.get("decode_tok_per_s")
-                    status = f"{tps:.2f} tok/s" if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
+                    status = (f"{tps:.2f} tok/s" + (f" (layers {r['dense_from']}.. sparse)" if "dense_from" in r else "")) if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
                                                            "timed out" if r.get("timed_out") else "failed")
                     print(f"rep {rep} throttle {th or '-':>4} limit {('%.2f' % fr) if fr else 'none':>5} {system:<10} {status}", flush=True)
     # medians per setting
@@ -222,15 +231,19 @@ def main():
                     mf = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None]
                     row["llama_cpp_major_faults_per_token"] = statistics.median(mf) if mf else None
                 else:
-                    for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token"):
-                        v = [r[k] for r in rs if k in r]
+                    for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token",
+                              "sparse_mlp_ms_per_token", "io_busy_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "dense_from"):
+                        v = [r[k] for r in rs if r.get(k) is not None]
                         row[f"runtime_{k}"] = statistics.median(v) if v else None
                     ref = [r for r in rs if r.get("refused")]
                     row["runtime_refused_minimum_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
+                    row["runtime_quality"] = quality_at(int(row["runtime_dense_from"])) if row["runtime_dense_from"] is not None else None
             row["speedup"] = row["runtime"] / row["llama_cpp"] if row["runtime"] and row["llama_cpp"] else None
             table.append(row)
-    res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "threads": a.threads,
-           "reps": a.reps, "quality_at_default": quality, "settings": table, "runs": runs}
+    for row in table:
+        row["where_the_time_goes"] = explain(row)
+    res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "generated_tokens_confined": a.n_confined or a.n,
+           "threads": a.threads, "reps": a.reps, "settings": table, "runs": runs}
     out = ROOT / f"bench/results/edge-{a.model}.json"
     out.write_text(json.dumps(res, indent=2))
     try:
@@ -251,9 +264,50 @@ def main():
         fig.tight_layout(); fig.savefig(out.with_suffix(".png"), dpi=100)
     except ImportError:
         pass
-    for r in table:
-        print(json.dumps({k: r[k] for k in ("memory_fraction", "throttle_mib_s", "llama_cpp", "runtime", "speedup", "runtime_refused_minimum_bytes")}))
+    md = markdown(res)
+    out.with_suffix(".md").write_text(md)
+    print(md)
     print(f"-> {out}")
+
+
+def explain(row):
+    """One line: where a setting's time goes, and what stops ours where it does not run."""
+    if row["runtime"] is None:
+        m = row.get("runtime_refused_minimum_bytes")
+        if m:
+            return (f"ours refused: even with every layer after the prepared dense prefix sparse it needs {m / 2**20:.0f} MiB "
+                    f"(resident embeddings/head/attention + K_max slots + process) > {0.9 * (row['memory_limit_bytes'] or 0) / 2**20:.0f} MiB budget")
+        return "ours did not finish"
+    ms = 1000 / row["runtime"]
+    io, comp, pred = (row.get(f"runtime_{k}_ms_per_token") or 0 for k in ("io_wait", "compute", "predictor"))
+    parts = [f"ours {ms:.0f} ms/token: compute {comp:.0f} (sparse MLPs {row.get('runtime_sparse_mlp_ms_per_token') or 0:.0f}), "
+             f"waiting for rows {io:.0f}, predictor {pred:.1f}; {(row.get('runtime_bytes_read_per_token') or 0) / 2**20:.1f} MiB read per token, "
+             f"reuse {row.get('runtime_reuse_ratio') or 0:.2f}, layers {row.get('runtime_dense_from')}.. sparse"]
+    if row["llama_cpp"]:
+        parts.append(f"llama.cpp {1000 / row['llama_cpp']:.0f} ms/token, {row.get('llama_cpp_major_faults_per_token') or 0:.0f} major faults per token")
+    return "; ".join(parts)
+
+
+def markdown(res):
+    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token) | ours tok/s | speedup | "
+             "ours: layers sparse from, MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["settings"]:
+        lim = f"{r['memory_fraction'] * 100:.0f}% ({r['memory_limit_bytes'] / 2**20:.0f} MiB)" if r["memory_fraction"] else "none"
+        th = f"{r['throttle_mib_s']} MiB/s" if r["throttle_mib_s"] else "none"
+        ll = f"{r['llama_cpp']:.2f} ({r['llama_cpp_major_faults_per_token'] or 0:.0f})" if r["llama_cpp"] else "did not finish"
+        if r["runtime"]:
+            ours = f"{r['runtime']:.2f}"
+            det = (f"{r['runtime_dense_from']}, {(r['runtime_bytes_read_per_token'] or 0) / 2**20:.1f}, {r['runtime_reuse_ratio'] or 0:.2f}, "
+                   f"{r['runtime_io_wait_ms_per_token'] or 0:.0f}")
+            q = r.get("runtime_quality")
+            qual = f"{q['ppl_ratio']:.2f}x / {q['hellaswag_acc_ratio']:.2f}x" if q else "not measured"
+        else:
+            m = r.get("runtime_refused_minimum_bytes")
+            ours, det, qual = (f"refused (needs {m / 2**20:.0f} MiB)" if m else "failed"), "", ""
+        sp = f"{r['speedup']:.1f}x" if r["speedup"] else ""
+        lines.append(f"| {lim} | {th} | {ll} | {ours} | {sp} | {det} | {qual} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

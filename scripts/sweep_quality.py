@@ -39,17 +39,27 @@ def main():
     ap.add_argument("--limit", type=int, default=200, help="HellaSwag items")
     ap.add_argument("--chunks", type=int, default=4, help="perplexity chunks of 512")
     ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"))
+    ap.add_argument("--keep", action="store_true",
+                    help="reuse the dense point and keep the other dense prefixes' rows of an existing quality-<name>.json "
+                         "measured with the same items, chunks and manifest (the dense model does not change with the predictor)")
     a = ap.parse_args()
+    out = ROOT / f"bench/results/quality-{a.name}.json"
+    old = json.loads(out.read_text()) if a.keep and out.exists() else None
+    if old and (old["hellaswag_items"], old["perplexity_chunks"]) != (a.limit, a.chunks):
+        sys.exit(f"--keep: {out} was measured with {old['hellaswag_items']} items / {old['perplexity_chunks']} chunks, not {a.limit} / {a.chunks}")
     m = open(a.manifest).read()
     n_layers = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("num_hidden_layers")))
     d0 = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("dense_prefix")))
     ds = [int(x) for x in a.d.split(",") if x] or [d0]
-    dense = point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
+    dense = old["dense"] if old else point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
     print(f"dense: acc_norm {dense['hellaswag_acc_norm']:.4f}, ppl {dense['perplexity']:.3f}", flush=True)
-    rows = []
+    import hashlib
+    manifest_sha = hashlib.sha256(open(a.manifest, "rb").read()).hexdigest()
+    rows = [r for r in (old or {}).get("sparse", []) if r["dense_prefix"] not in ds and r.get("manifest_sha256") == manifest_sha]
     for d in ds:
         p = point(a.manifest, ["--in-memory", "--dense-from", str(d)], a.limit, a.chunks, a.text)
         p["dense_prefix"] = d
+        p["manifest_sha256"] = manifest_sha
         p["sparse_layers"] = n_layers - d
         p["acc_ratio"] = p["hellaswag_acc_norm"] / dense["hellaswag_acc_norm"]
         p["ppl_ratio"] = p["perplexity"] / dense["perplexity"]
@@ -58,9 +68,9 @@ def main():
         rows.append(p)
         print(f"d={d}: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
               f"({p['ppl_ratio']:.3f}x), density {p['sparse_layer_density']:.3f}, recall {p['recall']:.3f}", flush=True)
+    rows.sort(key=lambda r: r["dense_prefix"])
     res = {"model": a.name, "manifest": a.manifest, "hellaswag_items": a.limit, "perplexity_text": a.text,
            "perplexity_chunks": a.chunks, "dense": dense, "sparse": rows}
-    out = ROOT / f"bench/results/quality-{a.name}.json"
     out.write_text(json.dumps(res, indent=2))
     try:
         import matplotlib

@@ -21,6 +21,10 @@ pub struct BenchReport {
     pub io_wait_ms_per_token: f64,
     pub compute_ms_per_token: f64,
     pub predictor_ms_per_token: f64,
+    /// Of compute: the sparse layers' MLPs over their slots.
+    pub sparse_mlp_ms_per_token: f64,
+    /// Wall time the I/O thread spent reading, checking and scattering (overlapped with compute).
+    pub io_busy_ms_per_token: f64,
     pub read_bandwidth_bytes_per_s: f64,
     pub requests_per_token: f64,
     pub first_token_bytes_read: u64,
@@ -117,6 +121,8 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         io_wait_ms_per_token: per(d.io_wait_ms),
         compute_ms_per_token: per(decode_s * 1e3 - d.io_wait_ms - d.predictor_ms),
         predictor_ms_per_token: per(d.predictor_ms),
+        sparse_mlp_ms_per_token: per(d.sparse_compute_ms),
+        io_busy_ms_per_token: per(d.io_busy_ms),
         read_bandwidth_bytes_per_s: if d.io_busy_ms > 0.0 { d.bytes_read as f64 / (d.io_busy_ms / 1e3) } else { 0.0 },
         requests_per_token: per(d.read_requests as f64),
         first_token_bytes_read,
