@@ -164,8 +164,12 @@ def main():
     ap.add_argument("--throttles", default="none,200,50", help="read throttles in MiB/s")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("--n-confined", type=int, default=None,
-                    help="tokens to generate (both systems) where a memory limit or a throttle applies (default: -n)")
+    ap.add_argument("--n-confined", default=None,
+                    help="tokens to generate (both systems) where a memory limit or a throttle applies (default: -n); "
+                         "'16,50:4' = 16, but 4 at the 50 MiB/s throttle")
+    ap.add_argument("--prompt-chars", type=int, default=600, help="characters of the held-out LAMBADA text used as the prompt")
+    ap.add_argument("--from-json", action="store_true",
+                    help="no runs: rebuild the table, PNG and markdown from the runs in edge-<model>.json (e.g. after bench-quality)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as timed out")
     a = ap.parse_args()
@@ -180,7 +184,7 @@ def main():
     if device_of(gguf) != dev:
         print(f"note: the GGUF and the records are on different devices; throttling {dev} and {device_of(gguf)}")
     prompt_file = str(ROOT / "target/bench-edge-prompt.txt")
-    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:600])
+    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
@@ -192,12 +196,26 @@ def main():
             return None
         return {"dense_prefix": d, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
                 "hellaswag_items": qrows["hellaswag_items"], "model_mlp_sparsity": row.get("model_mlp_sparsity")}
+    n_default, n_by_throttle = a.n, {}
+    for part in (a.n_confined or "").split(","):
+        if ":" in part:
+            t, v = part.split(":")
+            n_by_throttle[int(t)] = int(v)
+        elif part:
+            n_default = int(part)
     runs = []
-    for rep in range(a.reps):
+    out = ROOT / f"bench/results/edge-{a.model}.json"
+    if a.from_json:
+        prev = json.loads(out.read_text())
+        runs = prev["runs"]
+        fractions = sorted({r["memory_fraction"] for r in runs}, key=lambda f: f or 9)
+        throttles = sorted({r["throttle_mib_s"] for r in runs}, key=lambda t: -(t or 1e9))
+        a.reps, a.n, a.n_confined, a.threads = prev["reps"], prev["generated_tokens"], prev.get("generated_tokens_confined"), prev["threads"]
+    for rep in range(0 if a.from_json else a.reps):
         for th in throttles:
             for fr in fractions:
                 limit = int(model_bytes * fr) if fr else None
-                n = a.n_confined if a.n_confined and (fr or th) else a.n
+                n = n_by_throttle.get(th, n_default) if (fr or th) else a.n
                 for system in ("llama.cpp", "runtime"):
                     name = f"np-edge-{os.getpid()}"
                     g = Groups(name, limit, th * 2**20 if th else None, dev)
@@ -244,7 +262,6 @@ def main():
         row["where_the_time_goes"] = explain(row)
     res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "generated_tokens_confined": a.n_confined or a.n,
            "threads": a.threads, "reps": a.reps, "settings": table, "runs": runs}
-    out = ROOT / f"bench/results/edge-{a.model}.json"
     out.write_text(json.dumps(res, indent=2))
     try:
         import matplotlib
