@@ -77,6 +77,23 @@ class Groups:
                 (b / "blkio.throttle.read_bps_device").write_text(f"{dev} {read_bps}")
             self.procs = [m / "cgroup.procs", b / "cgroup.procs"]
             self.mem_dir = m
+            self.io_dir = b
+        self.dev = dev
+
+    def bytes_read(self):
+        """Bytes the group read from the throttled disk (v1 blkio.throttle.io_service_bytes, v2 io.stat)."""
+        try:
+            if self.v2:
+                for line in (self.mem_dir / "io.stat").read_text().splitlines():
+                    if line.startswith(self.dev + " "):
+                        return int(re.search(r"rbytes=(\d+)", line).group(1))
+                return 0
+            for line in (self.io_dir / "blkio.throttle.io_service_bytes").read_text().splitlines():
+                if line.startswith(self.dev + " Read "):
+                    return int(line.split()[2])
+            return 0
+        except (OSError, AttributeError):
+            return None
 
     def wrap(self, cmd):
         joins = "; ".join(f"echo $$ > {p}" for p in self.procs)
@@ -227,6 +244,9 @@ def main():
                             budget = int(limit * 0.9) if limit else 64 * 2**30
                             r = run_ours(g, manifest, budget, prompt_file, n, a.threads, a.timeout)
                             r["budget_bytes"] = budget
+                        r["disk_bytes_read"] = g.bytes_read()
+                        if r["disk_bytes_read"] is not None and r.get("decode_tok_per_s"):
+                            r["disk_bytes_read_per_generated_token"] = r["disk_bytes_read"] / n
                     finally:
                         cleanup()
                     r.update({"system": system, "memory_fraction": fr, "memory_limit_bytes": limit, "throttle_mib_s": th, "rep": rep, "tokens_asked": n})
@@ -245,6 +265,9 @@ def main():
                 ok = [r["decode_tok_per_s"] for r in rs if r.get("decode_tok_per_s")]
                 key = "llama_cpp" if system == "llama.cpp" else "runtime"
                 row[key] = statistics.median(ok) if ok else None
+                for k in ("disk_bytes_read", "disk_bytes_read_per_generated_token"):
+                    v = [r[k] for r in rs if r.get(k) is not None and r.get("decode_tok_per_s")]
+                    row[f"{key}_{k}"] = statistics.median(v) if v else None
                 if system == "llama.cpp":
                     mf = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None]
                     row["llama_cpp_major_faults_per_token"] = statistics.median(mf) if mf else None
@@ -301,18 +324,20 @@ def explain(row):
              f"waiting for rows {io:.0f}, predictor {pred:.1f}; {(row.get('runtime_bytes_read_per_token') or 0) / 2**20:.1f} MiB read per token, "
              f"reuse {row.get('runtime_reuse_ratio') or 0:.2f}, layers {row.get('runtime_dense_from')}.. sparse"]
     if row["llama_cpp"]:
-        parts.append(f"llama.cpp {1000 / row['llama_cpp']:.0f} ms/token, {row.get('llama_cpp_major_faults_per_token') or 0:.0f} major faults per token")
+        parts.append(f"llama.cpp {1000 / row['llama_cpp']:.0f} ms/token, {row.get('llama_cpp_major_faults_per_token') or 0:.0f} major faults per token, "
+                     f"{(row.get('llama_cpp_disk_bytes_read') or 0) / 2**20:.0f} MiB read from disk in the whole run")
     return "; ".join(parts)
 
 
 def markdown(res):
-    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token) | ours tok/s | speedup | "
+    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token; MiB read in the run) | ours tok/s | speedup | "
              "ours: layers sparse from, MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
              "|---|---|---|---|---|---|---|"]
     for r in res["settings"]:
         lim = f"{r['memory_fraction'] * 100:.0f}% ({r['memory_limit_bytes'] / 2**20:.0f} MiB)" if r["memory_fraction"] else "none"
         th = f"{r['throttle_mib_s']} MiB/s" if r["throttle_mib_s"] else "none"
-        ll = f"{r['llama_cpp']:.2f} ({r['llama_cpp_major_faults_per_token'] or 0:.0f})" if r["llama_cpp"] else "did not finish"
+        ll = (f"{r['llama_cpp']:.2f} ({r['llama_cpp_major_faults_per_token'] or 0:.0f}; {(r.get('llama_cpp_disk_bytes_read') or 0) / 2**20:,.0f})"
+              if r["llama_cpp"] else "did not finish")
         if r["runtime"]:
             ours = f"{r['runtime']:.2f}"
             det = (f"{r['runtime_dense_from']}, {(r['runtime_bytes_read_per_token'] or 0) / 2**20:.1f}, {r['runtime_reuse_ratio'] or 0:.2f}, "
