@@ -54,6 +54,13 @@ impl MappedSafetensors {
     pub fn bytes(&self, e: &TensorEntry) -> &[u8] {
         &self.mmap[e.byte_range.clone()]
     }
+
+    /// Tells the kernel that `name` is read a row at a time at random (MADV_RANDOM): a page
+    /// fault then reads that page, not the default read-ahead window around it.
+    pub fn advise_random(&self, name: &str) -> Result<()> {
+        let e = self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
+        self.mmap.advise_range(memmap2::Advice::Random, e.byte_range.start, e.byte_range.len()).map_err(|err| FormatError::io(&self.path, err))
+    }
 }
 
 /// Converts a tensor's bytes (F16, BF16 or F32) to f16 values.

@@ -153,6 +153,9 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
     Ok((F16Matrix::owned(ff, d, gate), F16Matrix::owned(ff, d, up), F16Matrix::owned(d, ff, down)))
 }
 
+/// Positions the RoPE table covers at most (the model's max_position_embeddings otherwise).
+pub const ROPE_MAX_POSITIONS: usize = 1 << 16;
+
 impl Model {
     /// Loads a canonical model directory (see `formats::model_dir`). Weights stay memory-mapped.
     pub fn load(dir: &Path) -> Result<Self> {
@@ -185,7 +188,12 @@ impl Model {
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let rf = formats::records::RecordFile::open(&records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
-        let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
+        let mapped = MappedSafetensors::open(&resident)?;
+        if !c.tie_word_embeddings {
+            // an untied input embedding is read one row per token (MemoryPlan does not hold it)
+            mapped.advise_random(model_dir::EMBED_TOKENS)?;
+        }
+        let src = TensorSource { files: vec![mapped] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
         Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_from })
     }
@@ -239,7 +247,7 @@ impl Model {
             final_norm: src.vector(model_dir::FINAL_NORM, d)?,
             lm_head,
         };
-        let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(1 << 16));
+        let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(ROPE_MAX_POSITIONS));
         Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
     }
 

@@ -19,7 +19,8 @@ use serde::Serialize;
 use std::path::Path;
 
 /// Process allowance: code, allocator, activations, the tokenizer's tables (plus 4x the size of
-/// tokenizer.json). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see README.
+/// tokenizer.json and the RoPE table). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see
+/// README.
 pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
 
 #[derive(Debug, Clone, Serialize)]
@@ -92,7 +93,10 @@ impl MemoryPlan {
         let centroid_bytes: u64 = centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64).sum();
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
         let staging_bytes = s.staging_bytes.max(rb).div_ceil(4096) * 4096;
-        let process_bytes = PROCESS_BASE_BYTES + 4 * size("tokenizer")?;
+        // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table
+        // (f32, every position the model supports: Model::load builds it whole)
+        let rope_bytes = (2 * c.max_position_embeddings.min(crate::model::ROPE_MAX_POSITIONS) * (c.head_dim() / 2) * 4) as u64;
+        let process_bytes = PROCESS_BASE_BYTES + 4 * size("tokenizer")? + rope_bytes;
         let (d0, n_layers) = (m.sparsity.dense_prefix, c.num_hidden_layers);
         if dense_from < d0 || dense_from > n_layers {
             return Err(RuntimeError::Input(format!(
