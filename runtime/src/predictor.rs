@@ -85,6 +85,21 @@ impl Predictor {
         })
     }
 
+    /// The same predictor without the heads of layers below `layer` (`first_layer <= layer <=
+    /// first_layer + n_sparse_layers`): for a run whose sparse layers start at `layer`, so the
+    /// per-token logits cover only the heads it uses.
+    pub fn without_heads_before(mut self, layer: usize) -> Self {
+        let s = &mut self.spec;
+        assert!(layer >= s.first_layer && layer <= s.first_layer + s.n_sparse_layers, "layer {layer} outside the predictor's heads");
+        let skip_rows = (layer - s.first_layer) * s.k;
+        let h = self.heads.cols;
+        self.heads = F16Matrix::owned(self.heads.rows - skip_rows, h, self.heads.as_slice()[skip_rows * h..].to_vec());
+        self.heads_b.drain(..skip_rows);
+        s.n_sparse_layers -= layer - s.first_layer;
+        s.first_layer = layer;
+        self
+    }
+
     /// Weights in bytes (f16).
     pub fn n_bytes(&self) -> usize {
         self.spec.parameter_count() * 2
@@ -306,10 +321,15 @@ impl MlpHook for PredictedSparsity {
             let k = self.predictor.spec.k;
             let n_sparse = self.sparse.len();
             let logits = self.predictor.logits(hidden, &self.c0);
+            // heads of layers below dense_prefix (after --dense-from) are never read: no set
+            let skipped = self.dense_prefix - self.predictor.spec.first_layer;
             self.current = logits
                 .chunks_exact(k)
                 .enumerate()
-                .map(|(i, head)| predicted_set(head, &self.sparse[i % n_sparse], self.k_max[i % n_sparse], self.rule))
+                .map(|(i, head)| match i % n_sparse {
+                    si if si < skipped => (0, Vec::new()),
+                    si => predicted_set(head, &self.sparse[si], self.k_max[si], self.rule),
+                })
                 .collect();
         }
     }

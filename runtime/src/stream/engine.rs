@@ -99,9 +99,6 @@ pub struct StreamingEngine {
     thresholds: Thresholds,
     /// The first sparse layer (`--dense-from`, resolved).
     pub first_layer: usize,
-    /// The predictor's head of sparse layer `si` is `si + head_offset` (its heads start at the
-    /// manifest's dense_prefix).
-    head_offset: usize,
     d_model: usize,
     tick: u64,
     c0: u32,
@@ -281,9 +278,9 @@ impl StreamingEngine {
                 e => e,
             })?,
         };
-        // the sparse layers are first..n_layers; the predictor's heads start at d0
+        // the sparse layers are first..n_layers: keep only their heads
         let first = plan.dense_from;
-        let head_offset = first - d0;
+        let predictor = predictor.without_heads_before(first);
         let rb = manifest.records.record_bytes;
         let len = std::fs::metadata(&records_path).map_err(|e| formats::FormatError::io(&records_path, e))?.len();
         if len != (manifest.records.count * rb) as u64 {
@@ -314,8 +311,7 @@ impl StreamingEngine {
             io_stats,
             predictor,
             sets,
-            k_max: manifest.sparsity.k_max[head_offset..].to_vec(),
-            head_offset,
+            k_max: manifest.sparsity.k_max[first - d0..].to_vec(),
             rule: crate::predictor::SetRule::default(),
             active: vec![],
             thresholds,
@@ -422,7 +418,6 @@ impl MlpHook for StreamingEngine {
             let k = self.predictor.spec.k;
             self.active = logits
                 .chunks_exact(k)
-                .skip(self.head_offset)
                 .enumerate()
                 .map(|(si, head)| {
                     let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], self.k_max[si], self.rule);
