@@ -51,25 +51,23 @@ impl MemoryPlan {
     /// The plan with the manifest's default dense prefix lowered as far as the budget needs
     /// (never below its `dense_prefix`); without a budget, the default.
     pub fn fit(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings) -> Result<Self> {
-        let default = m.sparsity.default_dense_from();
-        let mut first_error = None;
-        for l in (m.sparsity.dense_prefix..=default).rev() {
+        let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
+        let mut minimum_at_default = None;
+        for l in (d0..=default).rev() {
             match Self::new(manifest_path, m, predictor, centroids, s, l) {
                 Ok(p) => return Ok(p),
-                Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) if l > m.sparsity.dense_prefix => {
-                    first_error.get_or_insert((budget, minimum, breakdown));
+                Err(RuntimeError::BudgetTooSmall { minimum, .. }) if l > d0 => {
+                    minimum_at_default.get_or_insert(minimum);
                 }
-                Err(e) => {
-                    // even every layer after dense_prefix sparse does not fit: say both minimums
-                    if let (RuntimeError::BudgetTooSmall { budget, minimum, breakdown }, Some((_, min_default, _))) = (&e, &first_error) {
-                        return Err(RuntimeError::BudgetTooSmall {
-                            budget: *budget,
-                            minimum: *minimum,
-                            breakdown: format!("{breakdown}; with every layer from {} sparse (at the default dense prefix {default}: {} MiB)", m.sparsity.dense_prefix, min_default >> 20),
-                        });
-                    }
-                    return Err(e);
+                // even every layer after dense_prefix sparse does not fit: say both minimums
+                Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
+                    let breakdown = match minimum_at_default {
+                        Some(md) => format!("{breakdown}; with every layer from {d0} sparse (at the default dense prefix {default}: {} MiB)", md >> 20),
+                        None => breakdown,
+                    };
+                    return Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown });
                 }
+                Err(e) => return Err(e),
             }
         }
         unreachable!("the loop ends at dense_prefix with Ok or Err")
