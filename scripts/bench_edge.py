@@ -8,8 +8,9 @@ blkio.throttle.read_bps_device, or v2 io.max). Page cache dropped before every r
 interleaved; medians over --reps. 128 tokens generated after a held-out (LAMBADA) prompt
 (--n-confined: fewer in the confined settings, for both systems, where llama.cpp needs
 seconds to minutes per token). Ours runs with `--dense-from fit`: the most dense layers the
-budget (90% of the limit) allows, and beside each setting its quality at that dense prefix
-(from bench/results/quality-<model>.json; `make bench-quality D=<that prefix>` when missing),
+budget (90% of the limit) allows, below the all-sparse minimum the largest share of K_max per
+set that fits, and beside each setting its quality at that prefix and set scale (from
+bench/results/quality-<model>.json; `make bench-quality D=<prefix>@<scale>` when missing),
 bytes read per token, reuse and the latency breakdown; llama.cpp's major page faults per token
 (/usr/bin/time -v). Every group and throttle is removed afterwards, also on Ctrl-C or SIGTERM.
 
@@ -187,6 +188,7 @@ def main():
     ap.add_argument("--prompt-chars", type=int, default=600, help="characters of the held-out LAMBADA text used as the prompt")
     ap.add_argument("--from-json", action="store_true",
                     help="no runs: rebuild the table, PNG and markdown from the runs in edge-<model>.json (e.g. after bench-quality)")
+    ap.add_argument("--tag", default="", help="write edge-<model>-<tag>.* instead of edge-<model>.* (a separate grid, e.g. one throttle)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as timed out")
     a = ap.parse_args()
@@ -207,11 +209,11 @@ def main():
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
     qrows = json.loads(qpath.read_text()) if qpath.exists() else {"sparse": [], "hellaswag_items": None}
 
-    def quality_at(d):
-        row = next((r for r in qrows["sparse"] if r["dense_prefix"] == d), None)
+    def quality_at(d, scale):
+        row = next((r for r in qrows["sparse"] if r["dense_prefix"] == d and abs(r.get("set_scale", 1.0) - scale) < 0.005), None)
         if row is None:
             return None
-        return {"dense_prefix": d, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
+        return {"dense_prefix": d, "set_scale": scale, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
                 "hellaswag_items": qrows["hellaswag_items"], "model_mlp_sparsity": row.get("model_mlp_sparsity")}
     n_default, n_by_throttle = a.n, {}
     for part in (a.n_confined or "").split(","):
@@ -221,7 +223,7 @@ def main():
         elif part:
             n_default = int(part)
     runs = []
-    out = ROOT / f"bench/results/edge-{a.model}.json"
+    out = ROOT / f"bench/results/edge-{a.model}{'-' + a.tag if a.tag else ''}.json"
     if a.from_json:
         prev = json.loads(out.read_text())
         runs = prev["runs"]
@@ -252,7 +254,7 @@ def main():
                     r.update({"system": system, "memory_fraction": fr, "memory_limit_bytes": limit, "throttle_mib_s": th, "rep": rep, "tokens_asked": n})
                     runs.append(r)
                     tps = r.get("decode_tok_per_s")
-                    status = (f"{tps:.2f} tok/s" + (f" (layers {r['dense_from']}.. sparse)" if "dense_from" in r else "")) if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
+                    status = (f"{tps:.2f} tok/s" + (f" (layers {r['dense_from']}.. sparse, sets {r.get('set_scale', 1.0):.2f} x K_max)" if "dense_from" in r else "")) if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
                                                            "timed out" if r.get("timed_out") else "failed")
                     print(f"rep {rep} throttle {th or '-':>4} limit {('%.2f' % fr) if fr else 'none':>5} {system:<10} {status}", flush=True)
     # medians per setting
@@ -273,12 +275,13 @@ def main():
                     row["llama_cpp_major_faults_per_token"] = statistics.median(mf) if mf else None
                 else:
                     for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token",
-                              "sparse_mlp_ms_per_token", "io_busy_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "dense_from"):
+                              "sparse_mlp_ms_per_token", "io_busy_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "dense_from", "set_scale"):
                         v = [r[k] for r in rs if r.get(k) is not None]
                         row[f"runtime_{k}"] = statistics.median(v) if v else None
                     ref = [r for r in rs if r.get("refused")]
                     row["runtime_refused_minimum_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
-                    row["runtime_quality"] = quality_at(int(row["runtime_dense_from"])) if row["runtime_dense_from"] is not None else None
+                    row["runtime_quality"] = (quality_at(int(row["runtime_dense_from"]), row.get("runtime_set_scale") or 1.0)
+                                              if row["runtime_dense_from"] is not None else None)
             row["speedup"] = row["runtime"] / row["llama_cpp"] if row["runtime"] and row["llama_cpp"] else None
             table.append(row)
     for row in table:
@@ -315,14 +318,14 @@ def explain(row):
     if row["runtime"] is None:
         m = row.get("runtime_refused_minimum_bytes")
         if m:
-            return (f"ours refused: even with every layer after the prepared dense prefix sparse it needs {m / 2**20:.0f} MiB "
-                    f"(resident embeddings/head/attention + K_max slots + process) > {0.9 * (row['memory_limit_bytes'] or 0) / 2**20:.0f} MiB budget")
+            return (f"ours refused: even with every layer after the prepared dense prefix sparse and sets cut to 0.25 x K_max it needs "
+                    f"{m / 2**20:.0f} MiB (resident embeddings/head/attention + slots + process) > {0.9 * (row['memory_limit_bytes'] or 0) / 2**20:.0f} MiB budget")
         return "ours did not finish"
     ms = 1000 / row["runtime"]
     io, comp, pred = (row.get(f"runtime_{k}_ms_per_token") or 0 for k in ("io_wait", "compute", "predictor"))
     parts = [f"ours {ms:.0f} ms/token: compute {comp:.0f} (sparse MLPs {row.get('runtime_sparse_mlp_ms_per_token') or 0:.0f}), "
              f"waiting for rows {io:.0f}, predictor {pred:.1f}; {(row.get('runtime_bytes_read_per_token') or 0) / 2**20:.1f} MiB read per token, "
-             f"reuse {row.get('runtime_reuse_ratio') or 0:.2f}, layers {row.get('runtime_dense_from')}.. sparse"]
+             f"reuse {row.get('runtime_reuse_ratio') or 0:.2f}, layers {row.get('runtime_dense_from')}.. sparse, sets {row.get('runtime_set_scale') or 1.0:.2f} x K_max"]
     if row["llama_cpp"]:
         parts.append(f"llama.cpp {1000 / row['llama_cpp']:.0f} ms/token, {row.get('llama_cpp_major_faults_per_token') or 0:.0f} major faults per token, "
                      f"{(row.get('llama_cpp_disk_bytes_read') or 0) / 2**20:.0f} MiB read from disk in the whole run")
@@ -331,7 +334,7 @@ def explain(row):
 
 def markdown(res):
     lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token; MiB read in the run) | ours tok/s | speedup | "
-             "ours: layers sparse from, MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
+             "ours: layers sparse from (set size x K_max), MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
              "|---|---|---|---|---|---|---|"]
     for r in res["settings"]:
         lim = f"{r['memory_fraction'] * 100:.0f}% ({r['memory_limit_bytes'] / 2**20:.0f} MiB)" if r["memory_fraction"] else "none"
@@ -340,7 +343,7 @@ def markdown(res):
               if r["llama_cpp"] else "did not finish")
         if r["runtime"]:
             ours = f"{r['runtime']:.2f}"
-            det = (f"{r['runtime_dense_from']}, {(r['runtime_bytes_read_per_token'] or 0) / 2**20:.1f}, {r['runtime_reuse_ratio'] or 0:.2f}, "
+            det = (f"{r['runtime_dense_from']} ({r.get('runtime_set_scale') or 1.0:.2f}), {(r['runtime_bytes_read_per_token'] or 0) / 2**20:.1f}, {r['runtime_reuse_ratio'] or 0:.2f}, "
                    f"{r['runtime_io_wait_ms_per_token'] or 0:.0f}")
             q = r.get("runtime_quality")
             qual = f"{q['ppl_ratio']:.2f}x / {q['hellaswag_acc_ratio']:.2f}x" if q else "not measured"

@@ -3,7 +3,8 @@
 
 For a prepared model (manifest.toml): dense, then the predictor's sets at every dense prefix d
 in --d (d >= the prepared prefix: layers below d run dense, the same predictor serves the
-rest). Each point: HellaSwag acc_norm (`runtime eval`) and LAMBADA perplexity
+rest); `d@s` also cuts every set to s x K_max (`--set-scale s`, what `--dense-from fit` picks
+under the smallest budgets). Each point: HellaSwag acc_norm (`runtime eval`) and LAMBADA perplexity
 (`runtime perplexity`), both `--in-memory` (the same sets the streaming engine reads; tests
 check that streaming gives the same logits). Writes bench/results/quality-<name>.json and .png.
 """
@@ -35,7 +36,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--d", default="", help="comma-separated dense prefixes (default: the prepared one)")
+    ap.add_argument("--d", default="", help="comma-separated dense prefixes, each optionally @set-scale, e.g. 4,13,1@0.46 (default: the prepared one)")
     ap.add_argument("--limit", type=int, default=200, help="HellaSwag items")
     ap.add_argument("--chunks", type=int, default=4, help="perplexity chunks of 512")
     ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"))
@@ -50,15 +51,19 @@ def main():
     m = open(a.manifest).read()
     n_layers = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("num_hidden_layers")))
     d0 = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("dense_prefix")))
-    ds = [int(x) for x in a.d.split(",") if x] or [d0]
+    def parse_point(x):
+        d, _, sc = x.partition("@")
+        return int(d), float(sc) if sc else 1.0
+    ds = [parse_point(x) for x in a.d.split(",") if x] or [(d0, 1.0)]
     dense = old["dense"] if old else point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
     print(f"dense: acc_norm {dense['hellaswag_acc_norm']:.4f}, ppl {dense['perplexity']:.3f}", flush=True)
     import hashlib
     manifest_sha = hashlib.sha256(open(a.manifest, "rb").read()).hexdigest()
-    rows = [r for r in (old or {}).get("sparse", []) if r["dense_prefix"] not in ds and r.get("manifest_sha256") == manifest_sha]
-    for d in ds:
-        p = point(a.manifest, ["--in-memory", "--dense-from", str(d)], a.limit, a.chunks, a.text)
+    rows = [r for r in (old or {}).get("sparse", []) if (r["dense_prefix"], r.get("set_scale", 1.0)) not in ds and r.get("manifest_sha256") == manifest_sha]
+    for d, sc in ds:
+        p = point(a.manifest, ["--in-memory", "--dense-from", str(d), "--set-scale", str(sc)], a.limit, a.chunks, a.text)
         p["dense_prefix"] = d
+        p["set_scale"] = sc
         p["manifest_sha256"] = manifest_sha
         p["sparse_layers"] = n_layers - d
         p["acc_ratio"] = p["hellaswag_acc_norm"] / dense["hellaswag_acc_norm"]
@@ -66,9 +71,9 @@ def main():
         # share of all MLP neurons skipped across the whole model
         p["model_mlp_sparsity"] = (n_layers - d) / n_layers * (1 - (p["sparse_layer_density"] or 1))
         rows.append(p)
-        print(f"d={d}: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
+        print(f"d={d} sets {sc:.2f} x K_max: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
               f"({p['ppl_ratio']:.3f}x), density {p['sparse_layer_density']:.3f}, recall {p['recall']:.3f}", flush=True)
-    rows.sort(key=lambda r: r["dense_prefix"])
+    rows.sort(key=lambda r: (r["dense_prefix"], -r.get("set_scale", 1.0)))
     res = {"model": a.name, "manifest": a.manifest, "hellaswag_items": a.limit, "perplexity_text": a.text,
            "perplexity_chunks": a.chunks, "dense": dense, "sparse": rows}
     out.write_text(json.dumps(res, indent=2))
@@ -78,13 +83,14 @@ def main():
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(1, 2, figsize=(10, 4))
         xs = [r["model_mlp_sparsity"] * 100 for r in rows]
-        ax[0].plot(xs, [r["acc_ratio"] for r in rows], "o-")
+        ax[0].plot(xs, [r["acc_ratio"] for r in rows], "o")
         ax[0].axhline(0.95, ls="--", c="gray")
         ax[0].set_xlabel("MLP neurons skipped, whole model (%)"); ax[0].set_ylabel("HellaSwag acc_norm / dense")
-        ax[1].plot(xs, [r["ppl_ratio"] for r in rows], "o-")
+        ax[1].plot(xs, [r["ppl_ratio"] for r in rows], "o")
         ax[1].set_xlabel("MLP neurons skipped, whole model (%)"); ax[1].set_ylabel("perplexity / dense (LAMBADA)")
         for r, x in zip(rows, xs):
-            ax[0].annotate(f"d={r['dense_prefix']}", (x, r["acc_ratio"])); ax[1].annotate(f"d={r['dense_prefix']}", (x, r["ppl_ratio"]))
+            lab = f"d={r['dense_prefix']}" + (f"@{r['set_scale']:.2f}" if r.get("set_scale", 1.0) != 1.0 else "")
+            ax[0].annotate(lab, (x, r["acc_ratio"])); ax[1].annotate(lab, (x, r["ppl_ratio"]))
         fig.suptitle(f"{a.name}: predicted sparsity vs dense ({a.limit} HellaSwag items)")
         fig.tight_layout(); fig.savefig(out.with_suffix(".png"), dpi=100)
     except ImportError:

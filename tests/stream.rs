@@ -1,7 +1,8 @@
 //! The streaming engine on prepared fixtures: with every neuron kept it equals the dense
 //! model; the rows it reads are exactly the deltas of the predicted sets; a flipped byte in
 //! records.bin is a CRC error naming layer, neuron and offset; a too-small budget is refused
-//! with the minimum; and it runs inside a cgroup v1 memory limit of budget + 10%.
+//! with the minimum (or, with `--dense-from fit`, met by a later dense prefix, then by smaller
+//! sets); and it runs inside a cgroup v1 memory limit of budget + 10%.
 
 use runtime::{PreparedMode, Sparsity};
 use std::collections::HashSet;
@@ -218,8 +219,67 @@ fn dense_from_moves_with_the_budget() {
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
     assert_eq!(e.first_layer, 27, "the largest prefix within the budget");
     assert!(e.plan.total_bytes <= budget);
-    let e = open(DenseFrom::Fit, Some(m26 - 1)).err().expect("nothing fits").to_string();
-    assert!(e.contains(&m26.to_string()) && e.contains("every layer from 26 sparse"), "{e}");
     let e = open(DenseFrom::Layer(25), None).err().expect("no heads below 26").to_string();
     assert!(e.contains("dense prefix 25") && e.contains("26..30"), "{e}");
+}
+
+/// Below the all-sparse minimum `fit` keeps every layer after the prefix sparse and cuts the
+/// sets to the largest share of K_max that fits; a set scale streams the same logits as
+/// `--in-memory` with that scale (the quality figures), and each layer reads at most its set.
+#[test]
+fn sets_shrink_below_the_all_sparse_minimum() {
+    use runtime::stream::{DenseFrom, StreamSettings};
+    let m = default_sparse();
+    let open = |dense_from: DenseFrom, budget: Option<u64>, set_scale: f64| {
+        let s = StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_from, set_scale, ..Default::default() };
+        runtime::open(m, &PreparedMode::Stream(s))
+    };
+    let plan = |o: &runtime::Opened| match o.sparsity.as_ref() {
+        Some(Sparsity::Stream(e)) => e.plan.clone(),
+        _ => unreachable!(),
+    };
+    let minimum = |scale: f64| plan(&open(DenseFrom::Layer(26), None, scale).unwrap()).minimum_bytes;
+    let k_max = formats::manifest::Manifest::load(m).unwrap().sparsity.k_max;
+    let (full, half, sixty, quarter) = (minimum(1.0), minimum(0.5), minimum(0.6), minimum(0.25));
+    assert!(quarter < half && half < sixty && sixty < full, "{quarter} {half} {sixty} {full}");
+    // between the minimums at 0.5 and 0.6 of K_max: fit picks a scale in [0.5, 0.6)
+    let budget = (half + sixty) / 2;
+    let p = plan(&open(DenseFrom::Fit, Some(budget), 1.0).unwrap());
+    assert_eq!(p.dense_from, 26);
+    assert!(p.set_scale >= 0.5 && p.set_scale < 0.6, "set scale {}", p.set_scale);
+    assert!(p.total_bytes <= budget && minimum(p.set_scale + 0.01) > budget, "the largest scale that fits: {}", p.set_scale);
+    assert_eq!(p.set_sizes, runtime::predictor::scaled_set_sizes(&k_max, p.set_scale));
+    assert!(p.capacity.iter().zip(&p.set_sizes).all(|(c, s)| c >= s));
+    // below the minimum at the smallest scale fit tries: refused, naming that minimum and the full one
+    let e = open(DenseFrom::Fit, Some(quarter - 1), 1.0).err().expect("nothing fits").to_string();
+    assert!(e.contains(&quarter.to_string()) && e.contains("0.25 x K_max") && e.contains(&format!("{} MiB", full >> 20)), "{e}");
+    // a fixed scale streams what --in-memory computes at that scale
+    let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
+    let Some(Sparsity::InMemory(p)) = mem.sparsity.as_mut() else { panic!() };
+    p.set_set_scale(0.5);
+    let ids = mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
+    let mut cache = mem.model.new_cache(64).unwrap();
+    let hook = mem.sparsity.as_mut().map(|x| x.as_hook());
+    let want = mem.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let mut s = open(DenseFrom::Layer(26), None, 0.5).unwrap();
+    if let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() {
+        e.record_history = true;
+    }
+    let mut cache = s.model.new_cache(64).unwrap();
+    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
+    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 2e-3, "streamed at set scale 0.5 differs from in-memory by {max_diff}");
+    let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
+    let sizes = runtime::predictor::scaled_set_sizes(&k_max, 0.5);
+    assert_eq!(e.history.len(), ids.len());
+    for token in &e.history {
+        for (set, &size) in token.iter().zip(&sizes) {
+            // soft8 ranks the union of 8 candidate sets, each of K_max >= size neurons
+            assert_eq!(set.len(), size, "a set of {} neurons for a size of {size}", set.len());
+        }
+    }
+    let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
+    let full_density = k_max.iter().sum::<usize>() as f64 / (k_max.len() * 1536) as f64;
+    assert!(p.density(1536) < 0.51 * full_density, "in-memory kept {} of neurons, K_max is {full_density}", p.density(1536));
 }

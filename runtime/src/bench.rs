@@ -35,6 +35,9 @@ pub struct BenchReport {
     pub minimum_budget_bytes: u64,
     /// Layers `dense_from..` ran sparse (after `--dense-from`, `fit` resolved).
     pub dense_from: usize,
+    /// Neurons kept per sparse layer as a share of K_max (after `--set-scale`, `fit` resolved).
+    pub set_scale: f64,
+    pub set_size_per_layer: Vec<usize>,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
     pub reuse_per_layer: Vec<f64>,
@@ -131,6 +134,8 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         planned_bytes: engine.plan.total_bytes,
         minimum_budget_bytes: engine.plan.minimum_bytes,
         dense_from: engine.plan.dense_from,
+        set_scale: engine.plan.set_scale,
+        set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),
         io_path: engine.fallback.clone().map(|f| format!("pread ({f})")).unwrap_or_else(|| "io_uring + O_DIRECT".into()),

@@ -35,14 +35,14 @@ pub enum PreparedMode {
 
 /// The MLP hook a prepared model runs with.
 pub enum Sparsity {
-    InMemory(predictor::PredictedSparsity),
+    InMemory(Box<predictor::PredictedSparsity>),
     Stream(Box<stream::StreamingEngine>),
 }
 
 impl Sparsity {
     pub fn as_hook(&mut self) -> &mut dyn model::MlpHook {
         match self {
-            Sparsity::InMemory(p) => p,
+            Sparsity::InMemory(p) => p.as_mut(),
             Sparsity::Stream(e) => &mut **e,
         }
     }
@@ -93,7 +93,7 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
                 }
                 let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds)?;
                 p.dense_prefix = manifest.sparsity.default_dense_from();
-                Some(Sparsity::InMemory(p))
+                Some(Sparsity::InMemory(Box::new(p)))
             } else {
                 None
             };

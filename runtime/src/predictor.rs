@@ -171,11 +171,48 @@ impl std::str::FromStr for SetRule {
     }
 }
 
-/// (argmax centroid, bitset of the predicted set) for one head's logits `[K]`.
-pub fn predicted_set(head: &[f32], set: &CentroidSet, k_max: usize, rule: SetRule) -> (u32, Vec<u8>) {
+/// Per neuron, how many of the layer's K centroid sets hold it: how often the clustering saw
+/// it fire, the soft rule's tie-break (neurons of equal expected membership keep the more
+/// common one, not the lower index), which matters once `--set-scale` cuts sets below K_max.
+pub fn membership_counts(set: &CentroidSet) -> Vec<u16> {
+    let mut counts = vec![0u16; set.width * 8];
+    for c in 0..set.k {
+        for (i, &b) in set.row(c).iter().enumerate() {
+            let mut b = b;
+            while b != 0 {
+                counts[i * 8 + b.trailing_zeros() as usize] += 1;
+                b &= b - 1;
+            }
+        }
+    }
+    counts
+}
+
+/// Set size per sparse layer at `scale` of K_max (`0 < scale <= 1`), at least one neuron.
+pub fn scaled_set_sizes(k_max: &[usize], scale: f64) -> Vec<usize> {
+    k_max.iter().map(|&k| ((k as f64 * scale).round() as usize).clamp(1, k)).collect()
+}
+
+/// (argmax centroid, bitset of the predicted set of at most `size` neurons) for one head's
+/// logits `[K]`; `membership` (from [`membership_counts`]) breaks ties of the soft rule.
+pub fn predicted_set(head: &[f32], set: &CentroidSet, membership: &[u16], size: usize, rule: SetRule) -> (u32, Vec<u8>) {
+    let k_max = size;
     let argmax = crate::sampler::argmax(head);
     match rule {
-        SetRule::Top1 => (argmax as u32, set.row(argmax).to_vec()),
+        SetRule::Top1 => {
+            let row = set.row(argmax);
+            if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= k_max {
+                return (argmax as u32, row.to_vec());
+            }
+            // cut to the set's most common neurons
+            let mut idx = CentroidSet { k: 1, width: set.width, bits: row.to_vec() }.neurons(0);
+            idx.select_nth_unstable_by(k_max - 1, |&a, &b| membership[b as usize].cmp(&membership[a as usize]).then(a.cmp(&b)));
+            let mut bits = vec![0u8; set.width];
+            for &j in &idx[..k_max] {
+                bits[j as usize / 8] |= 1 << (j % 8);
+            }
+            (argmax as u32, bits)
+        }
         SetRule::Soft { candidates } => {
             let mut order: Vec<usize> = (0..head.len()).collect();
             let m = candidates.clamp(1, head.len());
@@ -197,7 +234,7 @@ pub fn predicted_set(head: &[f32], set: &CentroidSet, k_max: usize, rule: SetRul
             }
             let mut idx: Vec<usize> = (0..n_ff).filter(|&j| score[j] > 0.0).collect();
             if idx.len() > k_max {
-                idx.select_nth_unstable_by(k_max - 1, |&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+                idx.select_nth_unstable_by(k_max - 1, |&a, &b| score[b].total_cmp(&score[a]).then(membership[b].cmp(&membership[a])).then(a.cmp(&b)));
                 idx.truncate(k_max);
             }
             let mut bits = vec![0u8; set.width];
@@ -257,8 +294,13 @@ pub struct PredictedSparsity {
     pub dense_prefix: usize,
     /// `[n_tokens, S]` (argmax id, predicted set bits) of the current forward pass.
     current: Vec<(u32, Vec<u8>)>,
-    /// K_max per sparse layer.
+    /// Per sparse layer: how many centroids hold each neuron (the tie-break).
+    membership: Vec<Vec<u16>>,
+    /// K_max per sparse layer (every centroid set's size).
     k_max: Vec<usize>,
+    /// Neurons kept per sparse layer: K_max x `set_scale`.
+    set_sizes: Vec<usize>,
+    pub set_scale: f64,
     pub rule: SetRule,
     c0: Vec<u32>,
     pub stats: Vec<LayerPredictionStats>,
@@ -275,8 +317,30 @@ impl PredictedSparsity {
         let layer0 = centroids.layer(0)?.clone();
         let sparse = (0..s.n_sparse_layers).map(|i| centroids.layer(s.first_layer + i).cloned()).collect::<std::result::Result<Vec<_>, _>>()?;
         let stats = (0..s.n_sparse_layers).map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() }).collect();
-        let k_max = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
-        Ok(PredictedSparsity { dense_prefix: s.first_layer, predictor, layer0, sparse, thresholds, current: vec![], k_max, rule: SetRule::default(), c0: vec![], stats, measure: true })
+        let k_max: Vec<usize> = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
+        let membership = sparse.iter().map(membership_counts).collect();
+        Ok(PredictedSparsity {
+            dense_prefix: s.first_layer,
+            predictor,
+            layer0,
+            sparse,
+            thresholds,
+            current: vec![],
+            membership,
+            set_sizes: k_max.clone(),
+            k_max,
+            set_scale: 1.0,
+            rule: SetRule::default(),
+            c0: vec![],
+            stats,
+            measure: true,
+        })
+    }
+
+    /// Keeps `scale` (0 < scale <= 1) of K_max neurons per sparse layer (`--set-scale`).
+    pub fn set_set_scale(&mut self, scale: f64) {
+        self.set_scale = scale;
+        self.set_sizes = scaled_set_sizes(&self.k_max, scale);
     }
 
     /// Neurons kept, over neurons in the sparse layers, so far.
@@ -328,7 +392,7 @@ impl MlpHook for PredictedSparsity {
                 .enumerate()
                 .map(|(i, head)| match i % n_sparse {
                     si if si < skipped => (0, Vec::new()),
-                    si => predicted_set(head, &self.sparse[si], self.k_max[si], self.rule),
+                    si => predicted_set(head, &self.sparse[si], &self.membership[si], self.set_sizes[si], self.rule),
                 })
                 .collect();
         }
@@ -376,13 +440,29 @@ mod tests {
         // 3 centroids over 16 neurons, 4 each
         let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b1111_0000, 0, 0, 0b0000_1111] };
         let head = [0.1f32, 2.0, 1.9];
-        let (id, bits) = predicted_set(&head, &set, 4, SetRule::Top1);
+        let m = membership_counts(&set);
+        let (id, bits) = predicted_set(&head, &set, &m, 4, SetRule::Top1);
         assert_eq!((id, bits), (1, vec![0b1111_0000, 0]));
-        let (_, bits) = predicted_set(&head, &set, 4, SetRule::Soft { candidates: 3 });
+        let (_, bits) = predicted_set(&head, &set, &m, 4, SetRule::Soft { candidates: 3 });
         assert_eq!(bits.iter().map(|b| b.count_ones()).sum::<u32>(), 4);
         // centroids 1 and 2 are nearly tied: their neurons outrank centroid 0's
         assert_eq!(bits[0] & 0b0000_1111, 0);
         assert_eq!("soft16".parse::<SetRule>().unwrap(), SetRule::Soft { candidates: 16 });
+    }
+
+    #[test]
+    fn smaller_sets_keep_the_most_common_neurons() {
+        // 3 centroids of 4 neurons over 16; neuron 2 is in all three, 1 and 3 in two, 0 in one
+        let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b0000_0110, 0b1000_0001, 0b0000_1100, 0b0000_1010] };
+        let m = membership_counts(&set);
+        assert_eq!(&m[..4], &[1, 2, 3, 2]);
+        assert_eq!(scaled_set_sizes(&[4, 10, 1], 0.5), vec![2, 5, 1]);
+        // top1 (centroid 0 = neurons 0..4) cut to 2: neuron 2, then the lower of the tied 1 and 3
+        let (id, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 2, SetRule::Top1);
+        assert_eq!((id, bits), (0, vec![0b0000_0110, 0]));
+        // soft over one candidate: every neuron of the set scores the same; membership decides
+        let (_, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 3, SetRule::Soft { candidates: 1 });
+        assert_eq!(bits, vec![0b0000_1110, 0]);
         assert_eq!("top1".parse::<SetRule>().unwrap(), SetRule::Top1);
     }
 }

@@ -45,12 +45,28 @@ struct ModeArgs {
     /// centroids; default soft8).
     #[arg(long, default_value = "soft8")]
     set_rule: runtime::predictor::SetRule,
+    /// Keep this share of K_max neurons per sparse layer and token (0 < s <= 1): the most
+    /// likely ones by the set rule, ties to the neurons most centroids hold. With `--dense-from
+    /// fit`, the largest share up to this one that fits --mem-budget once every layer after
+    /// the dense prefix is sparse (never below 0.25).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
+    set_scale: f64,
+}
+
+fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("'{s}': expected a share of K_max in (0, 1], e.g. 0.6")),
+    }
 }
 
 /// Applies --dense-from and --set-rule to an opened prepared model.
 fn apply_mode(opened: &mut runtime::Opened, mode: &ModeArgs) -> Result<()> {
     match opened.sparsity.as_mut() {
-        Some(Sparsity::InMemory(p)) => p.rule = mode.set_rule,
+        Some(Sparsity::InMemory(p)) => {
+            p.rule = mode.set_rule;
+            p.set_set_scale(mode.set_scale);
+        }
         Some(Sparsity::Stream(e)) => e.rule = mode.set_rule,
         None => {}
     }
@@ -78,7 +94,7 @@ impl ModeArgs {
         if self.in_memory {
             return Ok(PreparedMode::InMemory);
         }
-        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), ..Default::default() };
+        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, ..Default::default() };
         if let Some(b) = &self.mem_budget {
             s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
         }
@@ -188,9 +204,12 @@ enum Command {
         #[arg(long, default_value = "soft8")]
         set_rule: runtime::predictor::SetRule,
         /// Layers below L dense, L.. sparse; `fit`: as many dense as --mem-budget allows (up to
-        /// the manifest's default).
+        /// the manifest's default), then sets smaller than K_max if even that does not fit.
         #[arg(long)]
         dense_from: Option<runtime::stream::DenseFrom>,
+        /// Share of K_max neurons kept per sparse layer (see `runtime run --help`).
+        #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
+        set_scale: f64,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -205,6 +224,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
         Some(Sparsity::InMemory(s)) => serde_json::json!({
             "mode": "in-memory",
             "dense_prefix": s.dense_prefix,
+            "set_scale": s.set_scale,
             "sparse_layer_density": s.density(n_ff),
             "top1_accuracy": s.overall_top1(),
             "recall": s.overall_recall(),
@@ -216,6 +236,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             serde_json::json!({
                 "mode": "stream",
                 "dense_prefix": e.first_layer,
+                "set_scale": e.plan.set_scale,
                 "tokens": st.tokens,
                 "reuse_ratio": st.reuse_ratio(),
                 "rows_loaded": st.rows_loaded,
@@ -229,16 +250,17 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
 fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
     match s {
         Some(Sparsity::InMemory(p)) => println!(
-            "predicted sparsity: {:.3} of sparse-layer neurons kept (layers >= {}); top-1 {:.3}, recall {:.3}",
-            p.density(n_ff), p.dense_prefix, p.overall_top1(), p.overall_recall()
+            "predicted sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, sets of {:.2} x K_max); top-1 {:.3}, recall {:.3}",
+            p.density(n_ff), p.dense_prefix, p.set_scale, p.overall_top1(), p.overall_recall()
         ),
         Some(Sparsity::Stream(e)) => {
             e.refresh_io_stats();
             let st = &e.stats;
             println!(
-                "streamed: {} tokens, layers {}.. sparse, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
+                "streamed: {} tokens, layers {}.. sparse (sets of {:.2} x K_max), reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
                 st.tokens,
                 e.first_layer,
+                e.plan.set_scale,
                 st.reuse_ratio(),
                 st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
                 e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
@@ -377,7 +399,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -385,7 +407,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale };
             let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
             apply_mode(&mut opened, &mode)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
@@ -404,9 +426,9 @@ fn run(cli: Cli) -> Result<()> {
                     r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
                 );
                 println!(
-                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse",
+                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, sets of {:.2} x K_max",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from, r.set_scale
                 );
             }
         }

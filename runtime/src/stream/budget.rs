@@ -5,10 +5,12 @@
 //! head, dense-prefix MLPs), the MLPs of the layers `dense_prefix..dense_from` that run dense
 //! from rows loaded once out of records.bin, the predictor (f16) and the centroid table, the KV
 //! cache for `--ctx`, the staging buffer, a fixed allowance for the process (code, tokenizer,
-//! activations), and the slot buffers. Each sparse layer needs at least K_max slots; what the
-//! budget leaves beyond that is spread evenly (in bytes) over the sparse layers, up to every
-//! neuron. [`MemoryPlan::fit`] picks the largest `dense_from` (up to the manifest's default)
-//! whose plan fits the budget.
+//! activations), and the slot buffers. Each sparse layer needs at least as many slots as its
+//! set size (K_max, or K_max x `--set-scale`); what the budget leaves beyond that is spread
+//! evenly (in bytes) over the sparse layers, up to every neuron. [`MemoryPlan::fit`] picks the
+//! largest `dense_from` (up to the manifest's default) whose plan fits the budget, and when even
+//! every layer after the dense prefix sparse does not fit, the largest set scale (down to
+//! [`MIN_SET_SCALE`]) that does.
 
 use super::engine::StreamSettings;
 use crate::error::{Result, RuntimeError};
@@ -22,6 +24,10 @@ use std::path::Path;
 /// tokenizer.json and the RoPE table). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see
 /// README.
 pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
+
+/// `fit` cuts sets to no less than this share of K_max (K_max is ~1.5x a layer's mean active
+/// count: below a quarter of it most active neurons are dropped).
+pub const MIN_SET_SCALE: f64 = 0.25;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
@@ -39,42 +45,65 @@ pub struct MemoryPlan {
     pub record_bytes: usize,
     /// Bytes of one slot: a neuron's gate, up and downT rows (f16).
     pub slot_row_bytes: usize,
-    /// Slots per sparse layer.
+    /// Neurons kept per sparse layer, as a share of K_max, and the resulting set sizes.
+    pub set_scale: f64,
+    pub set_sizes: Vec<usize>,
+    /// Slots per sparse layer (>= its set size).
     pub capacity: Vec<usize>,
     pub slot_bytes: u64,
-    /// The smallest budget that runs (every buffer at K_max).
+    /// The smallest budget that runs at this prefix and set scale (every buffer at its set size).
     pub minimum_bytes: u64,
     pub total_bytes: u64,
 }
 
 impl MemoryPlan {
     /// The plan with the manifest's default dense prefix lowered as far as the budget needs
-    /// (never below its `dense_prefix`); without a budget, the default.
+    /// (never below its `dense_prefix`), then, with every layer after it sparse, the set scale
+    /// lowered (from `s.set_scale`, in steps of 0.01, never below [`MIN_SET_SCALE`]); without a
+    /// budget, the default.
     pub fn fit(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings) -> Result<Self> {
         let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
         let mut minimum_at_default = None;
+        let mut refusal = None;
         for l in (d0..=default).rev() {
-            match Self::new(manifest_path, m, predictor, centroids, s, l) {
+            match Self::new(manifest_path, m, predictor, centroids, s, l, s.set_scale) {
                 Ok(p) => return Ok(p),
-                Err(RuntimeError::BudgetTooSmall { minimum, .. }) if l > d0 => {
-                    minimum_at_default.get_or_insert(minimum);
-                }
-                // even every layer after dense_prefix sparse does not fit: say both minimums
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
-                    let breakdown = match minimum_at_default {
-                        Some(md) => format!("{breakdown}; with every layer from {d0} sparse (at the default dense prefix {default}: {} MiB)", md >> 20),
-                        None => breakdown,
-                    };
-                    return Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown });
+                    minimum_at_default.get_or_insert(minimum);
+                    refusal = Some((budget, minimum, breakdown, s.set_scale));
                 }
                 Err(e) => return Err(e),
             }
         }
-        unreachable!("the loop ends at dense_prefix with Ok or Err")
+        // every layer after dense_prefix sparse does not fit: smaller sets, in steps of 0.01
+        let minimum_all_sparse = refusal.as_ref().map_or(0, |r| r.1);
+        let floor_pct = (MIN_SET_SCALE * 100.0).round() as u32;
+        for pct in (floor_pct..(s.set_scale * 100.0).round() as u32).rev() {
+            let scale = pct as f64 / 100.0;
+            match Self::new(manifest_path, m, predictor, centroids, s, d0, scale) {
+                Ok(p) => return Ok(p),
+                Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => refusal = Some((budget, minimum, breakdown, scale)),
+                Err(e) => return Err(e),
+            }
+        }
+        let (budget, minimum, breakdown, scale) = refusal.expect("the prefix loop runs at least once");
+        let mut also = format!("every layer from {d0} sparse with sets of {scale:.2} x K_max (the smallest --dense-from fit tries)");
+        if scale < s.set_scale {
+            also += &format!("; at {:.2} x K_max: {} MiB", s.set_scale, minimum_all_sparse >> 20);
+        }
+        if let Some(md) = minimum_at_default.filter(|_| default > d0) {
+            also += &format!("; at the default dense prefix {default}: {} MiB", md >> 20);
+        }
+        Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown: format!("{breakdown}; {also}") })
     }
 
     /// The plan with layers `dense_from..` sparse (`dense_prefix <= dense_from <= n_layers`).
-    pub fn new(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings, dense_from: usize) -> Result<Self> {
+    /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings, dense_from: usize, set_scale: f64) -> Result<Self> {
+        if !(set_scale > 0.0 && set_scale <= 1.0) {
+            return Err(RuntimeError::Input(format!("set scale {set_scale}: expected a share of K_max in (0, 1]")));
+        }
         let size = |role: &str| -> Result<u64> {
             let p = m.artifact_path_of(manifest_path, role)?;
             Ok(std::fs::metadata(&p).map_err(|e| formats::FormatError::io(&p, e))?.len())
@@ -105,26 +134,26 @@ impl MemoryPlan {
         let srb = 3 * c.hidden_size * 2;
         let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * srb) as u64;
         let fixed = resident_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
-        let k_max = &m.sparsity.k_max[dense_from - d0..];
-        let min_slots: u64 = k_max.iter().map(|&k| (k * srb) as u64).sum();
+        let set_sizes = crate::predictor::scaled_set_sizes(&m.sparsity.k_max[dense_from - d0..], set_scale);
+        let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
         let capacity: Vec<usize> = match s.mem_budget_bytes {
-            None => vec![n_ff; k_max.len()],
+            None => vec![n_ff; set_sizes.len()],
             Some(b) if b < minimum_bytes => {
                 return Err(RuntimeError::BudgetTooSmall {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB, dense layers {d0}..{dense_from} from records {} MiB, predictor {:.1} MiB, centroids {:.1} MiB, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, K_max slots {:.1} MiB",
+                        "resident {} MiB, dense layers {d0}..{dense_from} from records {} MiB, predictor {:.1} MiB, centroids {:.1} MiB, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x K_max {:.1} MiB",
                         resident_bytes >> 20, dense_from_records_bytes >> 20, predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0, s.ctx, kv_cache_bytes as f64 / 1048576.0,
-                        staging_bytes as f64 / 1048576.0, process_bytes >> 20, min_slots as f64 / 1048576.0
+                        staging_bytes as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
                     ),
                 });
             }
             Some(b) => {
-                let extra_rows_per_layer = ((b - minimum_bytes) / k_max.len().max(1) as u64 / srb as u64) as usize;
-                k_max.iter().map(|&k| (k + extra_rows_per_layer).min(n_ff)).collect()
+                let extra_rows_per_layer = ((b - minimum_bytes) / set_sizes.len().max(1) as u64 / srb as u64) as usize;
+                set_sizes.iter().map(|&k| (k + extra_rows_per_layer).min(n_ff)).collect()
             }
         };
         let slot_bytes: u64 = capacity.iter().map(|&c| (c * srb) as u64).sum();
@@ -140,6 +169,8 @@ impl MemoryPlan {
             process_bytes,
             record_bytes: rb,
             slot_row_bytes: srb,
+            set_scale,
+            set_sizes,
             capacity,
             slot_bytes,
             minimum_bytes,

@@ -90,9 +90,11 @@ pub struct StreamingEngine {
     io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
     pub predictor: Predictor,
     layer0: CentroidSet,
-    /// Per sparse layer: its centroid sets and K_max.
+    /// Per sparse layer: its centroid sets, how many of them hold each neuron (the tie-break),
+    /// and the set size (K_max x the plan's set scale).
     sets: Vec<CentroidSet>,
-    k_max: Vec<usize>,
+    membership: Vec<Vec<u16>>,
+    set_sizes: Vec<usize>,
     pub rule: crate::predictor::SetRule,
     /// The current token's active neurons per sparse layer (ascending).
     active: Vec<Vec<u32>>,
@@ -123,6 +125,10 @@ pub struct StreamSettings {
     pub force_pread: bool,
     /// Which layers run sparse (`--dense-from`).
     pub dense_from: DenseFrom,
+    /// Neurons kept per sparse layer, as a share of K_max (`--set-scale`, 0 < s <= 1). With
+    /// `DenseFrom::Fit`, the largest scale up to this one that fits once every layer after the
+    /// dense prefix is sparse.
+    pub set_scale: f64,
 }
 
 /// Where the sparse layers start.
@@ -158,6 +164,7 @@ impl Default for StreamSettings {
             max_run_bytes: 1 << 20,
             force_pread: false,
             dense_from: DenseFrom::Default,
+            set_scale: 1.0,
         }
     }
 }
@@ -268,8 +275,8 @@ impl StreamingEngine {
         let default = manifest.sparsity.default_dense_from();
         let plan = match settings.dense_from {
             DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, &predictor, &centroids, settings)?,
-            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, l)?,
-            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, default).map_err(|e| match e {
+            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, l, settings.set_scale)?,
+            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, default, settings.set_scale).map_err(|e| match e {
                 RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
                     budget,
                     minimum,
@@ -298,10 +305,12 @@ impl StreamingEngine {
             std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, first, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
         };
         let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
+        let membership = sets.iter().map(crate::predictor::membership_counts).collect();
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
         };
+        let set_sizes = plan.set_sizes.clone();
         Ok(StreamingEngine {
             layer0: centroids.layer(0)?.clone(),
             plan,
@@ -311,7 +320,8 @@ impl StreamingEngine {
             io_stats,
             predictor,
             sets,
-            k_max: manifest.sparsity.k_max[first - d0..].to_vec(),
+            membership,
+            set_sizes,
             rule: crate::predictor::SetRule::default(),
             active: vec![],
             thresholds,
@@ -420,7 +430,7 @@ impl MlpHook for StreamingEngine {
                 .chunks_exact(k)
                 .enumerate()
                 .map(|(si, head)| {
-                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], self.k_max[si], self.rule);
+                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], &self.membership[si], self.set_sizes[si], self.rule);
                     CentroidSet { k: 1, width: bits.len(), bits }.neurons(0)
                 })
                 .collect();
