@@ -149,6 +149,9 @@ pub enum SetRule {
     /// The K_max neurons of largest expected membership `sum_c p_c [j in set_c]` over the
     /// `candidates` most likely centroids (p = softmax of the head). Same size, fewer misses.
     Soft { candidates: usize },
+    /// The baseline that ignores the predictor: the same neurons every token, those most of the
+    /// layer's centroids hold (how often the clustering saw them fire).
+    Static,
 }
 
 impl Default for SetRule {
@@ -162,11 +165,12 @@ impl std::str::FromStr for SetRule {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "top1" => Ok(SetRule::Top1),
+            "static" => Ok(SetRule::Static),
             _ => s
                 .strip_prefix("soft")
                 .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
                 .map(|candidates| SetRule::Soft { candidates })
-                .ok_or_else(|| format!("set rule '{s}': expected top1, soft or softN (N candidates)")),
+                .ok_or_else(|| format!("set rule '{s}': expected top1, soft, softN (N candidates) or static")),
         }
     }
 }
@@ -199,6 +203,16 @@ pub fn predicted_set(head: &[f32], set: &CentroidSet, membership: &[u16], size: 
     let k_max = size;
     let argmax = crate::sampler::argmax(head);
     match rule {
+        SetRule::Static => {
+            let mut idx: Vec<usize> = (0..set.width * 8).collect();
+            let k = k_max.min(idx.len());
+            idx.select_nth_unstable_by(k - 1, |&a, &b| membership[b].cmp(&membership[a]).then(a.cmp(&b)));
+            let mut bits = vec![0u8; set.width];
+            for &j in &idx[..k] {
+                bits[j / 8] |= 1 << (j % 8);
+            }
+            (argmax as u32, bits)
+        }
         SetRule::Top1 => {
             let row = set.row(argmax);
             if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= k_max {
@@ -463,6 +477,10 @@ mod tests {
         // soft over one candidate: every neuron of the set scores the same; membership decides
         let (_, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 3, SetRule::Soft { candidates: 1 });
         assert_eq!(bits, vec![0b0000_1110, 0]);
+        // static: the most common neurons whatever the head says
+        let (_, bits) = predicted_set(&[0.0, 0.0, 9.0], &set, &m, 3, SetRule::Static);
+        assert_eq!(bits, vec![0b0000_1110, 0]);
+        assert_eq!("static".parse::<SetRule>().unwrap(), SetRule::Static);
         assert_eq!("top1".parse::<SetRule>().unwrap(), SetRule::Top1);
     }
 }

@@ -41,8 +41,9 @@ struct ModeArgs {
     #[arg(long)]
     dense_from: Option<runtime::stream::DenseFrom>,
     /// How a head's logits become the layer's K_max neurons: top1 (the most likely centroid's
-    /// set, the paper's) or softN (largest expected membership over the N most likely
-    /// centroids; default soft8).
+    /// set, the paper's), softN (largest expected membership over the N most likely
+    /// centroids; default soft8) or static (no predictor: the neurons most centroids hold, the
+    /// baseline the predictor must beat).
     #[arg(long, default_value = "soft8")]
     set_rule: runtime::predictor::SetRule,
     /// Keep this share of K_max neurons per sparse layer and token (0 < s <= 1): the most
