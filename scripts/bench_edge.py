@@ -205,8 +205,12 @@ def main():
     dev = device_of(ROOT / "artifacts")
     if device_of(gguf) != dev:
         print(f"note: the GGUF and the records are on different devices; throttling {dev} and {device_of(gguf)}")
-    prompt_file = str(ROOT / "target/bench-edge-prompt.txt")
-    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
+    # one prompt file per invocation: a second bench-edge (or --from-json) must not rewrite the
+    # prompt under a running grid
+    prompt_file = str(ROOT / f"target/bench-edge-prompt-{os.getpid()}.txt")
+    if not a.from_json:
+        Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
+        atexit.register(lambda: Path(prompt_file).unlink(missing_ok=True))
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
@@ -290,7 +294,7 @@ def main():
     for row in table:
         row["where_the_time_goes"] = explain(row)
     res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "generated_tokens_confined": a.n_confined or a.n,
-           "threads": a.threads, "reps": a.reps, "settings": table, "runs": runs}
+           "threads": a.threads, "reps": a.reps, "goal": goal(table), "settings": table, "runs": runs}
     out.write_text(json.dumps(res, indent=2))
     try:
         import matplotlib
@@ -316,6 +320,19 @@ def main():
     out.with_suffix(".md").write_text(md)
     print(md)
     print(f"-> {out}")
+
+
+def goal(table):
+    """Issue #6's goal: at 50% of the F16 size, >= 12x llama.cpp's decode with HellaSwag >= 95% of dense."""
+    pts = []
+    for r in table:
+        if r["memory_fraction"] == 0.5:
+            q = r.get("runtime_quality") or {}
+            acc = q.get("hellaswag_acc_ratio")
+            pts.append({"throttle_mib_s": r["throttle_mib_s"], "speedup": r["speedup"], "hellaswag_acc_ratio": acc,
+                        "speed_met": bool(r["speedup"] and r["speedup"] >= 12), "quality_met": bool(acc and acc >= 0.95)})
+    return {"memory_fraction": 0.5, "speedup_needed": 12.0, "hellaswag_acc_ratio_needed": 0.95, "at_50_percent": pts,
+            "met": any(p["speed_met"] and p["quality_met"] for p in pts) if pts else None}
 
 
 def explain(row):
