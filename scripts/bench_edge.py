@@ -354,6 +354,11 @@ def explain(row):
     return "; ".join(parts)
 
 
+def tps(v):
+    """tok/s with 3 significant digits below 0.1 (llama.cpp at 50 MiB/s: 0.0173)."""
+    return f"{v:.2f}" if v >= 0.1 else f"{v:.3g}"
+
+
 def markdown(res):
     lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token; MiB read in the run) | ours tok/s | speedup | "
              "ours: layers sparse from (set size x K_max), MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
@@ -361,10 +366,10 @@ def markdown(res):
     for r in res["settings"]:
         lim = f"{r['memory_fraction'] * 100:.0f}% ({r['memory_limit_bytes'] / 2**20:.0f} MiB)" if r["memory_fraction"] else "none"
         th = f"{r['throttle_mib_s']} MiB/s" if r["throttle_mib_s"] else "none"
-        ll = (f"{r['llama_cpp']:.2f} ({r['llama_cpp_major_faults_per_token'] or 0:.0f}; {(r.get('llama_cpp_disk_bytes_read') or 0) / 2**20:,.0f})"
+        ll = (f"{tps(r['llama_cpp'])} ({r['llama_cpp_major_faults_per_token'] or 0:.0f}; {(r.get('llama_cpp_disk_bytes_read') or 0) / 2**20:,.0f})"
               if r["llama_cpp"] else "did not finish")
         if r["runtime"]:
-            ours = f"{r['runtime']:.2f}"
+            ours = tps(r["runtime"])
             det = (f"{r['runtime_dense_from']} ({r.get('runtime_set_scale') or 1.0:.2f}), {(r['runtime_bytes_read_per_token'] or 0) / 2**20:.1f}, {r['runtime_reuse_ratio'] or 0:.2f}, "
                    f"{r['runtime_io_wait_ms_per_token'] or 0:.0f}")
             q = r.get("runtime_quality")
