@@ -175,19 +175,38 @@ impl std::str::FromStr for SetRule {
     }
 }
 
+/// Calls `f` with every neuron (set bit) of a bit-packed row, ascending.
+fn for_each_neuron(row: &[u8], mut f: impl FnMut(usize)) {
+    for (i, &b) in row.iter().enumerate() {
+        let mut b = b;
+        while b != 0 {
+            f(i * 8 + b.trailing_zeros() as usize);
+            b &= b - 1;
+        }
+    }
+}
+
+/// The `size` best of `candidates` (all of them when there are no more), best first by
+/// `better`, as a bitset of `width` bytes.
+fn best_as_bitset(mut candidates: Vec<usize>, size: usize, width: usize, mut better: impl FnMut(&usize, &usize) -> std::cmp::Ordering) -> Vec<u8> {
+    if candidates.len() > size {
+        candidates.select_nth_unstable_by(size - 1, &mut better);
+        candidates.truncate(size);
+    }
+    let mut bits = vec![0u8; width];
+    for j in candidates {
+        bits[j / 8] |= 1 << (j % 8);
+    }
+    bits
+}
+
 /// Per neuron, how many of the layer's K centroid sets hold it: how often the clustering saw
 /// it fire, the soft rule's tie-break (neurons of equal expected membership keep the more
 /// common one, not the lower index), which matters once `--set-scale` cuts sets below K_max.
 pub fn membership_counts(set: &CentroidSet) -> Vec<u16> {
     let mut counts = vec![0u16; set.width * 8];
     for c in 0..set.k {
-        for (i, &b) in set.row(c).iter().enumerate() {
-            let mut b = b;
-            while b != 0 {
-                counts[i * 8 + b.trailing_zeros() as usize] += 1;
-                b &= b - 1;
-            }
-        }
+        for_each_neuron(set.row(c), |j| counts[j] += 1);
     }
     counts
 }
@@ -198,66 +217,40 @@ pub fn scaled_set_sizes(k_max: &[usize], scale: f64) -> Vec<usize> {
 }
 
 /// (argmax centroid, bitset of the predicted set of at most `size` neurons) for one head's
-/// logits `[K]`; `membership` (from [`membership_counts`]) breaks ties of the soft rule.
+/// logits `[K]`; `membership` (from [`membership_counts`]) breaks ties of the soft rule and
+/// ranks the neurons that top1 and static keep.
 pub fn predicted_set(head: &[f32], set: &CentroidSet, membership: &[u16], size: usize, rule: SetRule) -> (u32, Vec<u8>) {
-    let k_max = size;
     let argmax = crate::sampler::argmax(head);
-    match rule {
-        SetRule::Static => {
-            let mut idx: Vec<usize> = (0..set.width * 8).collect();
-            let k = k_max.min(idx.len());
-            idx.select_nth_unstable_by(k - 1, |&a, &b| membership[b].cmp(&membership[a]).then(a.cmp(&b)));
-            let mut bits = vec![0u8; set.width];
-            for &j in &idx[..k] {
-                bits[j / 8] |= 1 << (j % 8);
-            }
-            (argmax as u32, bits)
-        }
+    let more_common = |a: &usize, b: &usize| membership[*b].cmp(&membership[*a]).then(a.cmp(b));
+    let bits = match rule {
+        SetRule::Static => best_as_bitset((0..set.width * 8).collect(), size, set.width, more_common),
         SetRule::Top1 => {
             let row = set.row(argmax);
-            if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= k_max {
-                return (argmax as u32, row.to_vec());
+            if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= size {
+                row.to_vec()
+            } else {
+                // cut to the set's most common neurons
+                let mut idx = Vec::new();
+                for_each_neuron(row, |j| idx.push(j));
+                best_as_bitset(idx, size, set.width, more_common)
             }
-            // cut to the set's most common neurons
-            let mut idx = CentroidSet { k: 1, width: set.width, bits: row.to_vec() }.neurons(0);
-            idx.select_nth_unstable_by(k_max - 1, |&a, &b| membership[b as usize].cmp(&membership[a as usize]).then(a.cmp(&b)));
-            let mut bits = vec![0u8; set.width];
-            for &j in &idx[..k_max] {
-                bits[j as usize / 8] |= 1 << (j % 8);
-            }
-            (argmax as u32, bits)
         }
         SetRule::Soft { candidates } => {
             let mut order: Vec<usize> = (0..head.len()).collect();
             let m = candidates.clamp(1, head.len());
             order.select_nth_unstable_by(m - 1, |&a, &b| head[b].total_cmp(&head[a]));
-            let top = &order[..m];
             let max = head[argmax];
             let z: f32 = head.iter().map(|&v| (v - max).exp()).sum();
-            let n_ff = set.width * 8;
-            let mut score = vec![0f32; n_ff];
-            for &c in top {
+            let mut score = vec![0f32; set.width * 8];
+            for &c in &order[..m] {
                 let p = (head[c] - max).exp() / z;
-                for (i, &b) in set.row(c).iter().enumerate() {
-                    let mut b = b;
-                    while b != 0 {
-                        score[i * 8 + b.trailing_zeros() as usize] += p;
-                        b &= b - 1;
-                    }
-                }
+                for_each_neuron(set.row(c), |j| score[j] += p);
             }
-            let mut idx: Vec<usize> = (0..n_ff).filter(|&j| score[j] > 0.0).collect();
-            if idx.len() > k_max {
-                idx.select_nth_unstable_by(k_max - 1, |&a, &b| score[b].total_cmp(&score[a]).then(membership[b].cmp(&membership[a])).then(a.cmp(&b)));
-                idx.truncate(k_max);
-            }
-            let mut bits = vec![0u8; set.width];
-            for j in idx {
-                bits[j / 8] |= 1 << (j % 8);
-            }
-            (argmax as u32, bits)
+            let idx: Vec<usize> = (0..score.len()).filter(|&j| score[j] > 0.0).collect();
+            best_as_bitset(idx, size, set.width, |a, b| score[*b].total_cmp(&score[*a]).then_with(|| more_common(a, b)))
         }
-    }
+    };
+    (argmax as u32, bits)
 }
 
 /// Per sparse layer, how well the predicted sets matched the true (threshold) sets.
