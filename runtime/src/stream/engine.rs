@@ -90,11 +90,10 @@ pub struct StreamingEngine {
     io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
     pub predictor: Predictor,
     layer0: CentroidSet,
-    /// Per sparse layer: its centroid sets, how many of them hold each neuron (the tie-break),
-    /// and the set size (K_max x the plan's set scale).
+    /// Per sparse layer: its centroid sets and how many of them hold each neuron (the
+    /// tie-break); its set size is the plan's.
     sets: Vec<CentroidSet>,
     membership: Vec<Vec<u16>>,
-    set_sizes: Vec<usize>,
     pub rule: crate::predictor::SetRule,
     /// The current token's active neurons per sparse layer (ascending).
     active: Vec<Vec<u32>>,
@@ -310,7 +309,6 @@ impl StreamingEngine {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
         };
-        let set_sizes = plan.set_sizes.clone();
         Ok(StreamingEngine {
             layer0: centroids.layer(0)?.clone(),
             plan,
@@ -321,7 +319,6 @@ impl StreamingEngine {
             predictor,
             sets,
             membership,
-            set_sizes,
             rule: crate::predictor::SetRule::default(),
             active: vec![],
             thresholds,
@@ -430,7 +427,7 @@ impl MlpHook for StreamingEngine {
                 .chunks_exact(k)
                 .enumerate()
                 .map(|(si, head)| {
-                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], &self.membership[si], self.set_sizes[si], self.rule);
+                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], &self.membership[si], self.plan.set_sizes[si], self.rule);
                     CentroidSet { k: 1, width: bits.len(), bits }.neurons(0)
                 })
                 .collect();
