@@ -78,7 +78,7 @@ fn batched_prefill_equals_token_by_token_decode() {
     for &t in &ids {
         last = model.forward(&[t], &mut c2, 0).unwrap();
     }
-    let max_diff = batched.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max_diff = max_abs_diff(&batched, &last);
     assert!(max_diff < 1e-3, "prefill vs decode logits differ by {max_diff}");
 }
 

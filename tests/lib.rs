@@ -81,3 +81,9 @@ max_epochs = {max_epochs}
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// Largest absolute difference between two logit vectors of the same length.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "logit vectors of different lengths");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
+}

@@ -34,6 +34,14 @@ fn stream(manifest: &Path, budget: Option<u64>) -> runtime::Opened {
     runtime::open(manifest, &PreparedMode::Stream(s)).unwrap()
 }
 
+/// Logits of `ids` (every position, from an empty 64-position cache) through the opened
+/// model's sparsity hook.
+fn forward_logits(o: &mut runtime::Opened, ids: &[u32]) -> Vec<f32> {
+    let mut cache = o.model.new_cache(64).unwrap();
+    let hook = o.sparsity.as_mut().map(|x| x.as_hook());
+    o.model.forward_observed(ids, &mut cache, 0, hook).unwrap()
+}
+
 #[test]
 fn every_neuron_kept_equals_dense() {
     let m = all_neurons();
@@ -44,11 +52,9 @@ fn every_neuron_kept_equals_dense() {
     let mut cache = dense.new_cache(64).unwrap();
     let want = dense.forward(&ids, &mut cache, 0).unwrap();
     let mut s = stream(m, None);
-    let mut cache = s.model.new_cache(64).unwrap();
-    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
-    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let got = forward_logits(&mut s, &ids);
     assert_eq!(want.len(), got.len());
-    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed logits differ from dense by {max_diff}");
 }
 
@@ -162,14 +168,10 @@ fn streaming_equals_in_memory_predicted_sets() {
     let m = default_sparse();
     let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
     let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
-    let mut cache = mem.model.new_cache(64).unwrap();
-    let hook = mem.sparsity.as_mut().map(|x| x.as_hook());
-    let want = mem.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let want = forward_logits(&mut mem, &ids);
     let mut s = stream(m, None);
-    let mut cache = s.model.new_cache(64).unwrap();
-    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
-    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
-    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let got = forward_logits(&mut s, &ids);
+    let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed logits differ from in-memory predicted sparsity by {max_diff}");
     let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
     assert!(p.density(1536) < 0.9, "sets are sparse: density {}", p.density(1536));
@@ -194,16 +196,12 @@ fn dense_from_moves_with_the_budget() {
     // the default prefix: layers 26 and 27 dense from records, 28.. streamed
     let mut mem = runtime::open(&variant, &PreparedMode::InMemory).unwrap();
     let ids = mem.tokenizer.encode("In the beginning the universe was created. This has made a lot of", true).unwrap();
-    let mut cache = mem.model.new_cache(64).unwrap();
-    let hook = mem.sparsity.as_mut().map(|x| x.as_hook());
-    let want = mem.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let want = forward_logits(&mut mem, &ids);
     let mut s = open(DenseFrom::Default, None).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!("not streaming") };
     assert_eq!((e.first_layer, e.plan.capacity.len()), (28, 2));
-    let mut cache = s.model.new_cache(64).unwrap();
-    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
-    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
-    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let got = forward_logits(&mut s, &ids);
+    let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed at dense prefix 28 differs from in-memory by {max_diff}");
     // minimums per prefix: each dense layer costs n_ff slots more than its K_max
     let minimum = |l: usize| match open(DenseFrom::Layer(l), None).unwrap().sparsity {
@@ -258,17 +256,13 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     let Some(Sparsity::InMemory(p)) = mem.sparsity.as_mut() else { panic!() };
     p.set_set_scale(0.5);
     let ids = mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
-    let mut cache = mem.model.new_cache(64).unwrap();
-    let hook = mem.sparsity.as_mut().map(|x| x.as_hook());
-    let want = mem.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
+    let want = forward_logits(&mut mem, &ids);
     let mut s = open(DenseFrom::Layer(26), None, 0.5).unwrap();
     if let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() {
         e.record_history = true;
     }
-    let mut cache = s.model.new_cache(64).unwrap();
-    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
-    let got = s.model.forward_observed(&ids, &mut cache, 0, hook).unwrap();
-    let max_diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let got = forward_logits(&mut s, &ids);
+    let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed at set scale 0.5 differs from in-memory by {max_diff}");
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
     let sizes = runtime::predictor::scaled_set_sizes(&k_max, 0.5);
