@@ -17,7 +17,7 @@ fn prepare_end_to_end_then_resume() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let stages: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
-    assert_eq!(stages, ["capture", "cluster", "train", "pack"]);
+    assert_eq!(stages, ["capture", "importance", "cluster", "train", "pack"]);
 
     // the predictor: better than chance on held-out tokens (loss and top-1; top-1 also beats
     // always guessing the most frequent label),
@@ -41,6 +41,32 @@ fn prepare_end_to_end_then_resume() {
     assert_eq!(m.records.count, 4 * 1536);
     assert_eq!(std::fs::metadata(dir.join("artifacts/records.bin")).unwrap().len(), 4 * 1536 * 4096);
 
+    // importance over the calibration tokens (8 sequences of 64), and its ranking holds on
+    // held-out text: the tenth of layer 28's neurons it ranks first move far more than the half
+    // it ranks last
+    let imp = formats::importance::NeuronImportance::load(&m.artifact_path_of(&mpath, "importance").unwrap(), 30, 1536).unwrap();
+    assert_eq!(imp.tokens, 8 * 64);
+    struct Magnitudes(Vec<f64>);
+    impl runtime::model::MlpHook for Magnitudes {
+        fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+            if layer == 28 {
+                for (g, u) in gate_silu.chunks_exact(1536).zip(up.chunks_exact(1536)) {
+                    self.0.iter_mut().zip(g.iter().zip(u)).for_each(|(s, (a, b))| *s += (a * b).abs() as f64);
+                }
+            }
+        }
+    }
+    let (model, tok) = runtime::open_model(&fixture_model()).unwrap();
+    let text = std::fs::read_to_string(repo_root().join("data/text/lambada-500.txt")).unwrap();
+    let ids: Vec<u32> = tok.encode(&text, true).unwrap().into_iter().take(128).collect();
+    let mut held_out = Magnitudes(vec![0.0; 1536]);
+    model.forward_observed(&ids, &mut model.new_cache(128).unwrap(), 127, Some(&mut held_out)).unwrap();
+    let mut order: Vec<usize> = (0..1536).collect();
+    order.sort_by(|a, b| imp.layer(28)[*b].total_cmp(&imp.layer(28)[*a]));
+    let mean = |js: &[usize]| js.iter().map(|&j| held_out.0[j]).sum::<f64>() / js.len() as f64;
+    let (first, last) = (mean(&order[..154]), mean(&order[768..]));
+    assert!(first > 3.0 * last, "held-out |silu(g) * u| of the most important tenth {first:.3} vs the least important half {last:.3}");
+
     // unchanged inputs and settings: every stage is skipped
     let again = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
@@ -51,7 +77,7 @@ fn prepare_end_to_end_then_resume() {
     let third = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&third.stdout).unwrap();
     let skipped: Vec<bool> = report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
-    assert_eq!(skipped, [true, false, false, false]);
+    assert_eq!(skipped, [true, true, false, false, false]);
     assert_eq!(Manifest::load(&mpath).unwrap().sparsity.k_max.len(), 3);
 
     // the report over the calibration capture

@@ -214,7 +214,7 @@ pub fn expand_corpus(entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 /// Sequences of `seq_len` tokens, taken round-robin from the corpus files so a cut keeps a mix.
-fn corpus_sequences(tok: &runtime::Tokenizer, corpus: &[PathBuf], seq_len: usize, limit: usize) -> Result<Vec<Vec<u32>>> {
+pub(crate) fn corpus_sequences(tok: &runtime::Tokenizer, corpus: &[PathBuf], seq_len: usize, limit: usize) -> Result<Vec<Vec<u32>>> {
     let mut per_file = Vec::new();
     for p in corpus {
         let text = std::fs::read_to_string(p).with_context(|| format!("{}: cannot read corpus file", p.display()))?;

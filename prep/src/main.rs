@@ -4,6 +4,7 @@
 mod capture;
 mod cluster;
 mod import;
+mod importance;
 mod pack;
 mod prepare;
 mod report;
@@ -170,6 +171,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Per-neuron importance (mean |silu(g) * u| x ||down column||) over calibration text: how
+    /// the runtime ranks neurons when it cuts a set below K_max.
+    Importance {
+        /// Canonical model directory (from `prep import`).
+        model: PathBuf,
+        /// Calibration text files or directories of .txt files (repeat the flag).
+        #[arg(long, required = true)]
+        corpus: Vec<PathBuf>,
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 8)]
+        sequences: usize,
+        /// Output file (importance.safetensors).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() {
@@ -321,6 +340,14 @@ fn run(cli: Cli) -> Result<()> {
                     println!("{:>6} {:>7.3} {:>7.3} {:>12.3} {:>9.0}", l.layer, l.top1_accuracy, l.recall, l.label_recall, l.predicted_set_size);
                 }
                 println!("-> {} ({:.1} s)", s.predictor_path, s.seconds);
+            }
+        }
+        Command::Importance { model, corpus, seq_len, sequences, out, json } => {
+            let s = importance::importance(&model, &corpus, seq_len, sequences, &out, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!("importance over {} tokens ({} sequences) -> {} in {:.1} s", s.tokens, s.sequences, s.path, s.seconds);
             }
         }
         Command::Pack { model, dense_prefix, out, json } => {

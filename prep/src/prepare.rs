@@ -5,7 +5,7 @@
 //! Every output is written under a temporary name and renamed, so an interrupted stage leaves
 //! no file that a later run could take for a good one.
 
-use crate::{capture, cluster, import, pack, train};
+use crate::{capture, cluster, import, importance, pack, train};
 use anyhow::{bail, Context, Result};
 use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
 use formats::model_dir::ModelConfig;
@@ -31,6 +31,22 @@ pub struct Recipe {
     /// Predictor training; every field has a default.
     #[serde(default)]
     pub train: train::TrainSettings,
+    /// Per-neuron importance (the ranking of cut sets); every field has a default.
+    #[serde(default)]
+    pub importance: ImportanceRecipe,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportanceRecipe {
+    /// Calibration sequences (the first of capture's, `capture.seq_len` tokens each).
+    pub sequences: usize,
+}
+
+impl Default for ImportanceRecipe {
+    fn default() -> Self {
+        ImportanceRecipe { sequences: 8 }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -178,6 +194,13 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         capture::capture(&model_dir, &cap_dir, &cs, show_progress).map(|_| ())
     })?;
 
+    // importance: per-neuron mean contribution, on the first of capture's sequences
+    let imp_path = out.join("importance/importance.safetensors");
+    let key = serde_json::json!({"model": model_fp, "seq_len": r.capture.seq_len, "settings": r.importance, "corpus": file_fingerprint(&corpus)?});
+    st.run("importance", &key, std::slice::from_ref(&imp_path), || {
+        importance::importance(&model_dir, &corpus, r.capture.seq_len, r.importance.sequences, &imp_path, show_progress).map(|_| ())
+    })?;
+
     // cluster: layer 0 (the predictor's input) and the sparse layers
     let cl_dir = out.join("cluster");
     let cls = cluster::ClusterSettings {
@@ -225,6 +248,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("centroids", cl_dir.join("centroids.safetensors")),
         ("predictor", tr_dir.join("predictor.safetensors")),
         ("thresholds", cap_dir.join("thresholds.json")),
+        ("importance", imp_path.clone()),
         ("tokenizer", model_dir.join("tokenizer.json")),
     ] {
         let rel = pathdiff(&path, &out);

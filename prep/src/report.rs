@@ -277,14 +277,15 @@ pub fn add_predictor(r: &mut Report, capture: &Path, cluster: &Path, predictor: 
         let layer = p.spec.first_layer + si;
         let set = centroids.layer(layer)?;
         let k_max: usize = set.row(0).iter().map(|b| b.count_ones() as usize).sum();
-        let membership = runtime::predictor::membership_counts(set);
+        // ranked by membership: the report measures the predictor and centroids alone
+        let prior = runtime::predictor::NeuronPrior::new(set, None);
         let bits = &masks.cols[col(layer)?];
         let (hits, active, covered, size) = (0..n)
             .into_par_iter()
             .map(|i| {
                 let m = &bits[i * w..(i + 1) * w];
                 let head = &logits[(i * s_layers + si) * k..(i * s_layers + si + 1) * k];
-                let (id, pred) = runtime::predictor::predicted_set(head, set, &membership, k_max, rule);
+                let (id, pred) = runtime::predictor::predicted_set(head, set, &prior, k_max, rule);
                 let a: u64 = m.iter().map(|b| b.count_ones() as u64).sum();
                 ((set.best_cover(m) == id) as u64, a, overlap(m, &pred), pred.iter().map(|b| b.count_ones() as u64).sum::<u64>())
             })

@@ -62,6 +62,17 @@ impl Opened {
     }
 }
 
+/// The preparation's per-neuron importance (`prep importance`); None, with a note on stderr,
+/// for a preparation made before it existed (cut sets are then ranked by membership).
+pub fn load_importance(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<formats::importance::NeuronImportance>> {
+    if !manifest.artifacts.iter().any(|a| a.role == "importance") {
+        eprintln!("note: {} has no importance artifact: cut sets are ranked by membership (rerun make prepare to add it)", manifest_path.display());
+        return Ok(None);
+    }
+    let p = manifest.artifact_path_of(manifest_path, "importance")?;
+    Ok(Some(formats::importance::NeuronImportance::load(&p, manifest.model.num_hidden_layers, manifest.model.intermediate_size)?))
+}
+
 /// Opens a model directory (dense; `mode` is ignored) or a prepared model's `manifest.toml`.
 pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
     if !path.exists() {
@@ -91,7 +102,8 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
                         path.display(), predictor.spec.first_layer, predictor.spec.d_model, manifest.sparsity.dense_prefix, manifest.model.hidden_size
                     )));
                 }
-                let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds)?;
+                let importance = load_importance(path, &manifest)?;
+                let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds, importance.as_ref())?;
                 p.dense_prefix = manifest.sparsity.default_dense_from();
                 Some(Sparsity::InMemory(Box::new(p)))
             } else {

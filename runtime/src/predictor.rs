@@ -149,9 +149,13 @@ pub enum SetRule {
     /// The K_max neurons of largest expected membership `sum_c p_c [j in set_c]` over the
     /// `candidates` most likely centroids (p = softmax of the head). Same size, fewer misses.
     Soft { candidates: usize },
-    /// The baseline that ignores the predictor: the same neurons every token, those most of the
-    /// layer's centroids hold (how often the clustering saw them fire).
+    /// The baseline that ignores the predictor: the same neurons every token, the best ranked
+    /// (importance where the preparation has it, else those most of the layer's centroids hold).
     Static,
+    /// The ceiling no predictor can pass: the neurons of largest true |silu(gate) * up| for
+    /// this token (needs every row, so `--in-memory` only). What perfect ranking would give
+    /// at a set size.
+    Oracle,
 }
 
 impl Default for SetRule {
@@ -166,11 +170,12 @@ impl std::str::FromStr for SetRule {
         match s {
             "top1" => Ok(SetRule::Top1),
             "static" => Ok(SetRule::Static),
+            "oracle" => Ok(SetRule::Oracle),
             _ => s
                 .strip_prefix("soft")
                 .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
                 .map(|candidates| SetRule::Soft { candidates })
-                .ok_or_else(|| format!("set rule '{s}': expected top1, soft, softN (N candidates) or static")),
+                .ok_or_else(|| format!("set rule '{s}': expected top1, soft, softN (N candidates), static or oracle")),
         }
     }
 }
@@ -211,28 +216,72 @@ pub fn membership_counts(set: &CentroidSet) -> Vec<u16> {
     counts
 }
 
+/// How a sparse layer ranks its neurons when a set must be cut (`--set-scale` below 1, top1's
+/// cut, the static rule) and weighs the soft rule's expected membership: by importance (mean
+/// |silu(g) * u| x ||down column|| on calibration text, `prep importance`) where the
+/// preparation has it, then by membership count, then by index.
+#[derive(Debug, Clone)]
+pub struct NeuronPrior {
+    pub membership: Vec<u16>,
+    /// `[n_ff]`; None: rank by membership alone (`--neuron-rank membership`, or a preparation
+    /// without the importance artifact).
+    pub importance: Option<Vec<f32>>,
+}
+
+impl NeuronPrior {
+    pub fn new(set: &CentroidSet, importance: Option<&[f32]>) -> Self {
+        NeuronPrior { membership: membership_counts(set), importance: importance.map(<[f32]>::to_vec) }
+    }
+
+    /// `a` before `b`: more important, then more common, then lower index.
+    fn better(&self, a: &usize, b: &usize) -> std::cmp::Ordering {
+        let by_importance = match &self.importance {
+            Some(w) => w[*b].total_cmp(&w[*a]),
+            None => std::cmp::Ordering::Equal,
+        };
+        by_importance.then(self.membership[*b].cmp(&self.membership[*a])).then(a.cmp(b))
+    }
+
+    fn weight(&self, j: usize) -> f32 {
+        self.importance.as_ref().map_or(1.0, |w| w[j])
+    }
+}
+
+/// How cut sets rank neurons (`--neuron-rank`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NeuronRank {
+    /// By calibration importance where the preparation has it, else by membership.
+    #[default]
+    Importance,
+    /// By how many centroids hold the neuron (the ranking before `prep importance`).
+    Membership,
+}
+
 /// Set size per sparse layer at `scale` of K_max (`0 < scale <= 1`), at least one neuron.
 pub fn scaled_set_sizes(k_max: &[usize], scale: f64) -> Vec<usize> {
     k_max.iter().map(|&k| ((k as f64 * scale).round() as usize).clamp(1, k)).collect()
 }
 
 /// (argmax centroid, bitset of the predicted set of at most `size` neurons) for one head's
-/// logits `[K]`; `membership` (from [`membership_counts`]) breaks ties of the soft rule and
-/// ranks the neurons that top1 and static keep.
-pub fn predicted_set(head: &[f32], set: &CentroidSet, membership: &[u16], size: usize, rule: SetRule) -> (u32, Vec<u8>) {
+/// logits `[K]`; `prior` weighs the soft rule's expected membership and ranks the neurons that
+/// top1's cut and static keep.
+pub fn predicted_set(head: &[f32], set: &CentroidSet, prior: &NeuronPrior, size: usize, rule: SetRule) -> (u32, Vec<u8>) {
     let argmax = crate::sampler::argmax(head);
-    let more_common = |a: &usize, b: &usize| membership[*b].cmp(&membership[*a]).then(a.cmp(b));
+    let better = |a: &usize, b: &usize| prior.better(a, b);
     let bits = match rule {
-        SetRule::Static => best_as_bitset((0..set.width * 8).collect(), size, set.width, more_common),
+        SetRule::Static => best_as_bitset((0..set.width * 8).collect(), size, set.width, better),
+        // chosen from the true activations in `PredictedSparsity::sparsify`
+        SetRule::Oracle => vec![0u8; set.width],
         SetRule::Top1 => {
             let row = set.row(argmax);
             if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= size {
                 row.to_vec()
             } else {
-                // cut to the set's most common neurons
+                // cut to the set's best-ranked neurons
                 let mut idx = Vec::new();
                 for_each_neuron(row, |j| idx.push(j));
-                best_as_bitset(idx, size, set.width, more_common)
+                best_as_bitset(idx, size, set.width, better)
             }
         }
         SetRule::Soft { candidates } => {
@@ -246,8 +295,10 @@ pub fn predicted_set(head: &[f32], set: &CentroidSet, membership: &[u16], size: 
                 let p = (head[c] - max).exp() / z;
                 for_each_neuron(set.row(c), |j| score[j] += p);
             }
+            // expected membership x importance: likely to fire, and large when it does
             let idx: Vec<usize> = (0..score.len()).filter(|&j| score[j] > 0.0).collect();
-            best_as_bitset(idx, size, set.width, |a, b| score[*b].total_cmp(&score[*a]).then_with(|| more_common(a, b)))
+            score.iter_mut().enumerate().for_each(|(j, s)| *s *= prior.weight(j));
+            best_as_bitset(idx, size, set.width, |a, b| score[*b].total_cmp(&score[*a]).then_with(|| better(a, b)))
         }
     };
     (argmax as u32, bits)
@@ -301,8 +352,8 @@ pub struct PredictedSparsity {
     pub dense_prefix: usize,
     /// `[n_tokens, S]` (argmax id, predicted set bits) of the current forward pass.
     current: Vec<(u32, Vec<u8>)>,
-    /// Per sparse layer: how many centroids hold each neuron (the tie-break).
-    membership: Vec<Vec<u16>>,
+    /// Per sparse layer: how its neurons rank (importance, membership).
+    priors: Vec<NeuronPrior>,
     /// K_max per sparse layer (every centroid set's size).
     k_max: Vec<usize>,
     /// Neurons kept per sparse layer: K_max x `set_scale`.
@@ -316,7 +367,8 @@ pub struct PredictedSparsity {
 }
 
 impl PredictedSparsity {
-    pub fn new(predictor: Predictor, centroids: &CentroidTable, thresholds: Thresholds) -> Result<Self> {
+    /// `importance`: the preparation's, if it has one (ranks cut sets, weighs the soft rule).
+    pub fn new(predictor: Predictor, centroids: &CentroidTable, thresholds: Thresholds, importance: Option<&formats::importance::NeuronImportance>) -> Result<Self> {
         let s = predictor.spec.clone();
         if thresholds.mask_kind != formats::thresholds::MaskKind::Product {
             return Err(crate::RuntimeError::Input("the predictor supports product masks only (gate-up: not built yet)".into()));
@@ -325,7 +377,7 @@ impl PredictedSparsity {
         let sparse = (0..s.n_sparse_layers).map(|i| centroids.layer(s.first_layer + i).cloned()).collect::<std::result::Result<Vec<_>, _>>()?;
         let stats = (0..s.n_sparse_layers).map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() }).collect();
         let k_max: Vec<usize> = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
-        let membership = sparse.iter().map(membership_counts).collect();
+        let priors = sparse.iter().enumerate().map(|(i, set)| NeuronPrior::new(set, importance.map(|w| w.layer(s.first_layer + i)))).collect();
         Ok(PredictedSparsity {
             dense_prefix: s.first_layer,
             predictor,
@@ -333,7 +385,7 @@ impl PredictedSparsity {
             sparse,
             thresholds,
             current: vec![],
-            membership,
+            priors,
             set_sizes: k_max.clone(),
             k_max,
             set_scale: 1.0,
@@ -348,6 +400,18 @@ impl PredictedSparsity {
     pub fn set_set_scale(&mut self, scale: f64) {
         self.set_scale = scale;
         self.set_sizes = scaled_set_sizes(&self.k_max, scale);
+    }
+
+    /// Ranks cut sets by membership only, even where the preparation has importance.
+    pub fn set_neuron_rank(&mut self, rank: NeuronRank) {
+        if rank == NeuronRank::Membership {
+            self.priors.iter_mut().for_each(|p| p.importance = None);
+        }
+    }
+
+    /// True when cut sets are ranked by importance.
+    pub fn ranks_by_importance(&self) -> bool {
+        self.priors.iter().all(|p| p.importance.is_some())
     }
 
     /// Neurons kept, over neurons in the sparse layers, so far.
@@ -399,7 +463,7 @@ impl MlpHook for PredictedSparsity {
                 .enumerate()
                 .map(|(i, head)| match i % n_sparse {
                     si if si < skipped => (0, Vec::new()),
-                    si => predicted_set(head, &self.sparse[si], &self.membership[si], self.set_sizes[si], self.rule),
+                    si => predicted_set(head, &self.sparse[si], &self.priors[si], self.set_sizes[si], self.rule),
                 })
                 .collect();
         }
@@ -416,6 +480,11 @@ impl MlpHook for PredictedSparsity {
         let n_ff = up.len() / n;
         let mut mask = vec![0u8; set.width];
         for t in 0..n {
+            if self.rule == SetRule::Oracle {
+                let (g, u) = (&gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
+                let magnitude = |j: &usize| (g[*j] * u[*j]).abs();
+                self.current[t * n_sparse + si].1 = best_as_bitset((0..n_ff).collect(), self.set_sizes[si], set.width, |a, b| magnitude(b).total_cmp(&magnitude(a)));
+            }
             let (c, ref bits) = self.current[t * n_sparse + si];
             let c = c as usize;
             let (g, u) = (&mut gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
@@ -447,7 +516,7 @@ mod tests {
         // 3 centroids over 16 neurons, 4 each
         let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b1111_0000, 0, 0, 0b0000_1111] };
         let head = [0.1f32, 2.0, 1.9];
-        let m = membership_counts(&set);
+        let m = NeuronPrior::new(&set, None);
         let (id, bits) = predicted_set(&head, &set, &m, 4, SetRule::Top1);
         assert_eq!((id, bits), (1, vec![0b1111_0000, 0]));
         let (_, bits) = predicted_set(&head, &set, &m, 4, SetRule::Soft { candidates: 3 });
@@ -461,8 +530,8 @@ mod tests {
     fn smaller_sets_keep_the_most_common_neurons() {
         // 3 centroids of 4 neurons over 16; neuron 2 is in all three, 1 and 3 in two, 0 in one
         let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b0000_0110, 0b1000_0001, 0b0000_1100, 0b0000_1010] };
-        let m = membership_counts(&set);
-        assert_eq!(&m[..4], &[1, 2, 3, 2]);
+        let m = NeuronPrior::new(&set, None);
+        assert_eq!(&m.membership[..4], &[1, 2, 3, 2]);
         assert_eq!(scaled_set_sizes(&[4, 10, 1], 0.5), vec![2, 5, 1]);
         // top1 (centroid 0 = neurons 0..4) cut to 2: neuron 2, then the lower of the tied 1 and 3
         let (id, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 2, SetRule::Top1);
@@ -475,5 +544,25 @@ mod tests {
         assert_eq!(bits, vec![0b0000_1110, 0]);
         assert_eq!("static".parse::<SetRule>().unwrap(), SetRule::Static);
         assert_eq!("top1".parse::<SetRule>().unwrap(), SetRule::Top1);
+    }
+
+    #[test]
+    fn importance_ranks_cut_sets_and_weighs_the_soft_rule() {
+        // centroid 0 = neurons 0..4, centroid 1 = neurons 4..8; neuron 5 matters most, then 1
+        let set = CentroidSet { k: 2, width: 1, bits: vec![0b0000_1111, 0b1111_0000] };
+        let mut w = vec![0.1f32; 8];
+        (w[5], w[1]) = (4.0, 2.0);
+        let p = NeuronPrior::new(&set, Some(&w));
+        // static keeps the two most important, whatever the head says
+        assert_eq!(predicted_set(&[9.0, 0.0], &set, &p, 2, SetRule::Static).1, vec![0b0010_0010]);
+        // top1 cut keeps its set's most important first
+        assert_eq!(predicted_set(&[9.0, 0.0], &set, &p, 1, SetRule::Top1).1, vec![0b0000_0010]);
+        // soft: centroid 0 is 3x likelier, but neuron 5 is 40x more important than 0, 2 and 3
+        let head = [(3.0f32).ln(), 0.0];
+        assert_eq!(predicted_set(&head, &set, &p, 2, SetRule::Soft { candidates: 2 }).1, vec![0b0010_0010]);
+        // without importance the likelier centroid's neurons win (ties to the lower index)
+        let plain = NeuronPrior::new(&set, None);
+        assert_eq!(predicted_set(&head, &set, &plain, 2, SetRule::Soft { candidates: 2 }).1, vec![0b0000_0011]);
+        assert_eq!("oracle".parse::<SetRule>().unwrap(), SetRule::Oracle);
     }
 }

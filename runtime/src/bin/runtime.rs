@@ -52,6 +52,11 @@ struct ModeArgs {
     /// the dense prefix is sparse (never below 0.25).
     #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
     set_scale: f64,
+    /// How cut sets rank neurons and the soft rule weighs them: importance (the preparation's
+    /// per-neuron mean contribution; falls back to membership when it has none) or membership
+    /// (how many centroids hold the neuron).
+    #[arg(long, value_enum, default_value_t = runtime::predictor::NeuronRank::Importance)]
+    neuron_rank: runtime::predictor::NeuronRank,
 }
 
 fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
@@ -67,8 +72,15 @@ fn apply_mode(opened: &mut runtime::Opened, mode: &ModeArgs) -> Result<()> {
         Some(Sparsity::InMemory(p)) => {
             p.rule = mode.set_rule;
             p.set_set_scale(mode.set_scale);
+            p.set_neuron_rank(mode.neuron_rank);
         }
-        Some(Sparsity::Stream(e)) => e.rule = mode.set_rule,
+        Some(Sparsity::Stream(e)) => {
+            if mode.set_rule == runtime::predictor::SetRule::Oracle {
+                anyhow::bail!("--set-rule oracle ranks neurons by their true activations, which needs every row: use it with --in-memory");
+            }
+            e.rule = mode.set_rule;
+            e.set_neuron_rank(mode.neuron_rank);
+        }
         None => {}
     }
     if let (Some(d), Some(Sparsity::InMemory(p))) = (mode.dense_from, opened.sparsity.as_mut()) {
@@ -211,6 +223,9 @@ enum Command {
         /// Share of K_max neurons kept per sparse layer (see `runtime run --help`).
         #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
         set_scale: f64,
+        /// importance or membership (see `runtime run --help`).
+        #[arg(long, value_enum, default_value_t = runtime::predictor::NeuronRank::Importance)]
+        neuron_rank: runtime::predictor::NeuronRank,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -226,6 +241,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             "mode": "in-memory",
             "dense_prefix": s.dense_prefix,
             "set_scale": s.set_scale,
+            "neuron_rank": if s.ranks_by_importance() { "importance" } else { "membership" },
             "sparse_layer_density": s.density(n_ff),
             "top1_accuracy": s.overall_top1(),
             "recall": s.overall_recall(),
@@ -238,6 +254,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
                 "mode": "stream",
                 "dense_prefix": e.first_layer,
                 "set_scale": e.plan.set_scale,
+                "neuron_rank": if e.ranks_by_importance() { "importance" } else { "membership" },
                 "tokens": st.tokens,
                 "reuse_ratio": st.reuse_ratio(),
                 "rows_loaded": st.rows_loaded,
@@ -400,7 +417,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -408,7 +425,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank };
             let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
             apply_mode(&mut opened, &mode)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();

@@ -117,7 +117,8 @@ impl MemoryPlan {
         let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { embed_bytes };
         let resident_bytes = size("resident")? - untied_embedding_bytes + if c.tie_word_embeddings { 0 } else { 4 << 20 };
         let predictor_bytes = predictor.n_bytes() as u64;
-        let centroid_bytes: u64 = centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64).sum();
+        // the sets, plus per neuron its membership count (u16) and importance (f32)
+        let centroid_bytes: u64 = centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64 + c.width as u64 * 8 * 6).sum();
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
         let staging_bytes = s.staging_bytes.max(rb).div_ceil(4096) * 4096;
         // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table

@@ -93,7 +93,7 @@ pub struct StreamingEngine {
     /// Per sparse layer: its centroid sets and how many of them hold each neuron (the
     /// tie-break); its set size is the plan's.
     sets: Vec<CentroidSet>,
-    membership: Vec<Vec<u16>>,
+    priors: Vec<crate::predictor::NeuronPrior>,
     pub rule: crate::predictor::SetRule,
     /// The current token's active neurons per sparse layer (ascending).
     active: Vec<Vec<u32>>,
@@ -261,6 +261,18 @@ fn io_worker(
 }
 
 impl StreamingEngine {
+    /// Ranks cut sets by membership only, even where the preparation has importance.
+    pub fn set_neuron_rank(&mut self, rank: crate::predictor::NeuronRank) {
+        if rank == crate::predictor::NeuronRank::Membership {
+            self.priors.iter_mut().for_each(|p| p.importance = None);
+        }
+    }
+
+    /// True when cut sets are ranked by importance.
+    pub fn ranks_by_importance(&self) -> bool {
+        self.priors.iter().all(|p| p.importance.is_some())
+    }
+
     pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
         let predictor = Predictor::load(&manifest.artifact_path_of(manifest_path, "predictor")?)?;
         let centroids = CentroidTable::load(&manifest.artifact_path_of(manifest_path, "centroids")?)?;
@@ -304,7 +316,8 @@ impl StreamingEngine {
             std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, first, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
         };
         let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
-        let membership = sets.iter().map(crate::predictor::membership_counts).collect();
+        let importance = crate::load_importance(manifest_path, manifest)?;
+        let priors = sets.iter().enumerate().map(|(i, set)| crate::predictor::NeuronPrior::new(set, importance.as_ref().map(|w| w.layer(first + i)))).collect();
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
@@ -318,7 +331,7 @@ impl StreamingEngine {
             io_stats,
             predictor,
             sets,
-            membership,
+            priors,
             rule: crate::predictor::SetRule::default(),
             active: vec![],
             thresholds,
@@ -427,7 +440,7 @@ impl MlpHook for StreamingEngine {
                 .chunks_exact(k)
                 .enumerate()
                 .map(|(si, head)| {
-                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], &self.membership[si], self.plan.set_sizes[si], self.rule);
+                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], &self.priors[si], self.plan.set_sizes[si], self.rule);
                     CentroidSet { k: 1, width: bits.len(), bits }.neurons(0)
                 })
                 .collect();
