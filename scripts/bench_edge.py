@@ -216,11 +216,13 @@ def main():
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
     qrows = json.loads(qpath.read_text()) if qpath.exists() else {"sparse": [], "hellaswag_items": None}
 
-    def quality_at(d, scale):
-        row = next((r for r in qrows["sparse"] if r["dense_prefix"] == d and abs(r.get("set_scale", 1.0) - scale) < 0.005), None)
+    def quality_at(d, scale, rank):
+        # rows measured before `prep importance` carry no neuron_rank: they ranked by membership
+        row = next((r for r in qrows["sparse"] if r["dense_prefix"] == d and abs(r.get("set_scale", 1.0) - scale) < 0.005
+                    and (r.get("neuron_rank") or "membership") == rank), None)
         if row is None:
             return None
-        return {"dense_prefix": d, "set_scale": scale, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
+        return {"dense_prefix": d, "set_scale": scale, "neuron_rank": rank, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
                 "hellaswag_items": qrows["hellaswag_items"], "model_mlp_sparsity": row.get("model_mlp_sparsity")}
     n_default, n_by_throttle = a.n, {}
     for part in (a.n_confined or "").split(","):
@@ -287,7 +289,9 @@ def main():
                         row[f"runtime_{k}"] = statistics.median(v) if v else None
                     ref = [r for r in rs if r.get("refused")]
                     row["runtime_refused_minimum_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
-                    row["runtime_quality"] = (quality_at(int(row["runtime_dense_from"]), row.get("runtime_set_scale") or 1.0)
+                    ranks = [r.get("neuron_rank") or "membership" for r in rs if r.get("dense_from") is not None]
+                    row["runtime_neuron_rank"] = ranks[0] if ranks else None
+                    row["runtime_quality"] = (quality_at(int(row["runtime_dense_from"]), row.get("runtime_set_scale") or 1.0, row["runtime_neuron_rank"])
                                               if row["runtime_dense_from"] is not None else None)
             row["speedup"] = row["runtime"] / row["llama_cpp"] if row["runtime"] and row["llama_cpp"] else None
             table.append(row)

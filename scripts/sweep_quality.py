@@ -29,7 +29,7 @@ def point(manifest, mode, limit, chunks, text):
     sp = ev.get("sparsity") or {}
     return {"hellaswag_acc_norm": ev["accuracy"], "hellaswag_acc": ev["accuracy_unnormalized"], "items": ev["items"],
             "perplexity": pp["perplexity"], "sparse_layer_density": sp.get("sparse_layer_density"),
-            "recall": sp.get("recall"), "top1": sp.get("top1_accuracy"), "seconds": time.time() - t0}
+            "recall": sp.get("recall"), "top1": sp.get("top1_accuracy"), "neuron_rank": sp.get("neuron_rank"), "seconds": time.time() - t0}
 
 
 def main():

@@ -39,6 +39,7 @@ def main():
     dense = ppl(a.manifest, a.text, a.chunks, ["--dense"])
     print(f"dense: perplexity {dense['perplexity']:.2f}", flush=True)
     rows = []
+    out = ROOT / f"bench/results/set-rules-{a.name}.json"
     for p in a.points.split(","):
         d, rest = p.split("@")
         scale, rule, *rank = rest.split(":")
@@ -51,9 +52,9 @@ def main():
         rows.append(row)
         print(f"d={d} sets {float(scale):.2f} x K_max {rule:>7} by {row['neuron_rank']:>10}: perplexity {row['perplexity']:.2f} ({row['ppl_ratio']:.2f}x), "
               f"density {row['sparse_layer_density']:.3f}, recall {row['recall']:.3f}", flush=True)
-    out = ROOT / f"bench/results/set-rules-{a.name}.json"
-    out.write_text(json.dumps({"model": a.name, "manifest": a.manifest, "perplexity_text": a.text, "perplexity_chunks": a.chunks,
-                               "dense_perplexity": dense["perplexity"], "points": rows}, indent=2))
+        # written after every point, so an interrupted sweep keeps what it measured
+        out.write_text(json.dumps({"model": a.name, "manifest": a.manifest, "perplexity_text": a.text, "perplexity_chunks": a.chunks,
+                                   "dense_perplexity": dense["perplexity"], "points": rows}, indent=2))
     print(f"-> {out}")
 
 
