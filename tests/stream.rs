@@ -101,7 +101,7 @@ fn flipped_byte_is_a_crc_error() {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     // the other artifacts are referenced relative to the manifest: link their folders
-    for d in ["cluster", "predictor", "capture"] {
+    for d in ["cluster", "predictor", "capture", "importance"] {
         std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
     }
     let manifest = formats::manifest::Manifest::load(m).unwrap();
