@@ -65,11 +65,11 @@ impl Opened {
 /// The preparation's per-neuron importance (`prep importance`); None, with a note on stderr,
 /// for a preparation made before it existed (cut sets are then ranked by membership).
 pub fn load_importance(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<formats::importance::NeuronImportance>> {
-    if !manifest.artifacts.iter().any(|a| a.role == "importance") {
+    let Some(a) = manifest.artifacts.iter().find(|a| a.role == "importance") else {
         eprintln!("note: {} has no importance artifact: cut sets are ranked by membership (rerun make prepare to add it)", manifest_path.display());
         return Ok(None);
-    }
-    let p = manifest.artifact_path_of(manifest_path, "importance")?;
+    };
+    let p = manifest.artifact_path(manifest_path, a);
     Ok(Some(formats::importance::NeuronImportance::load(&p, manifest.model.num_hidden_layers, manifest.model.intermediate_size)?))
 }
 

@@ -245,6 +245,28 @@ impl NeuronPrior {
     fn weight(&self, j: usize) -> f32 {
         self.importance.as_ref().map_or(1.0, |w| w[j])
     }
+
+    /// One prior per sparse layer: `sets[i]` is layer `first + i`'s centroid sets.
+    pub fn for_layers(sets: &[CentroidSet], first: usize, importance: Option<&formats::importance::NeuronImportance>) -> Vec<Self> {
+        sets.iter().enumerate().map(|(i, set)| NeuronPrior::new(set, importance.map(|w| w.layer(first + i)))).collect()
+    }
+}
+
+/// `--neuron-rank` applied to a run's priors: `Membership` drops their importance
+/// (`Importance` keeps what the preparation has).
+pub fn apply_neuron_rank(priors: &mut [NeuronPrior], rank: NeuronRank) {
+    if rank == NeuronRank::Membership {
+        priors.iter_mut().for_each(|p| p.importance = None);
+    }
+}
+
+/// The ranking the priors actually use: importance only when every layer has it.
+pub fn effective_neuron_rank(priors: &[NeuronPrior]) -> NeuronRank {
+    if priors.iter().all(|p| p.importance.is_some()) {
+        NeuronRank::Importance
+    } else {
+        NeuronRank::Membership
+    }
 }
 
 /// How cut sets rank neurons (`--neuron-rank`).
@@ -377,7 +399,7 @@ impl PredictedSparsity {
         let sparse = (0..s.n_sparse_layers).map(|i| centroids.layer(s.first_layer + i).cloned()).collect::<std::result::Result<Vec<_>, _>>()?;
         let stats = (0..s.n_sparse_layers).map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() }).collect();
         let k_max: Vec<usize> = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
-        let priors = sparse.iter().enumerate().map(|(i, set)| NeuronPrior::new(set, importance.map(|w| w.layer(s.first_layer + i)))).collect();
+        let priors = NeuronPrior::for_layers(&sparse, s.first_layer, importance);
         Ok(PredictedSparsity {
             dense_prefix: s.first_layer,
             predictor,
@@ -402,16 +424,14 @@ impl PredictedSparsity {
         self.set_sizes = scaled_set_sizes(&self.k_max, scale);
     }
 
-    /// Ranks cut sets by membership only, even where the preparation has importance.
+    /// `--neuron-rank` (see [`apply_neuron_rank`]).
     pub fn set_neuron_rank(&mut self, rank: NeuronRank) {
-        if rank == NeuronRank::Membership {
-            self.priors.iter_mut().for_each(|p| p.importance = None);
-        }
+        apply_neuron_rank(&mut self.priors, rank);
     }
 
-    /// True when cut sets are ranked by importance.
-    pub fn ranks_by_importance(&self) -> bool {
-        self.priors.iter().all(|p| p.importance.is_some())
+    /// How cut sets are ranked in this run.
+    pub fn neuron_rank(&self) -> NeuronRank {
+        effective_neuron_rank(&self.priors)
     }
 
     /// Neurons kept, over neurons in the sparse layers, so far.

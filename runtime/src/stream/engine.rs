@@ -90,8 +90,8 @@ pub struct StreamingEngine {
     io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
     pub predictor: Predictor,
     layer0: CentroidSet,
-    /// Per sparse layer: its centroid sets and how many of them hold each neuron (the
-    /// tie-break); its set size is the plan's.
+    /// Per sparse layer: its centroid sets and how its neurons rank (importance, membership);
+    /// its set size is the plan's.
     sets: Vec<CentroidSet>,
     priors: Vec<crate::predictor::NeuronPrior>,
     pub rule: crate::predictor::SetRule,
@@ -261,16 +261,14 @@ fn io_worker(
 }
 
 impl StreamingEngine {
-    /// Ranks cut sets by membership only, even where the preparation has importance.
+    /// `--neuron-rank` (see [`crate::predictor::apply_neuron_rank`]).
     pub fn set_neuron_rank(&mut self, rank: crate::predictor::NeuronRank) {
-        if rank == crate::predictor::NeuronRank::Membership {
-            self.priors.iter_mut().for_each(|p| p.importance = None);
-        }
+        crate::predictor::apply_neuron_rank(&mut self.priors, rank);
     }
 
-    /// True when cut sets are ranked by importance.
-    pub fn ranks_by_importance(&self) -> bool {
-        self.priors.iter().all(|p| p.importance.is_some())
+    /// How cut sets are ranked in this run.
+    pub fn neuron_rank(&self) -> crate::predictor::NeuronRank {
+        crate::predictor::effective_neuron_rank(&self.priors)
     }
 
     pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
@@ -317,7 +315,7 @@ impl StreamingEngine {
         };
         let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
         let importance = crate::load_importance(manifest_path, manifest)?;
-        let priors = sets.iter().enumerate().map(|(i, set)| crate::predictor::NeuronPrior::new(set, importance.as_ref().map(|w| w.layer(first + i)))).collect();
+        let priors = crate::predictor::NeuronPrior::for_layers(&sets, first, importance.as_ref());
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
