@@ -36,7 +36,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--d", default="", help="comma-separated dense prefixes, each optionally @set-scale, e.g. 4,13,1@0.46 (default: the prepared one)")
+    ap.add_argument("--d", default="", help="comma-separated dense prefixes, each optionally @set-scale and :set-rule, "
+                    "e.g. 4,13,1@0.46,1@0.27:scorer (default: the prepared one, soft8)")
     ap.add_argument("--limit", type=int, default=200, help="HellaSwag items")
     ap.add_argument("--chunks", type=int, default=4, help="perplexity chunks of 512")
     ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"))
@@ -52,18 +53,21 @@ def main():
     n_layers = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("num_hidden_layers")))
     d0 = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("dense_prefix")))
     def parse_point(x):
+        x, _, rule = x.partition(":")
         d, _, sc = x.partition("@")
-        return int(d), float(sc) if sc else 1.0
-    ds = [parse_point(x) for x in a.d.split(",") if x] or [(d0, 1.0)]
+        return int(d), float(sc) if sc else 1.0, rule or "soft8"
+    ds = [parse_point(x) for x in a.d.split(",") if x] or [(d0, 1.0, "soft8")]
     dense = old["dense"] if old else point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
     print(f"dense: acc_norm {dense['hellaswag_acc_norm']:.4f}, ppl {dense['perplexity']:.3f}", flush=True)
     import hashlib
     manifest_sha = hashlib.sha256(open(a.manifest, "rb").read()).hexdigest()
-    rows = [r for r in (old or {}).get("sparse", []) if (r["dense_prefix"], r.get("set_scale", 1.0)) not in ds and r.get("manifest_sha256") == manifest_sha]
-    for d, sc in ds:
-        p = point(a.manifest, ["--in-memory", "--dense-from", str(d), "--set-scale", str(sc)], a.limit, a.chunks, a.text)
+    # rows of other points stay (each carries the manifest it was measured with)
+    rows = [r for r in (old or {}).get("sparse", []) if (r["dense_prefix"], r.get("set_scale", 1.0), r.get("set_rule", "soft8")) not in ds]
+    for d, sc, rule in ds:
+        p = point(a.manifest, ["--in-memory", "--dense-from", str(d), "--set-scale", str(sc), "--set-rule", rule], a.limit, a.chunks, a.text)
         p["dense_prefix"] = d
         p["set_scale"] = sc
+        p["set_rule"] = rule
         p["manifest_sha256"] = manifest_sha
         p["sparse_layers"] = n_layers - d
         p["acc_ratio"] = p["hellaswag_acc_norm"] / dense["hellaswag_acc_norm"]
@@ -71,9 +75,11 @@ def main():
         # share of all MLP neurons skipped across the whole model
         p["model_mlp_sparsity"] = (n_layers - d) / n_layers * (1 - (p["sparse_layer_density"] or 1))
         rows.append(p)
-        print(f"d={d} sets {sc:.2f} x K_max: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
-              f"({p['ppl_ratio']:.3f}x), density {p['sparse_layer_density']:.3f}, recall {p['recall']:.3f}", flush=True)
-    rows.sort(key=lambda r: (r["dense_prefix"], -r.get("set_scale", 1.0)))
+        unit = "n_ff" if rule == "scorer" else "K_max"
+        recall = f", recall {p['recall']:.3f}" if p["recall"] is not None else ""
+        print(f"d={d} {rule} sets {sc:.2f} x {unit}: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
+              f"({p['ppl_ratio']:.3f}x), density {p['sparse_layer_density']:.3f}{recall}", flush=True)
+    rows.sort(key=lambda r: (r.get("set_rule", "soft8"), r["dense_prefix"], -r.get("set_scale", 1.0)))
     res = {"model": a.name, "manifest": a.manifest, "hellaswag_items": a.limit, "perplexity_text": a.text,
            "perplexity_chunks": a.chunks, "dense": dense, "sparse": rows}
     out.write_text(json.dumps(res, indent=2))
@@ -89,7 +95,7 @@ def main():
         ax[1].plot(xs, [r["ppl_ratio"] for r in rows], "o")
         ax[1].set_xlabel("MLP neurons skipped, whole model (%)"); ax[1].set_ylabel("perplexity / dense (LAMBADA)")
         for r, x in zip(rows, xs):
-            lab = f"d={r['dense_prefix']}" + (f"@{r['set_scale']:.2f}" if r.get("set_scale", 1.0) != 1.0 else "")
+            lab = f"d={r['dense_prefix']}" + (f"@{r['set_scale']:.2f}" if r.get("set_scale", 1.0) != 1.0 else "") + (":scorer" if r.get("set_rule") == "scorer" else "")
             ax[0].annotate(lab, (x, r["acc_ratio"])); ax[1].annotate(lab, (x, r["ppl_ratio"]))
         fig.suptitle(f"{a.name}: predicted sparsity vs dense ({a.limit} HellaSwag items)")
         fig.tight_layout(); fig.savefig(out.with_suffix(".png"), dpi=100)

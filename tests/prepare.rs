@@ -17,7 +17,7 @@ fn prepare_end_to_end_then_resume() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let stages: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
-    assert_eq!(stages, ["capture", "importance", "cluster", "train", "pack"]);
+    assert_eq!(stages, ["capture", "importance", "cluster", "train", "pack", "scorer"]);
 
     // the predictor: better than chance on held-out tokens (loss and top-1; top-1 also beats
     // always guessing the most frequent label),
@@ -40,6 +40,26 @@ fn prepare_end_to_end_then_resume() {
     assert_eq!(sizes, m.sparsity.k_max, "every predicted set holds exactly K_max neurons");
     assert_eq!(m.records.count, 4 * 1536);
     assert_eq!(std::fs::metadata(dir.join("artifacts/records.bin")).unwrap().len(), 4 * 1536 * 4096);
+
+    // the 4-bit scorer of layers 26..30: its rows stand for the records' gate and up rows
+    // (Q4_0 error, well under a fifth of the row's norm), and its CRC of each downT row is the
+    // CRC of the record's downT row
+    let sc = formats::scorer::GateUpScorerFile::load(&m.artifact_path_of(&mpath, "scorer").unwrap(), 26, 4, 1536, 576).unwrap();
+    let rf = formats::records::RecordFile::open(&m.artifact_path_of(&mpath, "records").unwrap(), 576, 26, 30, 1536).unwrap();
+    for (layer, j) in [(26, 0), (27, 5), (29, 1535)] {
+        let rows = rf.read(layer, j).unwrap();
+        assert_eq!(sc.layer_down_crc32c(layer)[j], formats::scorer::f16_row_crc32c(&rows.down_t));
+        let norm = rows.down_t.iter().map(|v| v.to_f32().powi(2)).sum::<f32>().sqrt();
+        assert!((sc.layer_down_norm(layer)[j] - norm).abs() < 1e-3 * norm);
+        for (part, want) in [(0, &rows.gate), (1, &rows.up)] {
+            let q = &sc.layer_q4(layer)[(2 * j + part) * 288..(2 * j + part + 1) * 288];
+            let s = &sc.layer_scales(layer)[(2 * j + part) * 18..(2 * j + part + 1) * 18];
+            let got = formats::scorer::dequantize_q4_row(q, s);
+            let err: f32 = got.iter().zip(want.iter()).map(|(a, b)| (a - b.to_f32()).powi(2)).sum::<f32>().sqrt();
+            let len: f32 = want.iter().map(|b| b.to_f32().powi(2)).sum::<f32>().sqrt();
+            assert!(err < 0.2 * len, "layer {layer} neuron {j} part {part}: error {err} of {len}");
+        }
+    }
 
     // importance over the calibration tokens (8 sequences of 64), and its ranking holds on
     // held-out text: the tenth of layer 28's neurons it ranks first move far more than the half
@@ -77,7 +97,7 @@ fn prepare_end_to_end_then_resume() {
     let third = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&third.stdout).unwrap();
     let skipped: Vec<bool> = report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
-    assert_eq!(skipped, [true, true, false, false, false]);
+    assert_eq!(skipped, [true, true, false, false, false, false]);
     assert_eq!(Manifest::load(&mpath).unwrap().sparsity.k_max.len(), 3);
 
     // the report over the calibration capture

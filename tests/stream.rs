@@ -101,7 +101,7 @@ fn flipped_byte_is_a_crc_error() {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     // the other artifacts are referenced relative to the manifest: link their folders
-    for d in ["cluster", "predictor", "capture", "importance"] {
+    for d in ["cluster", "predictor", "capture", "importance", "scorer"] {
         std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
     }
     let manifest = formats::manifest::Manifest::load(m).unwrap();
@@ -118,6 +118,61 @@ fn flipped_byte_is_a_crc_error() {
     let e = String::from_utf8_lossy(&out.stderr);
     let record_off = manifest.records.offset(27, 100);
     assert!(e.contains("records.bin") && e.contains("CRC") && e.contains(&record_off.to_string()) && e.contains("27") && e.contains("100"), "{e}");
+
+    // the scorer reads downT rows alone: a flipped byte there is caught by the scorer file's
+    // CRC of that row (the gate byte flipped above is never read)
+    let row_off = manifest.records.offset(28, 200) + 512 + 2 * 576 * 2;
+    let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
+    bytes[row_off as usize + 10] ^= 0x01;
+    std::fs::write(dir.join("records.bin"), bytes).unwrap();
+    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--set-rule", "scorer", "--set-scale", "1"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("records.bin") && e.contains("downT row of layer 28, neuron 200") && e.contains("CRC32C mismatch") && e.contains(&row_off.to_string()), "{e}");
+}
+
+/// `--set-rule scorer`: the quality figures come from `--in-memory` (batched, every downT row
+/// in memory, which rows a streaming run would hold simulated); streaming at its smallest
+/// budget (slots = set size) keeps the same sets, computes the same logits, and reads only the
+/// kept neurons' downT rows (one 512-aligned span each).
+#[test]
+fn scorer_streaming_equals_in_memory() {
+    let m = default_sparse();
+    let manifest = formats::manifest::Manifest::load(m).unwrap();
+    let (share, bonus) = (0.3, 2.0);
+    let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
+    let mut p = runtime::scorer::ScoredSparsity::new(m, &manifest).unwrap();
+    p.set_keep_share(share);
+    p.resident_bonus = bonus;
+    // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
+    // flipped marginal neuron changes what is resident, and the sets drift apart)
+    p.single_token = true;
+    mem.sparsity = Some(Sparsity::Scored(Box::new(p)));
+    let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
+    let want = forward_logits(&mut mem, &ids);
+    let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, scorer: true, set_scale: share, ..Default::default() };
+    let minimum = match runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().sparsity {
+        Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
+        _ => panic!("not streaming"),
+    };
+    let mut s = runtime::open(m, &PreparedMode::Stream(settings(Some(minimum)))).unwrap();
+    let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
+    e.resident_bonus = bonus;
+    assert_eq!(e.plan.capacity, e.plan.set_sizes, "the smallest budget holds exactly the sets");
+    assert_eq!(e.plan.slot_row_bytes, 576 * 2, "slots hold downT rows only");
+    assert!(e.plan.predictor_bytes == 0 && e.plan.scorer_bytes > 0);
+    let got = forward_logits(&mut s, &ids);
+    let max_diff = max_abs_diff(&want, &got);
+    assert!(max_diff < 2e-3, "streamed logits differ from in-memory scored sets by {max_diff}");
+    let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
+    e.refresh_io_stats();
+    let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!() };
+    assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read as the in-memory run counted");
+    assert!(p.density() > 0.29 && p.density() < 0.31, "density {}", p.density());
+    assert!(p.reuse_ratio() > 0.0 && p.reuse_ratio() < 1.0, "reuse {}", p.reuse_ratio());
+    // one span of 1536 bytes (3 x 512 around the 1152-byte row) per row read
+    assert_eq!(e.stats.bytes_read, e.stats.rows_loaded * 1536);
+    assert_eq!(e.stats.read_requests, e.stats.rows_loaded);
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod model_dir;
 pub mod predictor;
 pub mod records;
+pub mod scorer;
 pub mod thresholds;
 pub mod safetensors_io;
 

@@ -5,6 +5,7 @@ mod capture;
 mod cluster;
 mod import;
 mod importance;
+mod scorer;
 mod pack;
 mod prepare;
 mod report;
@@ -189,6 +190,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The resident 4-bit gate/up copy of layers D.. (scorer.safetensors): lets `--set-rule
+    /// scorer` pick each layer's neurons from its own input and stream only down rows.
+    Scorer {
+        /// Canonical model directory (from `prep import`).
+        model: PathBuf,
+        /// Layers 0..D stay dense (the preparation's dense prefix).
+        #[arg(long)]
+        dense_prefix: usize,
+        /// Output file (scorer.safetensors).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() {
@@ -348,6 +363,17 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 println!("importance over {} tokens ({} sequences) -> {} in {:.1} s", s.tokens, s.sequences, s.path, s.seconds);
+            }
+        }
+        Command::Scorer { model, dense_prefix, out, json } => {
+            let s = scorer::scorer(&model, dense_prefix, &out, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "4-bit gate/up of {} layers from {} ({:.1} MiB, mean relative row error {:.4}) -> {} in {:.1} s",
+                    s.layers, s.first_layer, s.bytes as f64 / 1048576.0, s.relative_error, s.path, s.seconds
+                );
             }
         }
         Command::Pack { model, dense_prefix, out, json } => {

@@ -5,7 +5,7 @@
 //! Every output is written under a temporary name and renamed, so an interrupted stage leaves
 //! no file that a later run could take for a good one.
 
-use crate::{capture, cluster, import, importance, pack, train};
+use crate::{capture, cluster, import, importance, pack, scorer, train};
 use anyhow::{bail, Context, Result};
 use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
 use formats::model_dir::ModelConfig;
@@ -231,6 +231,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let key = serde_json::json!({"model": model_fp, "dense_prefix": d});
     st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&model_dir, d, &out, show_progress).map(|_| ()))?;
 
+    // scorer: the resident 4-bit gate/up copy of the sparse layers (`--set-rule scorer`)
+    let scorer_path = out.join("scorer/scorer.safetensors");
+    let key = serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0"});
+    st.run("scorer", &key, std::slice::from_ref(&scorer_path), || scorer::scorer(&model_dir, d, &scorer_path, show_progress).map(|_| ()))?;
+
     // manifest
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
     let mut k_max = vec![0usize; n_layers - d];
@@ -249,6 +254,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("predictor", tr_dir.join("predictor.safetensors")),
         ("thresholds", cap_dir.join("thresholds.json")),
         ("importance", imp_path.clone()),
+        ("scorer", scorer_path.clone()),
         ("tokenizer", model_dir.join("tokenizer.json")),
     ] {
         let rel = pathdiff(&path, &out);

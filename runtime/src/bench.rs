@@ -38,7 +38,10 @@ pub struct BenchReport {
     /// Neurons kept per sparse layer as a share of K_max (after `--set-scale`, `fit` resolved).
     pub set_scale: f64,
     /// How cut sets ranked neurons: "importance" or "membership".
-    pub neuron_rank: crate::predictor::NeuronRank,
+    /// How cut sets were ranked (null with the scorer, which ranks by its own score).
+    pub neuron_rank: Option<crate::predictor::NeuronRank>,
+    /// How sets were chosen (soft8, top1, static, scorer).
+    pub set_rule: String,
     pub set_size_per_layer: Vec<usize>,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
@@ -138,6 +141,7 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         dense_from: engine.plan.dense_from,
         set_scale: engine.plan.set_scale,
         neuron_rank: engine.neuron_rank(),
+        set_rule: engine.rule.to_string(),
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),

@@ -12,6 +12,7 @@ pub mod oracle;
 pub mod perplexity;
 pub mod predictor;
 pub mod sampler;
+pub mod scorer;
 pub mod stream;
 pub mod tensor;
 pub mod tokenizer;
@@ -36,6 +37,8 @@ pub enum PreparedMode {
 /// The MLP hook a prepared model runs with.
 pub enum Sparsity {
     InMemory(Box<predictor::PredictedSparsity>),
+    /// `--set-rule scorer --in-memory`: the 4-bit scorer's sets, every downT row in memory.
+    Scored(Box<scorer::ScoredSparsity>),
     Stream(Box<stream::StreamingEngine>),
 }
 
@@ -43,6 +46,7 @@ impl Sparsity {
     pub fn as_hook(&mut self) -> &mut dyn model::MlpHook {
         match self {
             Sparsity::InMemory(p) => p.as_mut(),
+            Sparsity::Scored(p) => p.as_mut(),
             Sparsity::Stream(e) => &mut **e,
         }
     }

@@ -156,6 +156,10 @@ pub enum SetRule {
     /// this token (needs every row, so `--in-memory` only). What perfect ranking would give
     /// at a set size.
     Oracle,
+    /// No predictor: each sparse layer scores all its neurons from its own input with the
+    /// resident 4-bit gate/up copy (`prep scorer`) and keeps the largest `|h_j| x ||down_j||`;
+    /// streaming reads only their downT rows. Sets are `--set-scale` x n_ff (not K_max).
+    Scorer,
 }
 
 impl Default for SetRule {
@@ -171,11 +175,25 @@ impl std::str::FromStr for SetRule {
             "top1" => Ok(SetRule::Top1),
             "static" => Ok(SetRule::Static),
             "oracle" => Ok(SetRule::Oracle),
+            "scorer" => Ok(SetRule::Scorer),
             _ => s
                 .strip_prefix("soft")
                 .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
                 .map(|candidates| SetRule::Soft { candidates })
-                .ok_or_else(|| format!("set rule '{s}': expected top1, soft, softN (N candidates), static or oracle")),
+                .ok_or_else(|| format!("set rule '{s}': expected top1, soft, softN (N candidates), static, oracle or scorer")),
+        }
+    }
+}
+
+impl std::fmt::Display for SetRule {
+    /// The `--set-rule` spelling.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetRule::Top1 => write!(f, "top1"),
+            SetRule::Soft { candidates } => write!(f, "soft{candidates}"),
+            SetRule::Static => write!(f, "static"),
+            SetRule::Oracle => write!(f, "oracle"),
+            SetRule::Scorer => write!(f, "scorer"),
         }
     }
 }
@@ -293,8 +311,9 @@ pub fn predicted_set(head: &[f32], set: &CentroidSet, prior: &NeuronPrior, size:
     let better = |a: &usize, b: &usize| prior.better(a, b);
     let bits = match rule {
         SetRule::Static => best_as_bitset((0..set.width * 8).collect(), size, set.width, better),
-        // chosen from the true activations in `PredictedSparsity::sparsify`
-        SetRule::Oracle => vec![0u8; set.width],
+        // chosen from the true activations in `PredictedSparsity::sparsify`; scorer sets are
+        // chosen per layer (`crate::scorer`), never from a head
+        SetRule::Oracle | SetRule::Scorer => vec![0u8; set.width],
         SetRule::Top1 => {
             let row = set.row(argmax);
             if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= size {

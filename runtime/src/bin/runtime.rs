@@ -43,13 +43,17 @@ struct ModeArgs {
     /// How a head's logits become the layer's K_max neurons: top1 (the most likely centroid's
     /// set, the paper's), softN (largest expected membership over the N most likely
     /// centroids; default soft8) or static (no predictor: the neurons most centroids hold, the
-    /// baseline the predictor must beat).
+    /// baseline the predictor must beat); oracle (--in-memory: each token's true largest);
+    /// scorer (no predictor: each layer scores every neuron from its own input with the
+    /// resident 4-bit gate/up copy and streams only the kept neurons' downT rows; sets are
+    /// --set-scale x n_ff).
     #[arg(long, default_value = "soft8")]
     set_rule: runtime::predictor::SetRule,
-    /// Keep this share of K_max neurons per sparse layer and token (0 < s <= 1): the most
-    /// likely ones by the set rule, ties to the neurons most centroids hold. With `--dense-from
-    /// fit`, the largest share up to this one that fits --mem-budget once every layer after
-    /// the dense prefix is sparse (never below 0.25).
+    /// Keep this share of K_max neurons per sparse layer and token (0 < s <= 1; of all n_ff
+    /// neurons with --set-rule scorer): the most likely ones by the set rule, ties to the
+    /// neurons most centroids hold. With `--dense-from fit`, the largest share up to this one
+    /// that fits --mem-budget once every layer after the dense prefix is sparse (never below
+    /// 0.25; 0.10 with the scorer).
     #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
     set_scale: f64,
     /// How cut sets rank neurons and the soft rule weighs them: importance (the preparation's
@@ -57,6 +61,17 @@ struct ModeArgs {
     /// (how many centroids hold the neuron).
     #[arg(long, value_enum, default_value_t = runtime::predictor::NeuronRank::Importance)]
     neuron_rank: runtime::predictor::NeuronRank,
+    /// With --set-rule scorer: a neuron whose row is already in memory counts this many times
+    /// its score (>= 1), so marginal neurons stay instead of being swapped every token.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_resident_bonus)]
+    resident_bonus: f32,
+}
+
+fn parse_resident_bonus(s: &str) -> std::result::Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v >= 1.0 => Ok(v),
+        _ => Err(format!("'{s}': expected a factor >= 1 (1 = no preference for resident rows)")),
+    }
 }
 
 fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
@@ -67,7 +82,25 @@ fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
 }
 
 /// Applies --dense-from and --set-rule to an opened prepared model.
-fn apply_mode(opened: &mut runtime::Opened, mode: &ModeArgs) -> Result<()> {
+fn apply_mode(opened: &mut runtime::Opened, manifest_path: &std::path::Path, mode: &ModeArgs) -> Result<()> {
+    if mode.set_rule == runtime::predictor::SetRule::Scorer && matches!(opened.sparsity, Some(Sparsity::InMemory(_))) {
+        // the scorer replaces the predictor: its own hook, every downT row in memory
+        let m = opened.manifest.as_ref().expect("a prepared model has a manifest");
+        let mut p = runtime::scorer::ScoredSparsity::new(manifest_path, m)?;
+        p.set_keep_share(mode.set_scale);
+        p.resident_bonus = mode.resident_bonus;
+        if let Some(d) = mode.dense_from {
+            use runtime::stream::DenseFrom;
+            p.first_layer = match d {
+                DenseFrom::Layer(l) if l >= m.sparsity.dense_prefix && l <= m.model.num_hidden_layers => l,
+                DenseFrom::Layer(l) => anyhow::bail!("--dense-from {l}: the scorer covers layers {}..{}", m.sparsity.dense_prefix, m.model.num_hidden_layers),
+                DenseFrom::Default => p.first_layer,
+                DenseFrom::Fit => anyhow::bail!("--dense-from fit sizes the streaming engine's memory plan: it needs --mem-budget, not --in-memory"),
+            };
+        }
+        opened.sparsity = Some(Sparsity::Scored(Box::new(p)));
+        return Ok(());
+    }
     match opened.sparsity.as_mut() {
         Some(Sparsity::InMemory(p)) => {
             p.rule = mode.set_rule;
@@ -79,9 +112,10 @@ fn apply_mode(opened: &mut runtime::Opened, mode: &ModeArgs) -> Result<()> {
                 anyhow::bail!("--set-rule oracle ranks neurons by their true activations, which needs every row: use it with --in-memory");
             }
             e.rule = mode.set_rule;
+            e.resident_bonus = mode.resident_bonus;
             e.set_neuron_rank(mode.neuron_rank);
         }
-        None => {}
+        Some(Sparsity::Scored(_)) | None => {}
     }
     if let (Some(d), Some(Sparsity::InMemory(p))) = (mode.dense_from, opened.sparsity.as_mut()) {
         use runtime::stream::DenseFrom;
@@ -107,7 +141,8 @@ impl ModeArgs {
         if self.in_memory {
             return Ok(PreparedMode::InMemory);
         }
-        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, ..Default::default() };
+        let scorer = self.set_rule == runtime::predictor::SetRule::Scorer;
+        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, scorer, ..Default::default() };
         if let Some(b) = &self.mem_budget {
             s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
         }
@@ -226,6 +261,9 @@ enum Command {
         /// importance or membership (see `runtime run --help`).
         #[arg(long, value_enum, default_value_t = runtime::predictor::NeuronRank::Importance)]
         neuron_rank: runtime::predictor::NeuronRank,
+        /// See `runtime run --help`.
+        #[arg(long, default_value_t = 1.0, value_parser = parse_resident_bonus)]
+        resident_bonus: f32,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -248,10 +286,20 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             "layers": s.stats.iter().map(|l| serde_json::json!({"layer": l.layer, "top1_accuracy": l.top1_accuracy(),
                 "recall": l.recall(), "mean_set_size": l.mean_set_size()})).collect::<Vec<_>>(),
         }),
+        Some(Sparsity::Scored(s)) => serde_json::json!({
+            "mode": "in-memory",
+            "set_rule": "scorer",
+            "dense_prefix": s.first_layer,
+            "keep_share": s.keep as f64 / n_ff as f64,
+            "resident_bonus": s.resident_bonus,
+            "reuse_ratio": s.reuse_ratio(),
+            "sparse_layer_density": s.density(),
+        }),
         Some(Sparsity::Stream(e)) => {
             let st = &e.stats;
             serde_json::json!({
                 "mode": "stream",
+                "set_rule": e.rule.to_string(),
                 "dense_prefix": e.first_layer,
                 "set_scale": e.plan.set_scale,
                 "neuron_rank": e.neuron_rank(),
@@ -271,14 +319,20 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
             "predicted sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, sets of {:.2} x K_max); top-1 {:.3}, recall {:.3}",
             p.density(n_ff), p.dense_prefix, p.set_scale, p.overall_top1(), p.overall_recall()
         ),
+        Some(Sparsity::Scored(p)) => println!(
+            "scored sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, 4-bit gate/up scorer, resident bonus {}), reuse {:.3}",
+            p.density(), p.first_layer, p.resident_bonus, p.reuse_ratio()
+        ),
         Some(Sparsity::Stream(e)) => {
             e.refresh_io_stats();
             let st = &e.stats;
             println!(
-                "streamed: {} tokens, layers {}.. sparse (sets of {:.2} x K_max), reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
+                "streamed: {} tokens, layers {}.. sparse ({} sets of {:.2} x {}), reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
                 st.tokens,
                 e.first_layer,
+                e.rule,
                 e.plan.set_scale,
+                if e.rule == runtime::predictor::SetRule::Scorer { "n_ff" } else { "K_max" },
                 st.reuse_ratio(),
                 st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
                 e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
@@ -315,7 +369,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
             // the streaming plan counts a KV cache of --ctx positions (2048 when not given)
             let mut opened = runtime::open(&model, &mode.mode(ctx.unwrap_or(2048))?)?;
-            apply_mode(&mut opened, &mode)?;
+            apply_mode(&mut opened, &model, &mode)?;
             let prompt_len = opened.tokenizer.encode(&prompt, true)?.len();
             let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.unwrap_or(prompt_len + n), stop_at_eos: !ignore_eos };
             let mut sampler = Sampler::new(temp, top_p, seed);
@@ -349,7 +403,7 @@ fn run(cli: Cli) -> Result<()> {
             let mode_args = mode;
             let mode = if oracle_thresholds.is_some() { PreparedMode::Dense } else { mode_args.mode(ctx)? };
             let mut opened = runtime::open(&model, &mode)?;
-            apply_mode(&mut opened, &mode_args)?;
+            apply_mode(&mut opened, &model, &mode_args)?;
             let n_ff = opened.model.config.intermediate_size;
             let mut oracle = match &oracle_thresholds {
                 Some(p) => {
@@ -396,7 +450,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Eval { model, task, data, limit, mode, threads: _, json } => {
             let mut opened = runtime::open(&model, &mode.mode(2048)?)?;
-            apply_mode(&mut opened, &mode)?;
+            apply_mode(&mut opened, &model, &mode)?;
             let n_ff = opened.model.config.intermediate_size;
             let hook = opened.sparsity.as_mut().map(|s| s.as_hook());
             let r = runtime::eval::evaluate(&opened.model, &opened.tokenizer, &task, &data, limit, hook, |i, n, acc| {
@@ -417,7 +471,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, resident_bonus, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -425,9 +479,9 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank, resident_bonus };
             let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
-            apply_mode(&mut opened, &mode)?;
+            apply_mode(&mut opened, &manifest, &mode)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
             if prompt_tokens + n > ctx {
                 return Err(runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into());

@@ -109,6 +109,44 @@ pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
     }
 }
 
+/// Two Q4_0 rows (`formats::scorer`: 16 bytes and one f16 scale per block of 32) against one
+/// int8 vector (`xq` `[d]`, a scale `xs` per block): `(row0 . x, row1 . x)`. `None` where the
+/// x86-64-v3 kernel is not compiled (callers then use the portable loop in `ops::q4`).
+#[inline]
+pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> Option<(f32, f32)> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        assert!(p0.len() == p1.len() && p0.len() * 2 == xq.len() && s0.len() == xs.len() && s1.len() == xs.len() && xq.len() % 32 == 0);
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them; the
+        // lengths are checked above, and every load stays inside them.
+        Some(unsafe { x86::dot2_q4_q8(p0, s0, p1, s1, xq, xs) })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        let _ = (p0, s0, p1, s1, xq, xs);
+        None
+    }
+}
+
+/// The portable two-row Q4 x Q8 product (rows wider than the x86 kernel's 64 blocks).
+#[allow(dead_code)]
+fn portable_dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> (f32, f32) {
+    let one = |p: &[u8], s: &[f16]| -> f32 {
+        let mut sum = 0f32;
+        for (b, (&sb, &xb)) in s.iter().zip(xs).enumerate() {
+            let mut acc = 0i32;
+            for k in 0..16 {
+                let (lo, hi) = ((p[b * 16 + k] & 0x0F) as i32 - 8, (p[b * 16 + k] >> 4) as i32 - 8);
+                acc += lo * xq[b * 32 + k] as i32 + hi * xq[b * 32 + k + 16] as i32;
+            }
+            sum += acc as f32 * sb.to_f32() * xb;
+        }
+        sum
+    };
+    (one(p0, s0), one(p1, s1))
+}
+
 /// Eight independent accumulators so the compiler can vectorise without reassociating.
 #[inline]
 #[allow(dead_code)] // used where the x86-64-v3 kernels are not compiled
@@ -137,6 +175,77 @@ fn portable_dot(a: impl Iterator<Item = f32>, b: &[f32]) -> f32 {
 mod x86 {
     use half::f16;
     use std::arch::x86_64::*;
+
+    /// 32 signed 4-bit weights of one block (`(q - 8)`, low nibbles then high nibbles).
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn q4_block(p: &[u8]) -> __m256i {
+        debug_assert!(p.len() >= 16);
+        // SAFETY: p holds at least 16 bytes (one block); unaligned load.
+        let q = unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) };
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(q, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+        _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+    }
+
+    /// Sum of the 32 products of signed bytes `w` x `x`, as 8 i32 lanes -> f32.
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn block_dot(w: __m256i, x: __m256i) -> __m256 {
+        // maddubs multiplies unsigned by signed: |w| x (x with w's sign)
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+    }
+
+    /// `out[b] = f32(s[b]) * xs[b]` for every block, eight at a time (F16C).
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn block_scales(s: &[f16], xs: &[f32], out: &mut [f32]) {
+        let n = xs.len();
+        let mut b = 0;
+        while b + 8 <= n {
+            // SAFETY: b + 8 <= n = s.len() = xs.len() <= out.len(); unaligned loads and store.
+            unsafe {
+                let h = _mm_loadu_si128(s.as_ptr().add(b) as *const __m128i);
+                let v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xs.as_ptr().add(b)));
+                _mm256_storeu_ps(out.as_mut_ptr().add(b), v);
+            }
+            b += 8;
+        }
+        while b < n {
+            out[b] = s[b].to_f32() * xs[b];
+            b += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> (f32, f32) {
+        let n = xs.len();
+        // combined block scales (weight x activation), converted eight at a time
+        let (mut c0, mut c1) = ([0f32; 64], [0f32; 64]);
+        if n > 64 {
+            let (a, b) = super::portable_dot2_q4_q8(p0, s0, p1, s1, xq, xs);
+            return (a, b);
+        }
+        block_scales(s0, xs, &mut c0);
+        block_scales(s1, xs, &mut c1);
+        // two blocks per step, four independent accumulators (FMA latency, not throughput,
+        // would bound a single chain)
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut b = 0;
+        while b < n {
+            let step = if b + 1 < n { 2 } else { 1 };
+            for k in 0..step {
+                let bb = b + k;
+                // SAFETY: xq holds xs.len() blocks of 32 (checked by the caller); unaligned load.
+                let x = unsafe { _mm256_loadu_si256(xq.as_ptr().add(bb * 32) as *const __m256i) };
+                let w0 = q4_block(&p0[bb * 16..]);
+                let w1 = q4_block(&p1[bb * 16..]);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(c0[bb]), block_dot(w0, x), acc[k]);
+                acc[2 + k] = _mm256_fmadd_ps(_mm256_set1_ps(c1[bb]), block_dot(w1, x), acc[2 + k]);
+            }
+            b += step;
+        }
+        (hsum(_mm256_add_ps(acc[0], acc[1])), hsum(_mm256_add_ps(acc[2], acc[3])))
+    }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {

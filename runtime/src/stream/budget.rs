@@ -15,6 +15,7 @@
 use super::engine::StreamSettings;
 use crate::error::{Result, RuntimeError};
 use crate::predictor::Predictor;
+use crate::scorer::GateUpScorer;
 use formats::centroids::CentroidTable;
 use formats::manifest::Manifest;
 use serde::Serialize;
@@ -29,6 +30,20 @@ pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
 /// count: below a quarter of it most active neurons are dropped).
 pub const MIN_SET_SCALE: f64 = 0.25;
 
+/// `fit` keeps no less than this share of a layer's neurons with the scorer (its sets are a
+/// share of n_ff, and it ranks every neuron each token: at 0.27 LAMBADA perplexity is 1.15x).
+pub const MIN_SCORER_SHARE: f64 = 0.10;
+
+/// What chooses the sparse layers' sets, and so what the plan holds for it.
+#[derive(Clone, Copy)]
+pub enum SetSource<'a> {
+    /// The shared predictor and the centroid sets: slots hold a neuron's gate, up and downT
+    /// rows; sets are a share of K_max.
+    Predictor { predictor: &'a Predictor, centroids: &'a CentroidTable },
+    /// The resident 4-bit gate/up scorer: slots hold downT rows only; sets are a share of n_ff.
+    Scorer(&'a GateUpScorer),
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
@@ -39,13 +54,17 @@ pub struct MemoryPlan {
     pub dense_from_records_bytes: u64,
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
+    /// The 4-bit gate/up scorer of the sparse layers (`--set-rule scorer`; else 0).
+    pub scorer_bytes: u64,
     pub kv_cache_bytes: u64,
     pub staging_bytes: usize,
     pub process_bytes: u64,
     pub record_bytes: usize,
-    /// Bytes of one slot: a neuron's gate, up and downT rows (f16).
+    /// Bytes of one slot: a neuron's gate, up and downT rows (f16), or its downT row alone
+    /// with the scorer.
     pub slot_row_bytes: usize,
-    /// Neurons kept per sparse layer, as a share of K_max, and the resulting set sizes.
+    /// Neurons kept per sparse layer, as a share of K_max (of n_ff with the scorer), and the
+    /// resulting set sizes.
     pub set_scale: f64,
     pub set_sizes: Vec<usize>,
     /// Slots per sparse layer (>= its set size).
@@ -61,12 +80,12 @@ impl MemoryPlan {
     /// (never below its `dense_prefix`), then, with every layer after it sparse, the set scale
     /// lowered (from `s.set_scale`, in steps of 0.01, never below [`MIN_SET_SCALE`]); without a
     /// budget, the default.
-    pub fn fit(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings) -> Result<Self> {
+    pub fn fit(manifest_path: &Path, m: &Manifest, src: SetSource, s: &StreamSettings) -> Result<Self> {
         let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
         let mut minimum_at_default = None;
         let mut refusal = None;
         for l in (d0..=default).rev() {
-            match Self::new(manifest_path, m, predictor, centroids, s, l, s.set_scale) {
+            match Self::new(manifest_path, m, src, s, l, s.set_scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
                     minimum_at_default.get_or_insert(minimum);
@@ -77,19 +96,23 @@ impl MemoryPlan {
         }
         // every layer after dense_prefix sparse does not fit: smaller sets, in steps of 0.01
         let minimum_all_sparse = refusal.as_ref().map_or(0, |r| r.1);
-        let floor_pct = (MIN_SET_SCALE * 100.0).round() as u32;
+        let (floor, unit) = match src {
+            SetSource::Predictor { .. } => (MIN_SET_SCALE, "K_max"),
+            SetSource::Scorer(_) => (MIN_SCORER_SHARE, "n_ff"),
+        };
+        let floor_pct = (floor * 100.0).round() as u32;
         for pct in (floor_pct..(s.set_scale * 100.0).round() as u32).rev() {
             let scale = pct as f64 / 100.0;
-            match Self::new(manifest_path, m, predictor, centroids, s, d0, scale) {
+            match Self::new(manifest_path, m, src, s, d0, scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => refusal = Some((budget, minimum, breakdown, scale)),
                 Err(e) => return Err(e),
             }
         }
         let (budget, minimum, breakdown, scale) = refusal.expect("the prefix loop runs at least once");
-        let mut also = format!("every layer from {d0} sparse with sets of {scale:.2} x K_max (the smallest --dense-from fit tries)");
+        let mut also = format!("every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest --dense-from fit tries)");
         if scale < s.set_scale {
-            also += &format!("; at {:.2} x K_max: {} MiB", s.set_scale, minimum_all_sparse >> 20);
+            also += &format!("; at {:.2} x {unit}: {} MiB", s.set_scale, minimum_all_sparse >> 20);
         }
         if let Some(md) = minimum_at_default.filter(|_| default > d0) {
             also += &format!("; at the default dense prefix {default}: {} MiB", md >> 20);
@@ -100,9 +123,10 @@ impl MemoryPlan {
     /// The plan with layers `dense_from..` sparse (`dense_prefix <= dense_from <= n_layers`).
     /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(manifest_path: &Path, m: &Manifest, predictor: &Predictor, centroids: &CentroidTable, s: &StreamSettings, dense_from: usize, set_scale: f64) -> Result<Self> {
+    pub fn new(manifest_path: &Path, m: &Manifest, src: SetSource, s: &StreamSettings, dense_from: usize, set_scale: f64) -> Result<Self> {
+        let unit = if matches!(src, SetSource::Scorer(_)) { "n_ff" } else { "K_max" };
         if !(set_scale > 0.0 && set_scale <= 1.0) {
-            return Err(RuntimeError::Input(format!("set scale {set_scale}: expected a share of K_max in (0, 1]")));
+            return Err(RuntimeError::Input(format!("set scale {set_scale}: expected a share of {unit} in (0, 1]")));
         }
         let size = |role: &str| -> Result<u64> {
             let p = m.artifact_path_of(manifest_path, role)?;
@@ -116,9 +140,13 @@ impl MemoryPlan {
         let embed_bytes = (c.vocab_size * c.hidden_size * 2) as u64;
         let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { embed_bytes };
         let resident_bytes = size("resident")? - untied_embedding_bytes + if c.tie_word_embeddings { 0 } else { 4 << 20 };
-        let predictor_bytes = predictor.n_bytes() as u64;
-        // the sets, plus per neuron its membership count (u16) and importance (f32)
-        let centroid_bytes: u64 = centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64 + c.width as u64 * 8 * 6).sum();
+        let (predictor_bytes, centroid_bytes, scorer_bytes) = match src {
+            // the sets, plus per neuron its membership count (u16) and importance (f32)
+            SetSource::Predictor { predictor, centroids } => {
+                (predictor.n_bytes() as u64, centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64 + c.width as u64 * 8 * 6).sum(), 0)
+            }
+            SetSource::Scorer(sc) => (0, 0, sc.bytes_from(dense_from.min(c.num_hidden_layers))),
+        };
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
         let staging_bytes = s.staging_bytes.max(rb).div_ceil(4096) * 4096;
         // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table
@@ -132,10 +160,17 @@ impl MemoryPlan {
                 manifest_path.display()
             )));
         }
-        let srb = 3 * c.hidden_size * 2;
-        let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * srb) as u64;
-        let fixed = resident_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
-        let set_sizes = crate::predictor::scaled_set_sizes(&m.sparsity.k_max[dense_from - d0..], set_scale);
+        let full_row_bytes = 3 * c.hidden_size * 2;
+        let srb = match src {
+            SetSource::Predictor { .. } => full_row_bytes,
+            SetSource::Scorer(_) => c.hidden_size * 2,
+        };
+        let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * full_row_bytes) as u64;
+        let fixed = resident_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
+        let set_sizes = match src {
+            SetSource::Predictor { .. } => crate::predictor::scaled_set_sizes(&m.sparsity.k_max[dense_from - d0..], set_scale),
+            SetSource::Scorer(_) => crate::predictor::scaled_set_sizes(&vec![c.intermediate_size; n_layers - dense_from], set_scale),
+        };
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
@@ -146,8 +181,13 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB, dense layers {d0}..{dense_from} from records {} MiB, predictor {:.1} MiB, centroids {:.1} MiB, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x K_max {:.1} MiB",
-                        resident_bytes >> 20, dense_from_records_bytes >> 20, predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0, s.ctx, kv_cache_bytes as f64 / 1048576.0,
+                        "resident {} MiB, dense layers {d0}..{dense_from} from records {} MiB, {}, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
+                        resident_bytes >> 20, dense_from_records_bytes >> 20,
+                        match src {
+                            SetSource::Predictor { .. } => format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0),
+                            SetSource::Scorer(_) => format!("4-bit scorer {:.1} MiB", scorer_bytes as f64 / 1048576.0),
+                        },
+                        s.ctx, kv_cache_bytes as f64 / 1048576.0,
                         staging_bytes as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
                     ),
                 });
@@ -165,6 +205,7 @@ impl MemoryPlan {
             dense_from_records_bytes,
             predictor_bytes,
             centroid_bytes,
+            scorer_bytes,
             kv_cache_bytes,
             staging_bytes,
             process_bytes,

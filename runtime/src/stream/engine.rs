@@ -5,7 +5,7 @@
 //! each sparse layer waits only for its own rows, then computes its MLP from the active slots.
 
 use super::aligned::AlignedBuf;
-use super::budget::MemoryPlan;
+use super::budget::{MemoryPlan, SetSource};
 use super::reader::{RecordReader, Run};
 use super::slots::{Load, SlotMap, EMPTY};
 use crate::error::{Result, RuntimeError};
@@ -14,7 +14,8 @@ use crate::ops::simd::{axpy_f16, dot2_f16_f32};
 use crate::ops::swiglu::silu;
 use crate::predictor::Predictor;
 use formats::centroids::{CentroidSet, CentroidTable};
-use formats::records::{check_record, RECORD_HEADER_BYTES};
+use crate::scorer::GateUpScorer;
+use formats::records::{check_record, RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES};
 use formats::thresholds::Thresholds;
 use half::f16;
 use rayon::prelude::*;
@@ -85,24 +86,17 @@ impl StreamStats {
 pub struct StreamingEngine {
     pub plan: MemoryPlan,
     shared: Arc<Shared>,
-    tx: Option<Sender<IoJob>>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
-    pub predictor: Predictor,
-    layer0: CentroidSet,
-    /// Per sparse layer: its centroid sets and how its neurons rank (importance, membership);
-    /// its set size is the plan's.
-    sets: Vec<CentroidSet>,
-    priors: Vec<crate::predictor::NeuronPrior>,
+    /// How the sets are chosen, and who reads the rows.
+    selector: Selector,
     pub rule: crate::predictor::SetRule,
+    /// With the scorer: how much a resident row's score counts (see `GateUpScorer::keep`).
+    pub resident_bonus: f32,
     /// The current token's active neurons per sparse layer (ascending).
     active: Vec<Vec<u32>>,
-    thresholds: Thresholds,
     /// The first sparse layer (`--dense-from`, resolved).
     pub first_layer: usize,
     d_model: usize,
     tick: u64,
-    c0: u32,
     pub stats: StreamStats,
     /// The first error of the current token (reported at the next sparse layer).
     error: Option<RuntimeError>,
@@ -111,6 +105,42 @@ pub struct StreamingEngine {
     /// With `record_history`: every token's active sets, `[tokens][sparse layers][neurons]`.
     pub history: Vec<Vec<Vec<u32>>>,
     pub record_history: bool,
+}
+
+/// NeuroPrefetcher's way: after layer 0 the shared predictor picks every sparse layer's set, and
+/// a background I/O thread reads the deltas (whole records) while the layers before compute.
+struct PredictedSets {
+    tx: Option<Sender<IoJob>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
+    predictor: Predictor,
+    layer0: CentroidSet,
+    /// Per sparse layer: its centroid sets and how its neurons rank (importance, membership);
+    /// its set size is the plan's.
+    sets: Vec<CentroidSet>,
+    priors: Vec<crate::predictor::NeuronPrior>,
+    thresholds: Thresholds,
+    c0: u32,
+}
+
+/// `--set-rule scorer`: each sparse layer scores its neurons from its own input with the
+/// resident 4-bit gate/up copy, then reads the missing downT rows itself (only the row, not
+/// the record) and checks each against the scorer's CRC32C.
+struct ScoredReads {
+    scorer: GateUpScorer,
+    reader: RecordReader,
+    staging: AlignedBuf,
+    layout: formats::manifest::RecordsLayout,
+    /// Where a record's downT row starts, and the 512-aligned span read around it.
+    down_offset: usize,
+    span_offset: usize,
+    span_bytes: usize,
+    io_busy_ms: f64,
+}
+
+enum Selector {
+    Predicted(Box<PredictedSets>),
+    Scored(Box<ScoredReads>),
 }
 
 #[derive(Debug, Clone)]
@@ -124,10 +154,12 @@ pub struct StreamSettings {
     pub force_pread: bool,
     /// Which layers run sparse (`--dense-from`).
     pub dense_from: DenseFrom,
-    /// Neurons kept per sparse layer, as a share of K_max (`--set-scale`, 0 < s <= 1). With
-    /// `DenseFrom::Fit`, the largest scale up to this one that fits once every layer after the
-    /// dense prefix is sparse.
+    /// Neurons kept per sparse layer, as a share of K_max (`--set-scale`, 0 < s <= 1; of n_ff
+    /// with `scorer`). With `DenseFrom::Fit`, the largest scale up to this one that fits once
+    /// every layer after the dense prefix is sparse.
     pub set_scale: f64,
+    /// Choose sets with the 4-bit gate/up scorer (`--set-rule scorer`) instead of the predictor.
+    pub scorer: bool,
 }
 
 /// Where the sparse layers start.
@@ -164,6 +196,7 @@ impl Default for StreamSettings {
             force_pread: false,
             dense_from: DenseFrom::Default,
             set_scale: 1.0,
+            scorer: false,
         }
     }
 }
@@ -261,31 +294,49 @@ fn io_worker(
 }
 
 impl StreamingEngine {
-    /// `--neuron-rank` (see [`crate::predictor::apply_neuron_rank`]).
+    /// `--neuron-rank` (see [`crate::predictor::apply_neuron_rank`]; the scorer ranks by score).
     pub fn set_neuron_rank(&mut self, rank: crate::predictor::NeuronRank) {
-        crate::predictor::apply_neuron_rank(&mut self.priors, rank);
+        if let Selector::Predicted(p) = &mut self.selector {
+            crate::predictor::apply_neuron_rank(&mut p.priors, rank);
+        }
     }
 
-    /// How cut sets are ranked in this run.
-    pub fn neuron_rank(&self) -> crate::predictor::NeuronRank {
-        crate::predictor::effective_neuron_rank(&self.priors)
+    /// How cut sets are ranked in this run (None: the scorer, which ranks by its own score).
+    pub fn neuron_rank(&self) -> Option<crate::predictor::NeuronRank> {
+        match &self.selector {
+            Selector::Predicted(p) => Some(crate::predictor::effective_neuron_rank(&p.priors)),
+            Selector::Scored(_) => None,
+        }
     }
 
     pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
-        let predictor = Predictor::load(&manifest.artifact_path_of(manifest_path, "predictor")?)?;
-        let centroids = CentroidTable::load(&manifest.artifact_path_of(manifest_path, "centroids")?)?;
-        let thresholds = Thresholds::load(&manifest.artifact_path_of(manifest_path, "thresholds")?)?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let d0 = manifest.sparsity.dense_prefix;
-        if predictor.spec.first_layer != d0 || predictor.spec.n_sparse_layers != c.num_hidden_layers - d0 {
-            return Err(RuntimeError::Input(format!("{}: the predictor covers layers {}.. ({}), the manifest's sparse layers are {d0}..{}", manifest_path.display(), predictor.spec.first_layer, predictor.spec.n_sparse_layers, c.num_hidden_layers)));
-        }
         let default = manifest.sparsity.default_dense_from();
+        // what chooses the sets; the plan counts it
+        enum Loaded {
+            Predictor(Predictor, CentroidTable),
+            Scorer(GateUpScorer),
+        }
+        let loaded = if settings.scorer {
+            Loaded::Scorer(GateUpScorer::load(manifest_path, manifest)?)
+        } else {
+            let predictor = Predictor::load(&manifest.artifact_path_of(manifest_path, "predictor")?)?;
+            let centroids = CentroidTable::load(&manifest.artifact_path_of(manifest_path, "centroids")?)?;
+            if predictor.spec.first_layer != d0 || predictor.spec.n_sparse_layers != c.num_hidden_layers - d0 {
+                return Err(RuntimeError::Input(format!("{}: the predictor covers layers {}.. ({}), the manifest's sparse layers are {d0}..{}", manifest_path.display(), predictor.spec.first_layer, predictor.spec.n_sparse_layers, c.num_hidden_layers)));
+            }
+            Loaded::Predictor(predictor, centroids)
+        };
+        let src = match &loaded {
+            Loaded::Predictor(predictor, centroids) => SetSource::Predictor { predictor, centroids },
+            Loaded::Scorer(sc) => SetSource::Scorer(sc),
+        };
         let plan = match settings.dense_from {
-            DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, &predictor, &centroids, settings)?,
-            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, l, settings.set_scale)?,
-            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, &predictor, &centroids, settings, default, settings.set_scale).map_err(|e| match e {
+            DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, src, settings)?,
+            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, src, settings, l, settings.set_scale)?,
+            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, src, settings, default, settings.set_scale).map_err(|e| match e {
                 RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
                     budget,
                     minimum,
@@ -294,9 +345,7 @@ impl StreamingEngine {
                 e => e,
             })?,
         };
-        // the sparse layers are first..n_layers: keep only their heads
         let first = plan.dense_from;
-        let predictor = predictor.without_heads_before(first);
         let rb = manifest.records.record_bytes;
         let len = std::fs::metadata(&records_path).map_err(|e| formats::FormatError::io(&records_path, e))?.len();
         if len != (manifest.records.count * rb) as u64 {
@@ -304,39 +353,48 @@ impl StreamingEngine {
         }
         let layers = plan.capacity.iter().map(|&cap| Mutex::new(LayerStore { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) })).collect();
         let shared = Arc::new(Shared { layers, progress: Mutex::new(Progress::default()), cv: Condvar::new() });
-        let reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
+        let mut reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
         let fallback = reader.fallback.clone();
-        let staging = AlignedBuf::new(plan.staging_bytes);
-        let (tx, rx) = channel();
-        let io_stats = Arc::new(Mutex::new((0, 0, 0.0)));
-        let worker = {
-            let (shared, layout, d, mrb, ios) = (shared.clone(), manifest.records.clone(), c.hidden_size, settings.max_run_bytes, io_stats.clone());
-            std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, first, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
+        let mut staging = AlignedBuf::new(plan.staging_bytes);
+        let selector = match loaded {
+            Loaded::Predictor(predictor, centroids) => {
+                // the sparse layers are first..n_layers: keep only their heads
+                let predictor = predictor.without_heads_before(first);
+                let (tx, rx) = channel();
+                let io_stats = Arc::new(Mutex::new((0, 0, 0.0)));
+                let worker = {
+                    let (shared, layout, d, mrb, ios) = (shared.clone(), manifest.records.clone(), c.hidden_size, settings.max_run_bytes, io_stats.clone());
+                    std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, first, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
+                };
+                let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
+                let importance = crate::load_importance(manifest_path, manifest)?;
+                let priors = crate::predictor::NeuronPrior::for_layers(&sets, first, importance.as_ref());
+                let thresholds = Thresholds::load(&manifest.artifact_path_of(manifest_path, "thresholds")?)?;
+                Selector::Predicted(Box::new(PredictedSets { tx: Some(tx), worker: Some(worker), io_stats, predictor, layer0: centroids.layer(0)?.clone(), sets, priors, thresholds, c0: 0 }))
+            }
+            Loaded::Scorer(scorer) => {
+                let d = c.hidden_size;
+                let down_offset = RECORD_HEADER_BYTES + 2 * d * 2;
+                let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
+                let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
+                reader.register(&mut staging)?;
+                Selector::Scored(Box::new(ScoredReads { scorer: scorer.without_layers_before(first), reader, staging, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
+            }
         };
-        let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
-        let importance = crate::load_importance(manifest_path, manifest)?;
-        let priors = crate::predictor::NeuronPrior::for_layers(&sets, first, importance.as_ref());
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
         };
         Ok(StreamingEngine {
-            layer0: centroids.layer(0)?.clone(),
             plan,
             shared,
-            tx: Some(tx),
-            worker: Some(worker),
-            io_stats,
-            predictor,
-            sets,
-            priors,
-            rule: crate::predictor::SetRule::default(),
-            active: vec![],
-            thresholds,
+            selector,
+            rule: if settings.scorer { crate::predictor::SetRule::Scorer } else { crate::predictor::SetRule::default() },
+            resident_bonus: 1.0,
+            active: vec![vec![]; c.num_hidden_layers - first],
             first_layer: first,
             d_model: c.hidden_size,
             tick: 0,
-            c0: 0,
             stats,
             error: None,
             fallback,
@@ -348,7 +406,10 @@ impl StreamingEngine {
 
     /// Bytes read and requests so far (from the I/O thread).
     pub fn refresh_io_stats(&mut self) {
-        let s = *self.io_stats.lock().unwrap();
+        let s = match &self.selector {
+            Selector::Predicted(p) => *p.io_stats.lock().unwrap(),
+            Selector::Scored(r) => (r.reader.bytes_read, r.reader.requests, r.io_busy_ms),
+        };
         self.stats.bytes_read = s.0;
         self.stats.read_requests = s.1;
         self.stats.io_busy_ms = s.2;
@@ -357,7 +418,7 @@ impl StreamingEngine {
     /// Plans every sparse layer's delta for the predicted ids and hands it to the I/O thread.
     fn dispatch(&mut self) {
         self.tick += 1;
-        let mut loads = Vec::with_capacity(self.sets.len());
+        let mut loads = Vec::with_capacity(self.active.len());
         for (si, active) in self.active.iter().enumerate() {
             let l = self.shared.layers[si].lock().unwrap().map.plan(active, self.tick);
             let st = &mut self.stats.layers[si];
@@ -372,7 +433,11 @@ impl StreamingEngine {
             let mut p = self.shared.progress.lock().unwrap();
             *p = Progress { tick: self.tick, layers_done: 0, error: None };
         }
-        if self.tx.as_ref().is_none_or(|tx| tx.send(IoJob { tick: self.tick, loads }).is_err()) {
+        let tx = match &self.selector {
+            Selector::Predicted(p) => p.tx.as_ref(),
+            Selector::Scored(_) => None,
+        };
+        if tx.is_none_or(|tx| tx.send(IoJob { tick: self.tick, loads }).is_err()) {
             self.error = Some(RuntimeError::Input("the record I/O thread has stopped".into()));
         }
         self.stats.tokens += 1;
@@ -413,32 +478,36 @@ impl StreamingEngine {
 
 impl Drop for StreamingEngine {
     fn drop(&mut self) {
-        self.tx.take();
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+        if let Selector::Predicted(p) = &mut self.selector {
+            p.tx.take();
+            if let Some(w) = p.worker.take() {
+                let _ = w.join();
+            }
         }
     }
 }
 
 impl MlpHook for StreamingEngine {
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
-        if layer == 0 {
-            let mut mask = vec![0u8; self.layer0.width];
-            crate::predictor::product_mask(&self.thresholds, 0, gate_silu, up, &mut mask);
-            self.c0 = self.layer0.best_cover(&mask);
+        if let (0, Selector::Predicted(p)) = (layer, &mut self.selector) {
+            let mut mask = vec![0u8; p.layer0.width];
+            crate::predictor::product_mask(&p.thresholds, 0, gate_silu, up, &mut mask);
+            p.c0 = p.layer0.best_cover(&mask);
         }
     }
 
     fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
+        let Selector::Predicted(p) = &mut self.selector else { return };
         if layer == 0 {
             let t0 = Instant::now();
-            let logits = self.predictor.logits(hidden, &[self.c0]);
-            let k = self.predictor.spec.k;
+            let logits = p.predictor.logits(hidden, &[p.c0]);
+            let k = p.predictor.spec.k;
+            let rule = self.rule;
             self.active = logits
                 .chunks_exact(k)
                 .enumerate()
                 .map(|(si, head)| {
-                    let (_, bits) = crate::predictor::predicted_set(head, &self.sets[si], &self.priors[si], self.plan.set_sizes[si], self.rule);
+                    let (_, bits) = crate::predictor::predicted_set(head, &p.sets[si], &p.priors[si], self.plan.set_sizes[si], rule);
                     CentroidSet { k: 1, width: bits.len(), bits }.neurons(0)
                 })
                 .collect();
@@ -463,12 +532,82 @@ impl MlpHook for StreamingEngine {
             return Err(e);
         }
         let si = layer - self.first_layer;
+        if matches!(self.selector, Selector::Scored(_)) {
+            return self.scored_mlp(si, layer, xn, out);
+        }
         let t0 = Instant::now();
         wait_for(&self.shared, self.tick, si).map_err(RuntimeError::Input)?;
         let t1 = Instant::now();
         self.stats.io_wait_ms += (t1 - t0).as_secs_f64() * 1e3;
         self.sparse_mlp_one(si, xn, out);
         self.stats.sparse_compute_ms += t1.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+}
+
+impl StreamingEngine {
+    /// `--set-rule scorer`: score layer `layer`'s neurons from `xn` (one token), keep the
+    /// plan's set size, read the missing downT rows (io_uring, O_DIRECT, one 512-aligned span
+    /// per row, checked against the scorer's CRC32C), then `out = sum_kept h_j downT_j`.
+    fn scored_mlp(&mut self, si: usize, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
+        let Selector::Scored(r) = &mut self.selector else { unreachable!() };
+        if si == 0 {
+            self.tick += 1;
+            self.stats.tokens += 1;
+        }
+        let d = self.d_model;
+        let t0 = Instant::now();
+        let mut h = vec![0f32; r.scorer.file.n_ff];
+        r.scorer.activations(layer, xn, &mut h);
+        let mut store = self.shared.layers[si].lock().unwrap();
+        let kept = r.scorer.keep(layer, &h, self.plan.set_sizes[si], &store.map.slot_of, self.resident_bonus);
+        let t1 = Instant::now();
+        self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
+        let loads = store.map.plan(&kept, self.tick);
+        let st = &mut self.stats.layers[si];
+        st.tokens += 1;
+        st.rows_needed += kept.len() as u64;
+        st.rows_loaded += loads.len() as u64;
+        self.stats.rows_needed += kept.len() as u64;
+        self.stats.rows_loaded += loads.len() as u64;
+        let per_batch = (r.staging.len() / r.span_bytes).max(1);
+        let crcs = r.scorer.file.layer_down_crc32c(layer);
+        for batch in loads.chunks(per_batch) {
+            let runs: Vec<Run> = batch
+                .iter()
+                .enumerate()
+                .map(|(k, l)| Run { offset: r.layout.offset(layer, l.neuron as usize) + r.span_offset as u64, bytes: r.span_bytes, staging_offset: k * r.span_bytes })
+                .collect();
+            if let Err(e) = r.reader.read_runs(&runs, &mut r.staging) {
+                loads.iter().for_each(|l| store.map.invalidate(l.slot));
+                return Err(e);
+            }
+            let skip = r.down_offset - r.span_offset;
+            for (k, l) in batch.iter().enumerate() {
+                let row = &r.staging.as_slice()[k * r.span_bytes + skip..k * r.span_bytes + skip + 2 * d];
+                if let Err(e) = formats::scorer::check_down_row(row, crcs[l.neuron as usize], &self.records_path, runs[k].offset + skip as u64, layer, l.neuron) {
+                    loads.iter().for_each(|l| store.map.invalidate(l.slot));
+                    return Err(e.into());
+                }
+                let s = l.slot as usize;
+                store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(row);
+            }
+        }
+        let t2 = Instant::now();
+        self.stats.io_wait_ms += (t2 - t1).as_secs_f64() * 1e3;
+        r.io_busy_ms += (t2 - t1).as_secs_f64() * 1e3;
+        let buf = store.buf.as_slice();
+        let slot_of = &store.map.slot_of;
+        crate::scorer::down_sum(&kept, &h, |j| bytemuck::cast_slice(&buf[slot_of[j as usize] as usize * 2 * d..(slot_of[j as usize] as usize + 1) * 2 * d]), out);
+        drop(store);
+        self.stats.sparse_compute_ms += t2.elapsed().as_secs_f64() * 1e3;
+        if self.record_history {
+            if si == 0 {
+                self.history.push(vec![vec![]; self.active.len()]);
+            }
+            self.history.last_mut().unwrap()[si] = kept.clone();
+        }
+        self.active[si] = kept;
         Ok(())
     }
 }

@@ -1,0 +1,99 @@
+//! `prep scorer`: the resident 4-bit gate/up copy of the sparse layers (layout:
+//! `formats::scorer`). With it a sparse layer scores every neuron from its own input
+//! (`--set-rule scorer`) and streams only the down-projection rows it keeps: 4-bit gate and up
+//! rows are 0.56 bytes a weight, a third of the f16 record they stand for. Per neuron it also
+//! stores the down column's norm (the score's weight) and the CRC32C of its downT row (reads of
+//! that row alone are checked against it).
+
+use anyhow::{bail, Result};
+use formats::scorer::{f16_row_crc32c, quantize_q4_row, GateUpScorerFile, Q4_BLOCK};
+use half::f16;
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Debug, Serialize)]
+pub struct ScorerSummary {
+    pub path: String,
+    pub first_layer: usize,
+    pub layers: usize,
+    pub bytes: usize,
+    /// Mean relative L2 error of the 4-bit gate and up rows.
+    pub relative_error: f64,
+    pub seconds: f64,
+}
+
+/// Quantizes layers `dense_prefix..` of the model in `model_dir` into `out`.
+pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<ScorerSummary> {
+    let t0 = std::time::Instant::now();
+    let (model, _) = runtime::open_model(model_dir)?;
+    let c = &model.config;
+    let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
+    if dense_prefix > n_layers {
+        bail!("dense prefix {dense_prefix} > {n_layers} layers");
+    }
+    if !d.is_multiple_of(Q4_BLOCK) {
+        bail!("hidden size {d} is not a multiple of {Q4_BLOCK}: the 4-bit scorer needs whole blocks");
+    }
+    let n_sparse = n_layers - dense_prefix;
+    let (rb, sb) = (d / 2, d / Q4_BLOCK);
+    let mut q4 = vec![0u8; n_sparse * n_ff * 2 * rb];
+    let mut scales = vec![f16::ZERO; n_sparse * n_ff * 2 * sb];
+    let mut down_norm = vec![0f32; n_sparse * n_ff];
+    let mut down_crc32c = vec![0u32; n_sparse * n_ff];
+    let (mut err_sum, mut err_n) = (0f64, 0u64);
+    let pb = if show_progress { ProgressBar::new(n_sparse as u64) } else { ProgressBar::hidden() };
+    pb.set_style(ProgressStyle::with_template("scorer [{bar:40}] {pos}/{len} layers ({elapsed}, eta {eta})").unwrap());
+    for (si, l) in (dense_prefix..n_layers).enumerate() {
+        let lw = &model.weights.layers[l];
+        // W_down [d, n_ff] -> downT [n_ff, d]
+        let mut down_t = vec![f16::ZERO; n_ff * d];
+        for r in 0..d {
+            for (j, &v) in lw.w_down.row(r).iter().enumerate() {
+                down_t[j * d + r] = v;
+            }
+        }
+        let q = &mut q4[si * n_ff * 2 * rb..(si + 1) * n_ff * 2 * rb];
+        let s = &mut scales[si * n_ff * 2 * sb..(si + 1) * n_ff * 2 * sb];
+        let errs: Vec<f64> = q
+            .par_chunks_mut(2 * rb)
+            .zip(s.par_chunks_mut(2 * sb))
+            .enumerate()
+            .map(|(j, (qj, sj))| {
+                let mut e = 0.0;
+                for (part, w) in [&lw.w_gate, &lw.w_up].into_iter().enumerate() {
+                    let row: Vec<f32> = w.row(j).iter().map(|v| v.to_f32()).collect();
+                    let (qp, sp) = (&mut qj[part * rb..(part + 1) * rb], &mut sj[part * sb..(part + 1) * sb]);
+                    quantize_q4_row(&row, qp, sp);
+                    let back = formats::scorer::dequantize_q4_row(qp, sp);
+                    let (num, den) = row.iter().zip(&back).fold((0f64, 0f64), |(n, dd), (a, b)| (n + ((a - b) as f64).powi(2), dd + (*a as f64).powi(2)));
+                    e += (num / den.max(1e-30)).sqrt();
+                }
+                e
+            })
+            .collect();
+        err_sum += errs.iter().sum::<f64>();
+        err_n += 2 * n_ff as u64;
+        for j in 0..n_ff {
+            let row = &down_t[j * d..(j + 1) * d];
+            down_norm[si * n_ff + j] = row.iter().map(|v| (v.to_f32() as f64).powi(2)).sum::<f64>().sqrt() as f32;
+            down_crc32c[si * n_ff + j] = f16_row_crc32c(row);
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let f = GateUpScorerFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, q4, scales, down_norm, down_crc32c };
+    f.save()?;
+    Ok(ScorerSummary {
+        path: out.display().to_string(),
+        first_layer: dense_prefix,
+        layers: n_sparse,
+        bytes: f.n_bytes(),
+        relative_error: err_sum / err_n.max(1) as f64,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}

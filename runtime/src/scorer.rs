@@ -1,0 +1,210 @@
+//! The resident 4-bit gate/up scorer (`prep scorer`, layout `formats::scorer`) and
+//! [`ScoredSparsity`], the in-memory hook that runs every sparse layer on the neurons it keeps.
+//!
+//! Per sparse layer and token, from the layer's own normed input `xn`:
+//! `h_j = silu(gate4_j . xn) * (up4_j . xn)` for every neuron j (4-bit rows, int8 `xn`), keep the
+//! `k` neurons of largest `|h_j| * ||W_down[:, j]||`, and `out = sum_kept h_j * downT_j` with the
+//! f16 downT rows. Unlike the predictor (one guess after layer 0 for every later layer), this
+//! sees the layer's real input; the price is a 4-bit copy of gate and up in memory (0.56 bytes a
+//! weight) and h from 4-bit weights. The streaming engine runs the same computation with downT
+//! rows read on demand (`StreamingEngine` with `--set-rule scorer`).
+
+use crate::error::{Result, RuntimeError};
+use crate::model::MlpHook;
+use crate::ops::q4::{matvec_q4, Q8Vector};
+use crate::ops::simd::axpy_f16;
+use crate::ops::swiglu::silu;
+use crate::stream::slots::SlotMap;
+use formats::manifest::Manifest;
+use formats::scorer::GateUpScorerFile;
+use half::f16;
+use rayon::prelude::*;
+use std::path::Path;
+
+pub struct GateUpScorer {
+    pub file: GateUpScorerFile,
+}
+
+impl GateUpScorer {
+    /// The preparation's scorer (role `scorer`), checked against the manifest.
+    pub fn load(manifest_path: &Path, m: &Manifest) -> Result<Self> {
+        let Some(a) = m.artifacts.iter().find(|a| a.role == "scorer") else {
+            return Err(RuntimeError::Input(format!(
+                "{}: this preparation has no scorer artifact (4-bit gate/up, `prep scorer`), which --set-rule scorer needs: rerun make prepare",
+                manifest_path.display()
+            )));
+        };
+        let c = &m.model;
+        let d0 = m.sparsity.dense_prefix;
+        let file = GateUpScorerFile::load(&m.artifact_path(manifest_path, a), d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+        Ok(GateUpScorer { file })
+    }
+
+    /// Bytes of layers `from..` (what a run whose sparse layers start there holds).
+    pub fn bytes_from(&self, from: usize) -> u64 {
+        let f = &self.file;
+        (f.n_bytes() / f.n_layers.max(1) * (f.first_layer + f.n_layers).saturating_sub(from.max(f.first_layer))) as u64
+    }
+
+    /// The same scorer without layers below `from` (a run whose sparse layers start there).
+    pub fn without_layers_before(mut self, from: usize) -> Self {
+        let f = &mut self.file;
+        let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
+        let (rows, blocks) = (f.n_ff * f.d_model, f.n_ff * 2 * f.d_model / formats::scorer::Q4_BLOCK);
+        // split_off: the kept tail gets its own allocation, the dropped layers' is freed
+        f.q4 = f.q4.split_off(drop * rows);
+        f.scales = f.scales.split_off(drop * blocks);
+        f.down_norm = f.down_norm.split_off(drop * f.n_ff);
+        f.down_crc32c = f.down_crc32c.split_off(drop * f.n_ff);
+        f.first_layer += drop;
+        f.n_layers -= drop;
+        self
+    }
+
+    /// `h` `[n_ff]` = silu(gate4 . xn) * (up4 . xn) of sparse layer `layer` for one token.
+    pub fn activations(&self, layer: usize, xn: &[f32], h: &mut [f32]) {
+        let f = &self.file;
+        let x = Q8Vector::quantize(xn);
+        let mut gu = vec![0f32; 2 * f.n_ff]; // [n_ff, 2]: gate_j, up_j
+        matvec_q4(f.layer_q4(layer), f.layer_scales(layer), f.d_model, &x, &mut gu);
+        h.iter_mut().zip(gu.chunks_exact(2)).for_each(|(hj, p)| *hj = silu(p[0]) * p[1]);
+    }
+
+    /// The `k` neurons of largest `|h_j| * ||W_down[:, j]||` (ascending ids), where a neuron
+    /// whose row is resident (`slot_of[j] != EMPTY`) counts `resident_bonus` times its score: a
+    /// row already in memory is kept unless a missing one is clearly larger, so marginal
+    /// neurons do not swap in and out every token.
+    pub fn keep(&self, layer: usize, h: &[f32], k: usize, slot_of: &[u32], resident_bonus: f32) -> Vec<u32> {
+        let norm = self.file.layer_down_norm(layer);
+        let score: Vec<f32> = h
+            .iter()
+            .zip(norm)
+            .zip(slot_of)
+            .map(|((a, b), &s)| a.abs() * b * if s != crate::stream::slots::EMPTY { resident_bonus } else { 1.0 })
+            .collect();
+        let mut idx: Vec<u32> = (0..h.len() as u32).collect();
+        let k = k.min(idx.len());
+        if k < idx.len() && k > 0 {
+            idx.select_nth_unstable_by(k - 1, |&a, &b| score[b as usize].total_cmp(&score[a as usize]));
+        }
+        idx.truncate(k);
+        idx.sort_unstable();
+        idx
+    }
+}
+
+/// `out` `[d]` = `sum_{j in kept} h_j * row(j)` (rayon over chunks of the kept neurons).
+pub fn down_sum<'a>(kept: &[u32], h: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
+    let d = out.len();
+    let partial = kept
+        .par_chunks(64)
+        .map(|chunk| {
+            let mut acc = vec![0f32; d];
+            for &j in chunk {
+                axpy_f16(h[j as usize], row(j), &mut acc);
+            }
+            acc
+        })
+        .reduce(|| vec![0f32; d], |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        });
+    out.copy_from_slice(&partial);
+}
+
+/// Runs layers `first_layer..` on the scorer's kept neurons with every downT row in memory (the
+/// quality of `--set-rule scorer` without storage).
+pub struct ScoredSparsity {
+    pub scorer: GateUpScorer,
+    /// Per layer from the scorer's first: `[n_ff, d]` f16 downT rows (from records.bin).
+    down_t: Vec<Vec<f16>>,
+    pub first_layer: usize,
+    /// Neurons kept per sparse layer and token.
+    pub keep: usize,
+    /// See [`GateUpScorer::keep`]; the rows held are simulated with one [`SlotMap`] per layer
+    /// of `keep` slots (the streaming engine's at the smallest budget), so the sets match.
+    pub resident_bonus: f32,
+    resident: Vec<SlotMap>,
+    /// Per layer, tokens seen (each layer's SlotMap needs its own increasing tick: a batched
+    /// forward pass runs all tokens through one layer before the next).
+    ticks: Vec<u64>,
+    pub tokens: u64,
+    pub kept: u64,
+    /// Rows a streaming run would have read (kept and not resident).
+    pub loaded: u64,
+    /// Run the forward pass a token at a time, as the streaming engine does. Batched prefill
+    /// (the default, faster) sums in another order, so a marginal neuron can flip; with a
+    /// resident bonus that changes what is resident and the sets drift apart from a streaming
+    /// run's (statistically alike, not equal).
+    pub single_token: bool,
+}
+
+impl ScoredSparsity {
+    /// Reads every sparse layer's downT rows from records.bin (checked records).
+    pub fn new(manifest_path: &Path, m: &Manifest) -> Result<Self> {
+        let scorer = GateUpScorer::load(manifest_path, m)?;
+        let c = &m.model;
+        let records = m.artifact_path_of(manifest_path, "records")?;
+        let rf = formats::records::RecordFile::open(&records, c.hidden_size, m.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
+        let down_t = (m.records.first_layer..c.num_hidden_layers)
+            .into_par_iter()
+            .map(|l| {
+                let mut rows = Vec::with_capacity(c.intermediate_size * c.hidden_size);
+                for j in 0..c.intermediate_size {
+                    rows.extend_from_slice(&rf.read(l, j)?.down_t);
+                }
+                Ok(rows)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let n = down_t.len();
+        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, resident: Vec::with_capacity(n), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, single_token: false };
+        s.set_keep_share(1.0);
+        Ok(s)
+    }
+
+    /// Keeps `share` (0 < share <= 1) of a layer's neurons per token.
+    pub fn set_keep_share(&mut self, share: f64) {
+        let f = &self.scorer.file;
+        self.keep = ((f.n_ff as f64 * share).round() as usize).clamp(1, f.n_ff);
+        self.resident = (0..f.n_layers).map(|_| SlotMap::new(f.n_ff, self.keep)).collect();
+    }
+
+    /// Share of kept rows that were already resident.
+    pub fn reuse_ratio(&self) -> f64 {
+        1.0 - self.loaded as f64 / self.kept.max(1) as f64
+    }
+
+    pub fn density(&self) -> f64 {
+        self.kept as f64 / (self.tokens.max(1) as f64 * self.scorer.file.n_ff as f64)
+    }
+}
+
+impl MlpHook for ScoredSparsity {
+    fn observe(&mut self, _layer: usize, _gate_silu: &[f32], _up: &[f32]) {}
+
+    fn replaces_mlp(&self, layer: usize) -> bool {
+        layer >= self.first_layer
+    }
+
+    fn single_token(&self) -> bool {
+        self.single_token
+    }
+
+    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
+        let f = &self.scorer.file;
+        let (d, n_ff) = (f.d_model, f.n_ff);
+        let li = layer - f.first_layer;
+        let rows = &self.down_t[li];
+        let mut h = vec![0f32; n_ff];
+        for (x, o) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            self.ticks[li] += 1;
+            self.scorer.activations(layer, x, &mut h);
+            let kept = self.scorer.keep(layer, &h, self.keep, &self.resident[li].slot_of, self.resident_bonus);
+            self.loaded += self.resident[li].plan(&kept, self.ticks[li]).len() as u64;
+            down_sum(&kept, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], o);
+            self.tokens += 1;
+            self.kept += kept.len() as u64;
+        }
+        Ok(())
+    }
+}
