@@ -157,9 +157,10 @@ def run_llama(g, gguf, prompt_file, n, threads, timeout):
             "peak_rss_bytes": rss, "seconds": time.time() - t0}
 
 
-def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
+def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, resident_bonus, set_scale, head_q8):
     cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-from", "fit", "-n", str(n), "--prompt-file", prompt_file,
-           "--threads", str(threads), "--json"]
+           "--threads", str(threads), "--set-rule", set_rule, "--resident-bonus", str(resident_bonus), "--set-scale", str(set_scale),
+           *(["--head-q8"] if head_q8 else []), "--json"]
     t0 = time.time()
     try:
         out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
@@ -193,6 +194,11 @@ def main():
                     help="no runs: rebuild the table, PNG and markdown from the runs in edge-<model>.json (e.g. after bench-quality)")
     ap.add_argument("--tag", default="", help="write edge-<model>-<tag>.* instead of edge-<model>.* (a separate grid, e.g. one throttle)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set-rule", default="soft8", help="ours: how sets are chosen (soft8: the predictor; scorer: the 4-bit gate/up scorer)")
+    ap.add_argument("--resident-bonus", type=float, default=1.0, help="ours, with --set-rule scorer: the weight of rows already in memory")
+    ap.add_argument("--set-scale", type=float, default=1.0, help="ours: the largest set scale fit may pick (with the scorer: the share "
+                    "of n_ff each layer must hold per token; the rest of the budget becomes slots that also count)")
+    ap.add_argument("--head-q8", action="store_true", help="ours: logits from the Q8_0 head (half the f16 head's memory goes to slots)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as timed out")
     a = ap.parse_args()
     gguf = str(ROOT / f"baseline/{a.model}-f16.gguf")
@@ -216,13 +222,20 @@ def main():
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
     qrows = json.loads(qpath.read_text()) if qpath.exists() else {"sparse": [], "hellaswag_items": None}
 
-    def quality_at(d, scale, rank):
-        # rows measured before `prep importance` carry no neuron_rank: they ranked by membership
-        row = next((r for r in qrows["sparse"] if r["dense_prefix"] == d and abs(r.get("set_scale", 1.0) - scale) < 0.005
-                    and (r.get("neuron_rank") or "membership") == rank), None)
+    def quality_at(d, scale, rank, rule, bonus):
+        # rows measured before `prep importance` carry no neuron_rank: they ranked by membership;
+        # rows without a set_rule are soft8; scorer rows carry their resident bonus
+        def same(r):
+            if r["dense_prefix"] != d or abs(r.get("set_scale", 1.0) - scale) >= 0.005 or r.get("set_rule", "soft8") != rule:
+                return False
+            if rule == "scorer":
+                return abs(r.get("resident_bonus", 1.0) - bonus) < 1e-6 and ("--head-q8" in r.get("scorer_args", "")) == a.head_q8
+            return (r.get("neuron_rank") or "membership") == rank
+        row = next((r for r in qrows["sparse"] if same(r)), None)
         if row is None:
             return None
-        return {"dense_prefix": d, "set_scale": scale, "neuron_rank": rank, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
+        return {"dense_prefix": d, "set_scale": scale, "set_rule": rule, "resident_bonus": bonus if rule == "scorer" else None,
+                "neuron_rank": rank, "ppl_ratio": row["ppl_ratio"], "hellaswag_acc_ratio": row["acc_ratio"],
                 "hellaswag_items": qrows["hellaswag_items"], "model_mlp_sparsity": row.get("model_mlp_sparsity")}
     n_default, n_by_throttle = a.n, {}
     for part in (a.n_confined or "").split(","):
@@ -239,6 +252,8 @@ def main():
         fractions = sorted({r["memory_fraction"] for r in runs}, key=lambda f: f or 9)
         throttles = sorted({r["throttle_mib_s"] for r in runs}, key=lambda t: -(t or 1e9))
         a.reps, a.n, a.n_confined, a.threads = prev["reps"], prev["generated_tokens"], prev.get("generated_tokens_confined"), prev["threads"]
+        a.set_rule, a.resident_bonus = prev.get("set_rule", "soft8"), prev.get("resident_bonus", 1.0)
+        a.set_scale, a.head_q8 = prev.get("set_scale", 1.0), prev.get("head_q8", False)
     for rep in range(0 if a.from_json else a.reps):
         for th in throttles:
             for fr in fractions:
@@ -253,7 +268,7 @@ def main():
                             r = run_llama(g, gguf, prompt_file, n, a.threads, a.timeout)
                         else:
                             budget = int(limit * 0.9) if limit else 64 * 2**30
-                            r = run_ours(g, manifest, budget, prompt_file, n, a.threads, a.timeout)
+                            r = run_ours(g, manifest, budget, prompt_file, n, a.threads, a.timeout, a.set_rule, a.resident_bonus, a.set_scale, a.head_q8)
                             r["budget_bytes"] = budget
                         r["disk_bytes_read"] = g.bytes_read()
                         if r["disk_bytes_read"] is not None and r.get("decode_tok_per_s"):
@@ -284,21 +299,26 @@ def main():
                     row["llama_cpp_major_faults_per_token"] = statistics.median(mf) if mf else None
                 else:
                     for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token",
-                              "sparse_mlp_ms_per_token", "io_busy_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "dense_from", "set_scale"):
+                              "sparse_mlp_ms_per_token", "io_busy_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "dense_from", "set_scale",
+                              "computed_rows_per_token", "requests_per_token"):
                         v = [r[k] for r in rs if r.get(k) is not None]
                         row[f"runtime_{k}"] = statistics.median(v) if v else None
                     ref = [r for r in rs if r.get("refused")]
                     row["runtime_refused_minimum_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
-                    ranks = [r.get("neuron_rank") or "membership" for r in rs if r.get("dense_from") is not None]
+                    ranks = [r.get("neuron_rank") or ("membership" if "set_rule" not in r else None) for r in rs if r.get("dense_from") is not None]
                     row["runtime_neuron_rank"] = ranks[0] if ranks else None
-                    row["runtime_quality"] = (quality_at(int(row["runtime_dense_from"]), row.get("runtime_set_scale") or 1.0, row["runtime_neuron_rank"])
+                    row["runtime_set_rule"] = a.set_rule
+                    row["runtime_resident_bonus"] = a.resident_bonus if a.set_rule == "scorer" else None
+                    row["runtime_quality"] = (quality_at(int(row["runtime_dense_from"]), row.get("runtime_set_scale") or 1.0, row["runtime_neuron_rank"],
+                                                         a.set_rule, a.resident_bonus)
                                               if row["runtime_dense_from"] is not None else None)
             row["speedup"] = row["runtime"] / row["llama_cpp"] if row["runtime"] and row["llama_cpp"] else None
             table.append(row)
     for row in table:
         row["where_the_time_goes"] = explain(row)
     res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "generated_tokens_confined": a.n_confined or a.n,
-           "threads": a.threads, "reps": a.reps, "goal": goal(table), "settings": table, "runs": runs}
+           "threads": a.threads, "reps": a.reps, "set_rule": a.set_rule, "resident_bonus": a.resident_bonus, "set_scale": a.set_scale, "head_q8": a.head_q8,
+           "goal": goal(table), "settings": table, "runs": runs}
     out.write_text(json.dumps(res, indent=2))
     try:
         import matplotlib
@@ -351,7 +371,8 @@ def explain(row):
     io, comp, pred = (row.get(f"runtime_{k}_ms_per_token") or 0 for k in ("io_wait", "compute", "predictor"))
     parts = [f"ours {ms:.0f} ms/token: compute {comp:.0f} (sparse MLPs {row.get('runtime_sparse_mlp_ms_per_token') or 0:.0f}), "
              f"waiting for rows {io:.0f}, predictor {pred:.1f}; {(row.get('runtime_bytes_read_per_token') or 0) / 2**20:.1f} MiB read per token, "
-             f"reuse {row.get('runtime_reuse_ratio') or 0:.2f}, layers {row.get('runtime_dense_from')}.. sparse, sets {row.get('runtime_set_scale') or 1.0:.2f} x K_max"]
+             f"reuse {row.get('runtime_reuse_ratio') or 0:.2f}, layers {row.get('runtime_dense_from')}.. sparse, sets {row.get('runtime_set_scale') or 1.0:.2f} x "
+             + ("n_ff (4-bit scorer; 'predictor' = scoring)" if row.get("runtime_set_rule") == "scorer" else "K_max")]
     if row["llama_cpp"]:
         parts.append(f"llama.cpp {1000 / row['llama_cpp']:.0f} ms/token, {row.get('llama_cpp_major_faults_per_token') or 0:.0f} major faults per token, "
                      f"{(row.get('llama_cpp_disk_bytes_read') or 0) / 2**20:.0f} MiB read from disk in the whole run")

@@ -29,7 +29,8 @@ def point(manifest, mode, limit, chunks, text):
     sp = ev.get("sparsity") or {}
     return {"hellaswag_acc_norm": ev["accuracy"], "hellaswag_acc": ev["accuracy_unnormalized"], "items": ev["items"],
             "perplexity": pp["perplexity"], "sparse_layer_density": sp.get("sparse_layer_density"),
-            "recall": sp.get("recall"), "top1": sp.get("top1_accuracy"), "neuron_rank": sp.get("neuron_rank"), "seconds": time.time() - t0}
+            "recall": sp.get("recall"), "top1": sp.get("top1_accuracy"), "neuron_rank": sp.get("neuron_rank"),
+            "reuse_ratio": sp.get("reuse_ratio"), "slot_share": sp.get("slot_share"), "seconds": time.time() - t0}
 
 
 def main():
@@ -37,13 +38,15 @@ def main():
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--d", default="", help="comma-separated dense prefixes, each optionally @set-scale and :set-rule, "
-                    "e.g. 4,13,1@0.46,1@0.27:scorer (default: the prepared one, soft8)")
+                    "and for the scorer /resident-bonus, e.g. 4,13,1@0.46,1@0.27:scorer,1@0.27:scorer/4 (default: the prepared one, soft8)")
     ap.add_argument("--limit", type=int, default=200, help="HellaSwag items")
     ap.add_argument("--chunks", type=int, default=4, help="perplexity chunks of 512")
     ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"))
     ap.add_argument("--keep", action="store_true",
                     help="reuse the dense point and keep the other dense prefixes' rows of an existing quality-<name>.json "
                          "measured with the same items, chunks and manifest (the dense model does not change with the predictor)")
+    ap.add_argument("--scorer-args", default="",
+                    help="extra runtime flags for scorer points, e.g. '--head-q8 --slot-share 0.5696' (the slots a 50%% budget gives)")
     a = ap.parse_args()
     out = ROOT / f"bench/results/quality-{a.name}.json"
     old = json.loads(out.read_text()) if a.keep and out.exists() else None
@@ -54,20 +57,29 @@ def main():
     d0 = int(next(l.split("=")[1] for l in m.splitlines() if l.startswith("dense_prefix")))
     def parse_point(x):
         x, _, rule = x.partition(":")
+        rule, _, bonus = rule.partition("/")
         d, _, sc = x.partition("@")
-        return int(d), float(sc) if sc else 1.0, rule or "soft8"
-    ds = [parse_point(x) for x in a.d.split(",") if x] or [(d0, 1.0, "soft8")]
+        return int(d), float(sc) if sc else 1.0, rule or "soft8", float(bonus) if bonus else 1.0
+    ds = [parse_point(x) for x in a.d.split(",") if x] or [(d0, 1.0, "soft8", 1.0)]
     dense = old["dense"] if old else point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
     print(f"dense: acc_norm {dense['hellaswag_acc_norm']:.4f}, ppl {dense['perplexity']:.3f}", flush=True)
     import hashlib
     manifest_sha = hashlib.sha256(open(a.manifest, "rb").read()).hexdigest()
     # rows of other points stay (each carries the manifest it was measured with)
-    rows = [r for r in (old or {}).get("sparse", []) if (r["dense_prefix"], r.get("set_scale", 1.0), r.get("set_rule", "soft8")) not in ds]
-    for d, sc, rule in ds:
-        p = point(a.manifest, ["--in-memory", "--dense-from", str(d), "--set-scale", str(sc), "--set-rule", rule], a.limit, a.chunks, a.text)
+    rows = [r for r in (old or {}).get("sparse", [])
+            if (r["dense_prefix"], r.get("set_scale", 1.0), r.get("set_rule", "soft8"), r.get("resident_bonus", 1.0)) not in ds
+            or r.get("scorer_args", "") != a.scorer_args]
+    for d, sc, rule, bonus in ds:
+        mode = ["--in-memory", "--dense-from", str(d), "--set-scale", str(sc), "--set-rule", rule]
+        if rule == "scorer":
+            mode += ["--resident-bonus", str(bonus), *a.scorer_args.split()]
+        p = point(a.manifest, mode, a.limit, a.chunks, a.text)
         p["dense_prefix"] = d
         p["set_scale"] = sc
         p["set_rule"] = rule
+        if rule == "scorer":
+            p["resident_bonus"] = bonus
+            p["scorer_args"] = a.scorer_args
         p["manifest_sha256"] = manifest_sha
         p["sparse_layers"] = n_layers - d
         p["acc_ratio"] = p["hellaswag_acc_norm"] / dense["hellaswag_acc_norm"]
@@ -75,7 +87,7 @@ def main():
         # share of all MLP neurons skipped across the whole model
         p["model_mlp_sparsity"] = (n_layers - d) / n_layers * (1 - (p["sparse_layer_density"] or 1))
         rows.append(p)
-        unit = "n_ff" if rule == "scorer" else "K_max"
+        unit = f"n_ff (bonus {bonus})" if rule == "scorer" else "K_max"
         recall = f", recall {p['recall']:.3f}" if p["recall"] is not None else ""
         print(f"d={d} {rule} sets {sc:.2f} x {unit}: acc_norm {p['hellaswag_acc_norm']:.4f} ({p['acc_ratio']:.3f}x), ppl {p['perplexity']:.3f} "
               f"({p['ppl_ratio']:.3f}x), density {p['sparse_layer_density']:.3f}{recall}", flush=True)
@@ -95,7 +107,7 @@ def main():
         ax[1].plot(xs, [r["ppl_ratio"] for r in rows], "o")
         ax[1].set_xlabel("MLP neurons skipped, whole model (%)"); ax[1].set_ylabel("perplexity / dense (LAMBADA)")
         for r, x in zip(rows, xs):
-            lab = f"d={r['dense_prefix']}" + (f"@{r['set_scale']:.2f}" if r.get("set_scale", 1.0) != 1.0 else "") + (":scorer" if r.get("set_rule") == "scorer" else "")
+            lab = f"d={r['dense_prefix']}" + (f"@{r['set_scale']:.2f}" if r.get("set_scale", 1.0) != 1.0 else "") + (f":scorer/{r.get('resident_bonus', 1.0):g}" if r.get("set_rule") == "scorer" else "")
             ax[0].annotate(lab, (x, r["acc_ratio"])); ax[1].annotate(lab, (x, r["ppl_ratio"]))
         fig.suptitle(f"{a.name}: predicted sparsity vs dense ({a.limit} HellaSwag items)")
         fig.tight_layout(); fig.savefig(out.with_suffix(".png"), dpi=100)

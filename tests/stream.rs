@@ -140,39 +140,51 @@ fn scorer_streaming_equals_in_memory() {
     let m = default_sparse();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     let (share, bonus) = (0.3, 2.0);
-    let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
-    let mut p = runtime::scorer::ScoredSparsity::new(m, &manifest).unwrap();
-    p.set_keep_share(share);
-    p.resident_bonus = bonus;
-    // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
-    // flipped marginal neuron changes what is resident, and the sets drift apart)
-    p.single_token = true;
-    mem.sparsity = Some(Sparsity::Scored(Box::new(p)));
-    let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
-    let want = forward_logits(&mut mem, &ids);
     let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, scorer: true, set_scale: share, ..Default::default() };
     let minimum = match runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().sparsity {
         Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
         _ => panic!("not streaming"),
     };
-    let mut s = runtime::open(m, &PreparedMode::Stream(settings(Some(minimum)))).unwrap();
-    let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
-    e.resident_bonus = bonus;
-    assert_eq!(e.plan.capacity, e.plan.set_sizes, "the smallest budget holds exactly the sets");
-    assert_eq!(e.plan.slot_row_bytes, 576 * 2, "slots hold downT rows only");
-    assert!(e.plan.predictor_bytes == 0 && e.plan.scorer_bytes > 0);
-    let got = forward_logits(&mut s, &ids);
-    let max_diff = max_abs_diff(&want, &got);
-    assert!(max_diff < 2e-3, "streamed logits differ from in-memory scored sets by {max_diff}");
-    let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
-    e.refresh_io_stats();
-    let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!() };
-    assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read as the in-memory run counted");
-    assert!(p.density() > 0.29 && p.density() < 0.31, "density {}", p.density());
-    assert!(p.reuse_ratio() > 0.0 && p.reuse_ratio() < 1.0, "reuse {}", p.reuse_ratio());
-    // one span of 1536 bytes (3 x 512 around the 1152-byte row) per row read
-    assert_eq!(e.stats.bytes_read, e.stats.rows_loaded * 1536);
-    assert_eq!(e.stats.read_requests, e.stats.rows_loaded);
+    // the smallest budget (slots = the needed set), then 1 MiB more (every layer holds more
+    // rows than it needs, and all of them count)
+    for extra in [0u64, 1 << 20] {
+        let mut s = runtime::open(m, &PreparedMode::Stream(settings(Some(minimum + extra)))).unwrap();
+        let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
+        e.resident_bonus = bonus;
+        assert_eq!(e.plan.slot_row_bytes, 576 * 2, "slots hold downT rows only");
+        assert!(e.plan.predictor_bytes == 0 && e.plan.scorer_bytes > 0);
+        if extra == 0 {
+            assert_eq!(e.plan.capacity, e.plan.set_sizes, "the smallest budget holds exactly the sets");
+        } else {
+            assert!(e.plan.capacity.iter().zip(&e.plan.set_sizes).all(|(c, k)| c > k), "{:?} {:?}", e.plan.capacity, e.plan.set_sizes);
+        }
+        let slots = e.plan.capacity[0];
+        let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
+        let mut p = runtime::scorer::ScoredSparsity::new(m, &manifest).unwrap();
+        p.set_keep_share(share);
+        p.set_slots(slots);
+        p.resident_bonus = bonus;
+        // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
+        // flipped marginal neuron changes what is resident, and the sets drift apart)
+        p.single_token = true;
+        mem.sparsity = Some(Sparsity::Scored(Box::new(p)));
+        let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
+        let want = forward_logits(&mut mem, &ids);
+        let got = forward_logits(&mut s, &ids);
+        let max_diff = max_abs_diff(&want, &got);
+        assert!(max_diff < 2e-3, "extra {extra}: streamed logits differ from in-memory scored sets by {max_diff}");
+        let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
+        e.refresh_io_stats();
+        let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!() };
+        assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read as the in-memory run counted");
+        assert_eq!(e.stats.computed_rows, p.kept, "every held row counted, in both");
+        let held = slots as f64 / 1536.0;
+        assert!((p.density() - held).abs() < 0.02, "density {} vs slots {held}", p.density());
+        assert!(p.reuse_ratio() > 0.0 && p.reuse_ratio() < 1.0, "reuse {}", p.reuse_ratio());
+        // one span of 1536 bytes (3 x 512 around the 1152-byte row) per row read
+        assert_eq!(e.stats.bytes_read, e.stats.rows_loaded * 1536);
+        assert_eq!(e.stats.read_requests, e.stats.rows_loaded);
+    }
 }
 
 #[test]

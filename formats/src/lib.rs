@@ -11,6 +11,7 @@ pub mod centroids;
 pub mod error;
 pub mod ggml_quants;
 pub mod gguf;
+pub mod head_q8;
 pub mod importance;
 pub mod manifest;
 pub mod model_dir;

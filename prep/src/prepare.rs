@@ -232,9 +232,14 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&model_dir, d, &out, show_progress).map(|_| ()))?;
 
     // scorer: the resident 4-bit gate/up copy of the sparse layers (`--set-rule scorer`)
+    // and the output head in Q8_0 (`--head-q8`)
     let scorer_path = out.join("scorer/scorer.safetensors");
-    let key = serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0"});
-    st.run("scorer", &key, std::slice::from_ref(&scorer_path), || scorer::scorer(&model_dir, d, &scorer_path, show_progress).map(|_| ()))?;
+    let head_path = out.join("scorer/head_q8.safetensors");
+    let key = serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0", "head": "q8_0"});
+    st.run("scorer", &key, &[scorer_path.clone(), head_path.clone()], || {
+        scorer::scorer(&model_dir, d, &scorer_path, show_progress)?;
+        scorer::head_q8(&model_dir, &head_path)
+    })?;
 
     // manifest
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
@@ -255,6 +260,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("thresholds", cap_dir.join("thresholds.json")),
         ("importance", imp_path.clone()),
         ("scorer", scorer_path.clone()),
+        ("head_q8", head_path.clone()),
         ("tokenizer", model_dir.join("tokenizer.json")),
     ] {
         let rel = pathdiff(&path, &out);

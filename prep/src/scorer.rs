@@ -24,6 +24,29 @@ pub struct ScorerSummary {
     pub seconds: f64,
 }
 
+/// The output head (lm_head, or the tied embedding) in Q8_0 blocks (`formats::head_q8`):
+/// what `--head-q8` computes the logits from.
+pub fn head_q8(model_dir: &Path, out: &Path) -> Result<()> {
+    let (model, _) = runtime::open_model(model_dir)?;
+    let w = &model.weights;
+    let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+    let (rows, d) = (head.rows, head.cols);
+    if !d.is_multiple_of(formats::head_q8::Q8_BLOCK) {
+        bail!("hidden size {d} is not a multiple of {}", formats::head_q8::Q8_BLOCK);
+    }
+    let mut q = vec![0i8; rows * d];
+    let mut scales = vec![f16::ZERO; rows * d / formats::head_q8::Q8_BLOCK];
+    q.par_chunks_mut(d).zip(scales.par_chunks_mut(d / formats::head_q8::Q8_BLOCK)).enumerate().for_each(|(r, (qr, sr))| {
+        let row: Vec<f32> = head.row(r).iter().map(|v| v.to_f32()).collect();
+        formats::head_q8::quantize_q8_row(&row, qr, sr);
+    });
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    formats::head_q8::Q8Head { path: out.to_path_buf(), rows, cols: d, q, scales }.save()?;
+    Ok(())
+}
+
 /// Quantizes layers `dense_prefix..` of the model in `model_dir` into `out`.
 pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<ScorerSummary> {
     let t0 = std::time::Instant::now();

@@ -42,6 +42,12 @@ pub struct BenchReport {
     pub neuron_rank: Option<crate::predictor::NeuronRank>,
     /// How sets were chosen (soft8, top1, static, scorer).
     pub set_rule: String,
+    /// Logits from the Q8_0 head (`--head-q8`).
+    pub head_q8: bool,
+    /// With the scorer: rows added per token (every row held, needed or not).
+    pub computed_rows_per_token: f64,
+    /// With the scorer: the weight of rows already in memory.
+    pub resident_bonus: f32,
     pub set_size_per_layer: Vec<usize>,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
@@ -70,6 +76,7 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         predictor_ms: a.predictor_ms - b.predictor_ms,
         sparse_compute_ms: a.sparse_compute_ms - b.sparse_compute_ms,
         io_busy_ms: a.io_busy_ms - b.io_busy_ms,
+        computed_rows: a.computed_rows - b.computed_rows,
         layers: a
             .layers
             .iter()
@@ -142,6 +149,9 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         set_scale: engine.plan.set_scale,
         neuron_rank: engine.neuron_rank(),
         set_rule: engine.rule.to_string(),
+        head_q8: model.weights.head_q8.is_some(),
+        computed_rows_per_token: per(d.computed_rows as f64),
+        resident_bonus: engine.resident_bonus,
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),

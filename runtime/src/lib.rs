@@ -92,7 +92,8 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything
             let engine = stream::StreamingEngine::new(path, &manifest, settings)?;
-            (Model::load_streaming(path, &manifest, engine.first_layer)?, Some(Sparsity::Stream(Box::new(engine))))
+            let model = Model::load_streaming(path, &manifest, engine.first_layer, settings.head_q8)?;
+            (model, Some(Sparsity::Stream(Box::new(engine))))
         }
         PreparedMode::InMemory | PreparedMode::Dense => {
             let model = Model::load_prepared(path, &manifest)?;

@@ -39,6 +39,9 @@ pub struct ModelWeights {
     pub final_norm: Vec<f32>,        // [d]
     /// `[vocab, d]`; None when tied to `embed`.
     pub lm_head: Option<F16Matrix>,
+    /// `--head-q8`: the head in Q8_0 blocks (`formats::head_q8`); the logits come from it and
+    /// the f16 head is never read.
+    pub head_q8: Option<formats::head_q8::Q8Head>,
 }
 
 /// Sees (and may sparsify) the MLP activations of every layer during a forward pass:
@@ -183,19 +186,25 @@ impl Model {
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
     /// `dense_prefix..dense_from` rebuilt once from records.bin; the MLP weights of layers
     /// `dense_from..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
-    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_from: usize) -> Result<Self> {
+    /// `head_q8`: the logits come from the Q8_0 head, so a tied embedding is only read a row per
+    /// token too.
+    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_from: usize, head_q8: bool) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let rf = formats::records::RecordFile::open(&records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
         let mapped = MappedSafetensors::open(&resident)?;
-        if !c.tie_word_embeddings {
-            // an untied input embedding is read one row per token (MemoryPlan does not hold it)
+        if !c.tie_word_embeddings || head_q8 {
+            // the input embedding is read one row per token (MemoryPlan does not hold it)
             mapped.advise_random(model_dir::EMBED_TOKENS)?;
         }
         let src = TensorSource { files: vec![mapped] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_from })
+        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_from })?;
+        if head_q8 {
+            model.use_head_q8(manifest_path, manifest)?;
+        }
+        Ok(model)
     }
 
     /// `sparse`: where the MLPs of the sparse layers come from.
@@ -246,6 +255,7 @@ impl Model {
             layers,
             final_norm: src.vector(model_dir::FINAL_NORM, d)?,
             lm_head,
+            head_q8: None,
         };
         let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(ROPE_MAX_POSITIONS));
         Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
@@ -253,6 +263,16 @@ impl Model {
 
     pub fn vocab_size(&self) -> usize {
         self.config.vocab_size
+    }
+
+    /// `--head-q8`: logits from the preparation's Q8_0 head (role `head_q8`) from now on.
+    pub fn use_head_q8(&mut self, manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<()> {
+        let Some(a) = manifest.artifacts.iter().find(|a| a.role == "head_q8") else {
+            return Err(RuntimeError::Input(format!("{}: this preparation has no head_q8 artifact, which --head-q8 needs: rerun make prepare", manifest_path.display())));
+        };
+        let c = &self.config;
+        self.weights.head_q8 = Some(formats::head_q8::Q8Head::load(&manifest.artifact_path(manifest_path, a), c.vocab_size, c.hidden_size)?);
+        Ok(())
     }
 
     pub fn max_context(&self) -> usize {
@@ -379,8 +399,14 @@ impl Model {
         let n_out = n.saturating_sub(logits_from);
         let mut xf = vec![0f32; n_out * d];
         rmsnorm(&x[logits_from * d..], &w.final_norm, eps, &mut xf);
-        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         let mut logits = vec![0f32; n_out * c.vocab_size];
+        if let Some(h) = &w.head_q8 {
+            for (xr, lr) in xf.chunks_exact(d).zip(logits.chunks_exact_mut(c.vocab_size)) {
+                crate::ops::qmatvec::matvec_q8(&h.q, &h.scales, d, &crate::ops::qmatvec::Q8Vector::quantize(xr), lr);
+            }
+            return Ok(logits);
+        }
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         matmul(&xf, n_out, head, &mut logits);
         Ok(logits)
     }

@@ -2,16 +2,19 @@
 //! [`ScoredSparsity`], the in-memory hook that runs every sparse layer on the neurons it keeps.
 //!
 //! Per sparse layer and token, from the layer's own normed input `xn`:
-//! `h_j = silu(gate4_j . xn) * (up4_j . xn)` for every neuron j (4-bit rows, int8 `xn`), keep the
-//! `k` neurons of largest `|h_j| * ||W_down[:, j]||`, and `out = sum_kept h_j * downT_j` with the
-//! f16 downT rows. Unlike the predictor (one guess after layer 0 for every later layer), this
+//! `h_j = silu(gate4_j . xn) * (up4_j . xn)` for every neuron j (4-bit rows, int8 `xn`); the `k`
+//! neurons of largest `|h_j| * ||W_down[:, j]||` must be in memory (their missing downT rows are
+//! read; slots are reused least recently needed first), and `out = sum_j h_j * downT_j` over
+//! every row in memory — the k needed ones and whatever else the layer's slots still hold from
+//! earlier tokens, which costs compute but no reads. So `--set-scale` bounds the reads and the
+//! memory budget (the slots) sets how many neurons count. Unlike the predictor (one guess after layer 0 for every later layer), this
 //! sees the layer's real input; the price is a 4-bit copy of gate and up in memory (0.56 bytes a
 //! weight) and h from 4-bit weights. The streaming engine runs the same computation with downT
 //! rows read on demand (`StreamingEngine` with `--set-rule scorer`).
 
 use crate::error::{Result, RuntimeError};
 use crate::model::MlpHook;
-use crate::ops::q4::{matvec_q4, Q8Vector};
+use crate::ops::qmatvec::{matvec_q4, Q8Vector};
 use crate::ops::simd::axpy_f16;
 use crate::ops::swiglu::silu;
 use crate::stream::slots::SlotMap;
@@ -112,6 +115,26 @@ pub fn down_sum<'a>(kept: &[u32], h: &[f32], row: impl Fn(u32) -> &'a [f16] + Sy
     out.copy_from_slice(&partial);
 }
 
+/// `out` `[d]` = `sum_i hs[i] * row(slots[i])`: [`down_sum`] over slots in buffer order.
+pub fn down_sum_slots<'a>(slots: &[u32], hs: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
+    let d = out.len();
+    let partial = slots
+        .par_chunks(64)
+        .zip(hs.par_chunks(64))
+        .map(|(chunk, hc)| {
+            let mut acc = vec![0f32; d];
+            for (&s, &hv) in chunk.iter().zip(hc) {
+                axpy_f16(hv, row(s), &mut acc);
+            }
+            acc
+        })
+        .reduce(|| vec![0f32; d], |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        });
+    out.copy_from_slice(&partial);
+}
+
 /// Runs layers `first_layer..` on the scorer's kept neurons with every downT row in memory (the
 /// quality of `--set-rule scorer` without storage).
 pub struct ScoredSparsity {
@@ -122,16 +145,20 @@ pub struct ScoredSparsity {
     /// Neurons kept per sparse layer and token.
     pub keep: usize,
     /// See [`GateUpScorer::keep`]; the rows held are simulated with one [`SlotMap`] per layer
-    /// of `keep` slots (the streaming engine's at the smallest budget), so the sets match.
+    /// of `slots` rows (the streaming engine's), so the sets match.
     pub resident_bonus: f32,
+    /// Rows each layer holds (>= keep; `--slot-share`, default keep: the smallest budget).
+    pub slots: usize,
     resident: Vec<SlotMap>,
     /// Per layer, tokens seen (each layer's SlotMap needs its own increasing tick: a batched
     /// forward pass runs all tokens through one layer before the next).
     ticks: Vec<u64>,
     pub tokens: u64,
     pub kept: u64,
-    /// Rows a streaming run would have read (kept and not resident).
+    /// Rows a streaming run would have read (needed and not resident).
     pub loaded: u64,
+    /// Rows needed (the k top-scored), summed over layers and tokens.
+    pub needed: u64,
     /// Run the forward pass a token at a time, as the streaming engine does. Batched prefill
     /// (the default, faster) sums in another order, so a marginal neuron can flip; with a
     /// resident bonus that changes what is resident and the sets drift apart from a streaming
@@ -157,23 +184,31 @@ impl ScoredSparsity {
             })
             .collect::<Result<Vec<_>>>()?;
         let n = down_t.len();
-        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, resident: Vec::with_capacity(n), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, single_token: false };
+        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
         Ok(s)
     }
 
-    /// Keeps `share` (0 < share <= 1) of a layer's neurons per token.
+    /// Needs `share` (0 < share <= 1) of a layer's neurons per token; slots: as many.
     pub fn set_keep_share(&mut self, share: f64) {
         let f = &self.scorer.file;
         self.keep = ((f.n_ff as f64 * share).round() as usize).clamp(1, f.n_ff);
-        self.resident = (0..f.n_layers).map(|_| SlotMap::new(f.n_ff, self.keep)).collect();
+        self.set_slots(self.keep);
     }
 
-    /// Share of kept rows that were already resident.
+    /// Each layer holds `slots` rows (clamped to keep..=n_ff); empties them.
+    pub fn set_slots(&mut self, slots: usize) {
+        let f = &self.scorer.file;
+        self.slots = slots.clamp(self.keep, f.n_ff);
+        self.resident = (0..f.n_layers).map(|_| SlotMap::new(f.n_ff, self.slots)).collect();
+    }
+
+    /// Share of needed rows that were already resident.
     pub fn reuse_ratio(&self) -> f64 {
-        1.0 - self.loaded as f64 / self.kept.max(1) as f64
+        1.0 - self.loaded as f64 / self.needed.max(1) as f64
     }
 
+    /// Share of the sparse layers' neurons computed (every row held).
     pub fn density(&self) -> f64 {
         self.kept as f64 / (self.tokens.max(1) as f64 * self.scorer.file.n_ff as f64)
     }
@@ -199,11 +234,14 @@ impl MlpHook for ScoredSparsity {
         for (x, o) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             self.ticks[li] += 1;
             self.scorer.activations(layer, x, &mut h);
-            let kept = self.scorer.keep(layer, &h, self.keep, &self.resident[li].slot_of, self.resident_bonus);
-            self.loaded += self.resident[li].plan(&kept, self.ticks[li]).len() as u64;
-            down_sum(&kept, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], o);
+            let needed = self.scorer.keep(layer, &h, self.keep, &self.resident[li].slot_of, self.resident_bonus);
+            self.loaded += self.resident[li].plan(&needed, self.ticks[li]).len() as u64;
+            self.needed += needed.len() as u64;
+            // every row in memory counts
+            let held: Vec<u32> = self.resident[li].neuron_of.iter().copied().filter(|&j| j != crate::stream::slots::EMPTY).collect();
+            down_sum(&held, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], o);
             self.tokens += 1;
-            self.kept += kept.len() as u64;
+            self.kept += held.len() as u64;
         }
         Ok(())
     }

@@ -65,6 +65,15 @@ struct ModeArgs {
     /// its score (>= 1), so marginal neurons stay instead of being swapped every token.
     #[arg(long, default_value_t = 1.0, value_parser = parse_resident_bonus)]
     resident_bonus: f32,
+    /// With --set-rule scorer --in-memory: each layer holds this share of its neurons (>=
+    /// --set-scale; default: as many as --set-scale, the smallest budget's slots), so the
+    /// figures match a streaming run whose budget gives that many slots.
+    #[arg(long)]
+    slot_share: Option<f64>,
+    /// Compute the logits from the preparation's Q8_0 copy of the output head (half the f16
+    /// head's memory, which streaming gives to MLP row slots) instead of the f16 head.
+    #[arg(long)]
+    head_q8: bool,
 }
 
 fn parse_resident_bonus(s: &str) -> std::result::Result<f32, String> {
@@ -83,11 +92,19 @@ fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
 
 /// Applies --dense-from and --set-rule to an opened prepared model.
 fn apply_mode(opened: &mut runtime::Opened, manifest_path: &std::path::Path, mode: &ModeArgs) -> Result<()> {
+    if mode.head_q8 && opened.model.weights.head_q8.is_none() {
+        // streaming loaded it with its plan; in memory (and --dense) it is loaded here
+        let Some(m) = opened.manifest.as_ref() else { anyhow::bail!("--head-q8 needs a prepared model (manifest.toml)") };
+        opened.model.use_head_q8(manifest_path, m)?;
+    }
     if mode.set_rule == runtime::predictor::SetRule::Scorer && matches!(opened.sparsity, Some(Sparsity::InMemory(_))) {
         // the scorer replaces the predictor: its own hook, every downT row in memory
         let m = opened.manifest.as_ref().expect("a prepared model has a manifest");
         let mut p = runtime::scorer::ScoredSparsity::new(manifest_path, m)?;
         p.set_keep_share(mode.set_scale);
+        if let Some(c) = mode.slot_share {
+            p.set_slots((c * m.model.intermediate_size as f64).round() as usize);
+        }
         p.resident_bonus = mode.resident_bonus;
         if let Some(d) = mode.dense_from {
             use runtime::stream::DenseFrom;
@@ -142,7 +159,7 @@ impl ModeArgs {
             return Ok(PreparedMode::InMemory);
         }
         let scorer = self.set_rule == runtime::predictor::SetRule::Scorer;
-        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, scorer, ..Default::default() };
+        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, scorer, head_q8: self.head_q8, ..Default::default() };
         if let Some(b) = &self.mem_budget {
             s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
         }
@@ -264,6 +281,9 @@ enum Command {
         /// See `runtime run --help`.
         #[arg(long, default_value_t = 1.0, value_parser = parse_resident_bonus)]
         resident_bonus: f32,
+        /// See `runtime run --help`.
+        #[arg(long)]
+        head_q8: bool,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -291,6 +311,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             "set_rule": "scorer",
             "dense_prefix": s.first_layer,
             "keep_share": s.keep as f64 / n_ff as f64,
+            "slot_share": s.slots as f64 / n_ff as f64,
             "resident_bonus": s.resident_bonus,
             "reuse_ratio": s.reuse_ratio(),
             "sparse_layer_density": s.density(),
@@ -471,7 +492,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, resident_bonus, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, resident_bonus, head_q8, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -479,7 +500,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank, resident_bonus };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank, resident_bonus, slot_share: None, head_q8 };
             let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
             apply_mode(&mut opened, &manifest, &mode)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();

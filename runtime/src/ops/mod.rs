@@ -4,7 +4,7 @@
 pub mod attention;
 pub mod layernorm;
 pub mod matmul;
-pub mod q4;
+pub mod qmatvec;
 pub mod rmsnorm;
 pub mod rope;
 pub mod simd;

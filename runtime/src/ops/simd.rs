@@ -129,6 +129,24 @@ pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &
     }
 }
 
+/// One Q8_0 row (`q` `[d]`, an f16 scale per block of 32) against one int8 vector. `None`
+/// where the x86-64-v3 kernel is not compiled.
+#[inline]
+pub fn dot_q8_q8(q: &[i8], s: &[f16], xq: &[i8], xs: &[f32]) -> Option<f32> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        assert!(q.len() == xq.len() && s.len() == xs.len() && xq.len() == xs.len() * 32);
+        // SAFETY: compiled only with AVX2, FMA and F16C enabled for the whole build (x86-64-v3);
+        // the lengths are checked above and every load stays inside them.
+        Some(unsafe { x86::dot_q8_q8(q, s, xq, xs) })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        let _ = (q, s, xq, xs);
+        None
+    }
+}
+
 /// The portable two-row Q4 x Q8 product (rows wider than the x86 kernel's 64 blocks).
 #[allow(dead_code)]
 fn portable_dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> (f32, f32) {
@@ -214,6 +232,17 @@ mod x86 {
             out[b] = s[b].to_f32() * xs[b];
             b += 1;
         }
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot_q8_q8(q: &[i8], s: &[f16], xq: &[i8], xs: &[f32]) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for b in 0..xs.len() {
+            // SAFETY: q and xq hold xs.len() blocks of 32 (checked by the caller); unaligned loads.
+            let (w, x) = unsafe { (_mm256_loadu_si256(q.as_ptr().add(b * 32) as *const __m256i), _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i)) };
+            acc[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(s[b].to_f32() * xs[b]), block_dot(w, x), acc[b & 1]);
+        }
+        hsum(_mm256_add_ps(acc[0], acc[1]))
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]

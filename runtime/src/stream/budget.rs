@@ -47,7 +47,10 @@ pub enum SetSource<'a> {
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
+    /// resident.safetensors as held (without the f16 head with --head-q8).
     pub resident_bytes: u64,
+    /// The Q8_0 output head (`--head-q8`; else 0).
+    pub head_q8_bytes: u64,
     /// Layers `dense_from..` are sparse; `dense_prefix..dense_from` run dense from records.
     pub dense_from: usize,
     /// MLP weights of the layers `dense_prefix..dense_from`, loaded from records.bin.
@@ -84,7 +87,10 @@ impl MemoryPlan {
         let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
         let mut minimum_at_default = None;
         let mut refusal = None;
-        for l in (d0..=default).rev() {
+        // the scorer computes every row its slots hold, so memory is worth more as slots of
+        // sparse layers than as dense layers: it goes straight to every layer from d0 sparse
+        let prefixes = if matches!(src, SetSource::Scorer(_)) { d0..=d0 } else { d0..=default };
+        for l in prefixes.rev() {
             match Self::new(manifest_path, m, src, s, l, s.set_scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
@@ -139,7 +145,12 @@ impl MemoryPlan {
         // use and are not held, so it is not counted. A tied one is the output head: all of it.
         let embed_bytes = (c.vocab_size * c.hidden_size * 2) as u64;
         let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { embed_bytes };
-        let resident_bytes = size("resident")? - untied_embedding_bytes + if c.tie_word_embeddings { 0 } else { 4 << 20 };
+        // With --head-q8 the f16 head is never read (a tied embedding is then read a row per
+        // token, as an untied one): the Q8_0 head takes its place.
+        let head_f16_bytes = if s.head_q8 { embed_bytes } else { 0 };
+        let row_read_embedding = !c.tie_word_embeddings || s.head_q8;
+        let resident_bytes = size("resident")? - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
+        let head_q8_bytes = if s.head_q8 { formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size) } else { 0 };
         let (predictor_bytes, centroid_bytes, scorer_bytes) = match src {
             // the sets, plus per neuron its membership count (u16) and importance (f32)
             SetSource::Predictor { predictor, centroids } => {
@@ -166,7 +177,7 @@ impl MemoryPlan {
             SetSource::Scorer(_) => c.hidden_size * 2,
         };
         let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * full_row_bytes) as u64;
-        let fixed = resident_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
+        let fixed = resident_bytes + head_q8_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let set_sizes = match src {
             SetSource::Predictor { .. } => crate::predictor::scaled_set_sizes(&m.sparsity.k_max[dense_from - d0..], set_scale),
             SetSource::Scorer(_) => crate::predictor::scaled_set_sizes(&vec![c.intermediate_size; n_layers - dense_from], set_scale),
@@ -181,8 +192,10 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB, dense layers {d0}..{dense_from} from records {} MiB, {}, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
-                        resident_bytes >> 20, dense_from_records_bytes >> 20,
+                        "resident {} MiB{}, dense layers {d0}..{dense_from} from records {} MiB, {}, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
+                        resident_bytes >> 20,
+                        if s.head_q8 { format!(" + Q8_0 head {} MiB", head_q8_bytes >> 20) } else { String::new() },
+                        dense_from_records_bytes >> 20,
                         match src {
                             SetSource::Predictor { .. } => format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0),
                             SetSource::Scorer(_) => format!("4-bit scorer {:.1} MiB", scorer_bytes as f64 / 1048576.0),
@@ -201,6 +214,7 @@ impl MemoryPlan {
         Ok(MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
             resident_bytes,
+            head_q8_bytes,
             dense_from,
             dense_from_records_bytes,
             predictor_bytes,

@@ -73,6 +73,8 @@ pub struct StreamStats {
     pub sparse_compute_ms: f64,
     /// Wall time the I/O thread spent reading and scattering.
     pub io_busy_ms: f64,
+    /// With the scorer: rows whose product was added (every row held), over tokens and layers.
+    pub computed_rows: u64,
     pub layers: Vec<LayerStreamStats>,
 }
 
@@ -128,8 +130,10 @@ struct PredictedSets {
 /// the record) and checks each against the scorer's CRC32C.
 struct ScoredReads {
     scorer: GateUpScorer,
-    reader: RecordReader,
-    staging: AlignedBuf,
+    /// Two readers, each with its own ring and half of the staging buffer: a layer's missing
+    /// rows are split between them and read on both cores at once (one thread submitting and
+    /// reaping 3 KiB reads is CPU-bound well below the disk's IOPS).
+    lanes: Vec<(RecordReader, AlignedBuf)>,
     layout: formats::manifest::RecordsLayout,
     /// Where a record's downT row starts, and the 512-aligned span read around it.
     down_offset: usize,
@@ -160,6 +164,8 @@ pub struct StreamSettings {
     pub set_scale: f64,
     /// Choose sets with the 4-bit gate/up scorer (`--set-rule scorer`) instead of the predictor.
     pub scorer: bool,
+    /// Logits from the Q8_0 head (`--head-q8`): the plan holds it instead of the f16 head.
+    pub head_q8: bool,
 }
 
 /// Where the sparse layers start.
@@ -197,6 +203,7 @@ impl Default for StreamSettings {
             dense_from: DenseFrom::Default,
             set_scale: 1.0,
             scorer: false,
+            head_q8: false,
         }
     }
 }
@@ -353,9 +360,9 @@ impl StreamingEngine {
         }
         let layers = plan.capacity.iter().map(|&cap| Mutex::new(LayerStore { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) })).collect();
         let shared = Arc::new(Shared { layers, progress: Mutex::new(Progress::default()), cv: Condvar::new() });
-        let mut reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
+        let reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
         let fallback = reader.fallback.clone();
-        let mut staging = AlignedBuf::new(plan.staging_bytes);
+        let staging = AlignedBuf::new(plan.staging_bytes);
         let selector = match loaded {
             Loaded::Predictor(predictor, centroids) => {
                 // the sparse layers are first..n_layers: keep only their heads
@@ -377,8 +384,19 @@ impl StreamingEngine {
                 let down_offset = RECORD_HEADER_BYTES + 2 * d * 2;
                 let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
                 let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
-                reader.register(&mut staging)?;
-                Selector::Scored(Box::new(ScoredReads { scorer: scorer.without_layers_before(first), reader, staging, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
+                // two lanes, each half the planned staging (at least one span)
+                drop(staging);
+                let half = (plan.staging_bytes / 2).max(span_bytes).div_ceil(4096) * 4096;
+                let second = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
+                let lanes = [reader, second]
+                    .into_iter()
+                    .map(|mut reader| {
+                        let mut staging = AlignedBuf::new(half);
+                        reader.register(&mut staging)?;
+                        Ok((reader, staging))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Selector::Scored(Box::new(ScoredReads { scorer: scorer.without_layers_before(first), lanes, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
             }
         };
         let stats = StreamStats {
@@ -408,7 +426,7 @@ impl StreamingEngine {
     pub fn refresh_io_stats(&mut self) {
         let s = match &self.selector {
             Selector::Predicted(p) => *p.io_stats.lock().unwrap(),
-            Selector::Scored(r) => (r.reader.bytes_read, r.reader.requests, r.io_busy_ms),
+            Selector::Scored(r) => (r.lanes.iter().map(|l| l.0.bytes_read).sum(), r.lanes.iter().map(|l| l.0.requests).sum(), r.io_busy_ms),
         };
         self.stats.bytes_read = s.0;
         self.stats.read_requests = s.1;
@@ -570,35 +588,57 @@ impl StreamingEngine {
         st.rows_loaded += loads.len() as u64;
         self.stats.rows_needed += kept.len() as u64;
         self.stats.rows_loaded += loads.len() as u64;
-        let per_batch = (r.staging.len() / r.span_bytes).max(1);
+        let per_batch = (r.lanes[0].1.len() / r.span_bytes).max(1) * r.lanes.len();
         let crcs = r.scorer.file.layer_down_crc32c(layer);
+        let (layout, span_offset, span_bytes, skip) = (&r.layout, r.span_offset as u64, r.span_bytes, r.down_offset - r.span_offset);
+        let records_path = &self.records_path;
         for batch in loads.chunks(per_batch) {
-            let runs: Vec<Run> = batch
-                .iter()
+            // lane i reads loads i, i + lanes, ... into its staging, then checks each row's CRC
+            let n_lanes = r.lanes.len();
+            let results: Vec<Result<Vec<(usize, u64)>>> = r
+                .lanes
+                .par_iter_mut()
                 .enumerate()
-                .map(|(k, l)| Run { offset: r.layout.offset(layer, l.neuron as usize) + r.span_offset as u64, bytes: r.span_bytes, staging_offset: k * r.span_bytes })
+                .map(|(lane, (reader, staging))| {
+                    let mine: Vec<usize> = (lane..batch.len()).step_by(n_lanes).collect();
+                    let runs: Vec<Run> = mine
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &i)| Run { offset: layout.offset(layer, batch[i].neuron as usize) + span_offset, bytes: span_bytes, staging_offset: k * span_bytes })
+                        .collect();
+                    reader.read_runs(&runs, staging)?;
+                    for (k, &i) in mine.iter().enumerate() {
+                        let row = &staging.as_slice()[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
+                        formats::scorer::check_down_row(row, crcs[batch[i].neuron as usize], records_path, runs[k].offset + skip as u64, layer, batch[i].neuron)?;
+                    }
+                    Ok(mine.iter().enumerate().map(|(k, &i)| (i, (k * span_bytes + skip) as u64)).collect())
+                })
                 .collect();
-            if let Err(e) = r.reader.read_runs(&runs, &mut r.staging) {
-                loads.iter().for_each(|l| store.map.invalidate(l.slot));
-                return Err(e);
-            }
-            let skip = r.down_offset - r.span_offset;
-            for (k, l) in batch.iter().enumerate() {
-                let row = &r.staging.as_slice()[k * r.span_bytes + skip..k * r.span_bytes + skip + 2 * d];
-                if let Err(e) = formats::scorer::check_down_row(row, crcs[l.neuron as usize], &self.records_path, runs[k].offset + skip as u64, layer, l.neuron) {
-                    loads.iter().for_each(|l| store.map.invalidate(l.slot));
-                    return Err(e.into());
+            for (lane, res) in results.into_iter().enumerate() {
+                let placed = match res {
+                    Ok(p) => p,
+                    Err(e) => {
+                        loads.iter().for_each(|l| store.map.invalidate(l.slot));
+                        return Err(e);
+                    }
+                };
+                let staging = r.lanes[lane].1.as_slice();
+                for (i, at) in placed {
+                    let s = batch[i].slot as usize;
+                    store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(&staging[at as usize..at as usize + 2 * d]);
                 }
-                let s = l.slot as usize;
-                store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(row);
             }
         }
         let t2 = Instant::now();
         self.stats.io_wait_ms += (t2 - t1).as_secs_f64() * 1e3;
         r.io_busy_ms += (t2 - t1).as_secs_f64() * 1e3;
+        // every row in memory counts: the needed ones and what the slots still hold
+        let held: Vec<u32> = (0..store.map.capacity() as u32).filter(|&s| store.map.neuron_of[s as usize] != EMPTY).collect();
         let buf = store.buf.as_slice();
-        let slot_of = &store.map.slot_of;
-        crate::scorer::down_sum(&kept, &h, |j| bytemuck::cast_slice(&buf[slot_of[j as usize] as usize * 2 * d..(slot_of[j as usize] as usize + 1) * 2 * d]), out);
+        let neuron_of = &store.map.neuron_of;
+        let hs: Vec<f32> = held.iter().map(|&s| h[neuron_of[s as usize] as usize]).collect();
+        crate::scorer::down_sum_slots(&held, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
+        self.stats.computed_rows += held.len() as u64;
         drop(store);
         self.stats.sparse_compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         if self.record_history {

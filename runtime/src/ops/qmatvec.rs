@@ -1,10 +1,11 @@
-//! 4-bit matrix-vector product for the resident gate/up scorer (layout:
-//! `formats::scorer`): rows of Q4_0 blocks (32 weights, one f16 scale) against an activation
-//! vector quantized to int8 per block of 32 (Q8_0-style, one f32 scale), integer dot products
-//! per block, f32 across blocks. `packed` `[rows, d / 2]`, `scales` `[rows, d / 32]`, x `[d]`.
+//! Quantized matrix-vector products: the resident 4-bit gate/up scorer (`formats::scorer`: rows
+//! of Q4_0 blocks, 32 weights and one f16 scale; `packed` `[rows, d / 2]`, `scales` `[rows, d /
+//! 32]`) and the int8 output head (`formats::head_q8`: Q8_0 blocks; `q` `[rows, d]`). Both
+//! against an activation vector quantized to int8 per block of 32 (one f32 scale): integer dot
+//! products per block, f32 across blocks.
 
 use formats::scorer::{Q4_BLOCK, Q4_BLOCK_BYTES};
-use crate::ops::simd::dot2_q4_q8;
+use crate::ops::simd::{dot2_q4_q8, dot_q8_q8};
 use half::f16;
 use rayon::prelude::*;
 
@@ -64,10 +65,56 @@ pub fn matvec_q4(packed: &[u8], scales: &[f16], d: usize, x: &Q8Vector, out: &mu
     });
 }
 
+/// One Q8_0 row `q` `[d]` with its block scales `[d / 32]` against `x` (portable).
+#[inline]
+pub fn dot_q8_q8_portable(q: &[i8], scales: &[f16], x: &Q8Vector) -> f32 {
+    let mut sum = 0f32;
+    for ((w, &s), (xq, &xs)) in q.chunks_exact(Q4_BLOCK).zip(scales).zip(x.xq.chunks_exact(Q4_BLOCK).zip(&x.xs)) {
+        let acc: i32 = w.iter().zip(xq).map(|(&a, &b)| a as i32 * b as i32).sum();
+        sum += acc as f32 * s.to_f32() * xs;
+    }
+    sum
+}
+
+/// `out[r] = row_r . x` for the Q8_0 rows of width `d` (rayon over rows).
+pub fn matvec_q8(q: &[i8], scales: &[f16], d: usize, x: &Q8Vector, out: &mut [f32]) {
+    let sb = d / Q4_BLOCK;
+    assert!(q.len() == out.len() * d && scales.len() == out.len() * sb && x.xq.len() == d);
+    out.par_chunks_mut(512).enumerate().for_each(|(c, o)| {
+        for (i, v) in o.iter_mut().enumerate() {
+            let r = c * 512 + i;
+            let (w, s) = (&q[r * d..(r + 1) * d], &scales[r * sb..(r + 1) * sb]);
+            *v = dot_q8_q8(w, s, &x.xq, &x.xs).unwrap_or_else(|| dot_q8_q8_portable(w, s, x));
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use formats::scorer::{dequantize_q4_row, quantize_q4_row};
+
+    #[test]
+    fn q8_rows_match_the_dequantized_product() {
+        let (rows, d) = (3, 64);
+        let w: Vec<f32> = (0..rows * d).map(|i| ((i * 613 % 97) as f32 - 48.0) / 50.0).collect();
+        let x: Vec<f32> = (0..d).map(|i| ((i * 29 % 13) as f32 - 6.0) / 3.0).collect();
+        let mut q = vec![0i8; rows * d];
+        let mut s = vec![f16::ZERO; rows * d / 32];
+        for r in 0..rows {
+            formats::head_q8::quantize_q8_row(&w[r * d..(r + 1) * d], &mut q[r * d..(r + 1) * d], &mut s[r * 2..(r + 1) * 2]);
+        }
+        let xq = Q8Vector::quantize(&x);
+        let mut out = vec![0f32; rows];
+        matvec_q8(&q, &s, d, &xq, &mut out);
+        for r in 0..rows {
+            let portable = dot_q8_q8_portable(&q[r * d..(r + 1) * d], &s[r * 2..(r + 1) * 2], &xq);
+            assert!((out[r] - portable).abs() <= 1e-4 * portable.abs().max(1.0));
+            let exact: f32 = w[r * d..(r + 1) * d].iter().zip(&x).map(|(a, b)| a * b).sum();
+            let norm: f32 = w[r * d..(r + 1) * d].iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+            assert!((out[r] - exact).abs() <= 0.02 * norm, "row {r}: {} vs {exact}", out[r]);
+        }
+    }
 
     #[test]
     fn matches_the_dequantized_f32_product() {
