@@ -278,7 +278,7 @@ def main():
                     r.update({"system": system, "memory_fraction": fr, "memory_limit_bytes": limit, "throttle_mib_s": th, "rep": rep, "tokens_asked": n})
                     runs.append(r)
                     tps = r.get("decode_tok_per_s")
-                    status = (f"{tps:.2f} tok/s" + (f" (layers {r['dense_from']}.. sparse, sets {r.get('set_scale', 1.0):.2f} x K_max)" if "dense_from" in r else "")) if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
+                    status = (f"{tps:.2f} tok/s" + (f" (layers {r['dense_from']}.. sparse, sets {r.get('set_scale', 1.0):.2f} x {'n_ff' if a.set_rule == 'scorer' else 'K_max'})" if "dense_from" in r else "")) if tps else ("refused: needs %.0f MiB" % (r["minimum_budget_bytes"] / 2**20) if r.get("refused") else
                                                            "timed out" if r.get("timed_out") else "failed")
                     print(f"rep {rep} throttle {th or '-':>4} limit {('%.2f' % fr) if fr else 'none':>5} {system:<10} {status}", flush=True)
     # medians per setting
@@ -386,7 +386,7 @@ def tps(v):
 
 def markdown(res):
     lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token; MiB read in the run) | ours tok/s | speedup | "
-             "ours: layers sparse from (set size x K_max), MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
+             f"ours: layers sparse from (set size x {'n_ff' if res.get('set_rule') == 'scorer' else 'K_max'}), MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
              "|---|---|---|---|---|---|---|"]
     for r in res["settings"]:
         lim = f"{r['memory_fraction'] * 100:.0f}% ({r['memory_limit_bytes'] / 2**20:.0f} MiB)" if r["memory_fraction"] else "none"

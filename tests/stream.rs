@@ -196,37 +196,47 @@ fn too_small_budget_gives_the_minimum() {
     assert!(e.contains("--mem-budget") && e.contains("at least") && e.contains("resident"), "{e}");
 }
 
-/// Runs `runtime bench` in a fresh cgroup v1 memory group limited to budget + 10%.
+/// Runs `runtime bench` in a fresh cgroup v1 memory group limited to budget + 10%: with the
+/// predictor, and with the 4-bit scorer and the Q8_0 head (whose f16 head, and the tied
+/// embedding, must then stay out of memory).
 #[test]
 fn runs_within_a_cgroup_memory_limit() {
     let m = default_sparse();
     let cg = Path::new("/sys/fs/cgroup/memory");
     assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
-    // the minimum budget, from the engine's own refusal
-    let probe = run_bin("runtime", &["bench", m.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"]);
-    let e = String::from_utf8_lossy(&probe.stderr);
-    let minimum: u64 = e.split("at least ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"));
-    let budget = minimum + (4 << 20);
-    let limit = budget + budget / 10;
-    let group = cg.join(format!("np-test-{}", std::process::id()));
-    std::fs::create_dir(&group).unwrap();
-    std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
-    let bin = repo_root().join("target/release/runtime");
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 --json",
-        group.display(),
-        bin.display(),
-        m.display()
-    );
-    let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
-    let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
-    let _ = std::fs::remove_dir(&group);
-    assert!(out.status.success(), "bench under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rss = r["peak_rss_bytes"].as_u64().unwrap();
-    assert!(rss <= limit, "peak RSS {rss} over the limit {limit}");
-    assert!(r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{r}");
-    eprintln!("budget {budget}, limit {limit}, peak RSS {rss}, failcnt {}", failcnt.trim());
+    for (i, extra) in [vec![], vec!["--set-rule", "scorer", "--set-scale", "0.3", "--head-q8"]].into_iter().enumerate() {
+        // the minimum budget, from the engine's own refusal
+        let mut args = vec!["bench", m.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"];
+        args.extend(&extra);
+        let probe = run_bin("runtime", &args);
+        let e = String::from_utf8_lossy(&probe.stderr);
+        let minimum: u64 = e.split("at least ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"));
+        let budget = minimum + (4 << 20);
+        let limit = budget + budget / 10;
+        let group = cg.join(format!("np-test-{}-{i}", std::process::id()));
+        std::fs::create_dir(&group).unwrap();
+        std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        let bin = repo_root().join("target/release/runtime");
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 {} --json",
+            group.display(),
+            bin.display(),
+            m.display(),
+            extra.join(" ")
+        );
+        let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
+        let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
+        let _ = std::fs::remove_dir(&group);
+        assert!(out.status.success(), "bench {extra:?} under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rss = r["peak_rss_bytes"].as_u64().unwrap();
+        assert!(rss <= limit, "{extra:?}: peak RSS {rss} over the limit {limit}");
+        assert!(r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        if !extra.is_empty() {
+            assert!(r["head_q8"].as_bool().unwrap() && r["set_rule"] == "scorer", "{r}");
+        }
+        eprintln!("{extra:?}: budget {budget}, limit {limit}, peak RSS {rss}, failcnt {}", failcnt.trim());
+    }
 }
 
 /// The quality figures come from `--in-memory` (batched); streaming must compute the same.
