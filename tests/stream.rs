@@ -354,3 +354,28 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     let full_density = k_max.iter().sum::<usize>() as f64 / (k_max.len() * 1536) as f64;
     assert!(p.density(1536) < 0.51 * full_density, "in-memory kept {} of neurons, K_max is {full_density}", p.density(1536));
 }
+
+/// A preparation made before `prep scorer` has no scorer or Q8_0 head: asking for them is a
+/// clear error naming the manifest and what to do.
+#[test]
+fn scorer_and_head_q8_missing_are_clear_errors() {
+    let m = default_sparse();
+    let src = m.parent().unwrap();
+    let dir = scratch("stream-no-scorer");
+    let text = std::fs::read_to_string(m).unwrap();
+    // drop the two [[artifacts]] blocks
+    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !b.contains("role = \"scorer\"") && !b.contains("role = \"head_q8\"")).collect();
+    std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
+    for f in ["records.bin", "resident.safetensors", "cluster", "predictor", "capture", "importance"] {
+        std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
+    }
+    let mpath = dir.join("manifest.toml");
+    for (flags, what) in [(vec!["--set-rule", "scorer"], "no scorer artifact"), (vec!["--head-q8"], "no head_q8 artifact"), (vec!["--in-memory", "--set-rule", "scorer"], "no scorer artifact")] {
+        let mut args = vec!["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64"];
+        args.extend(&flags);
+        let out = run_bin("runtime", &args);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("manifest.toml") && e.contains(what) && e.contains("make prepare"), "{flags:?}: {e}");
+    }
+}
