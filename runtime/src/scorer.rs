@@ -96,6 +96,24 @@ impl GateUpScorer {
     }
 }
 
+/// How fast a neuron's heat follows its score: heat <- HEAT_DECAY x heat + (1 - HEAT_DECAY) x
+/// score each token. Slots evict the coolest rows first.
+pub const HEAT_DECAY: f32 = 0.8;
+
+/// Per sparse layer, a moving average of each neuron's score `|h_j| x ||down_j||`.
+pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
+    heat.iter_mut().zip(h.iter().zip(down_norm)).for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
+}
+
+/// Plans a layer's loads: by heat (`NP_EVICT` unset or "heat") or least recently needed.
+pub fn plan_loads(map: &mut SlotMap, needed: &[u32], tick: u64, heat: &[f32]) -> Vec<crate::stream::slots::Load> {
+    if std::env::var("NP_EVICT").is_ok_and(|v| v == "lru") {
+        map.plan(needed, tick)
+    } else {
+        map.plan_by_heat(needed, tick, heat)
+    }
+}
+
 /// `out` `[d]` = `sum_{j in kept} h_j * row(j)` (rayon over chunks of the kept neurons).
 pub fn down_sum<'a>(kept: &[u32], h: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
     let d = out.len();
@@ -150,6 +168,8 @@ pub struct ScoredSparsity {
     /// Rows each layer holds (>= keep; `--slot-share`, default keep: the smallest budget).
     pub slots: usize,
     resident: Vec<SlotMap>,
+    /// Per layer, each neuron's heat ([`update_heat`]): slots evict the coolest rows.
+    heat: Vec<Vec<f32>>,
     /// Per layer, tokens seen (each layer's SlotMap needs its own increasing tick: a batched
     /// forward pass runs all tokens through one layer before the next).
     ticks: Vec<u64>,
@@ -184,7 +204,7 @@ impl ScoredSparsity {
             })
             .collect::<Result<Vec<_>>>()?;
         let n = down_t.len();
-        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
+        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), heat: vec![vec![0.0; c.intermediate_size]; n], ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
         Ok(s)
     }
@@ -235,13 +255,23 @@ impl MlpHook for ScoredSparsity {
             self.ticks[li] += 1;
             self.scorer.activations(layer, x, &mut h);
             let needed = self.scorer.keep(layer, &h, self.keep, &self.resident[li].slot_of, self.resident_bonus);
-            self.loaded += self.resident[li].plan(&needed, self.ticks[li]).len() as u64;
+            update_heat(&mut self.heat[li], &h, f.layer_down_norm(layer));
+            let loads = plan_loads(&mut self.resident[li], &needed, self.ticks[li], &self.heat[li]);
+            self.loaded += loads.len() as u64;
             self.needed += needed.len() as u64;
-            // every row in memory counts
-            let held: Vec<u32> = self.resident[li].neuron_of.iter().copied().filter(|&j| j != crate::stream::slots::EMPTY).collect();
+            // every row in memory counts: those held before (slot order), then the loaded ones,
+            // the streaming engine's order of summation
+            let map = &self.resident[li];
+            let mut loading = vec![false; map.capacity()];
+            loads.iter().for_each(|l| loading[l.slot as usize] = true);
+            let held: Vec<u32> = (0..map.capacity()).filter(|&s| map.neuron_of[s] != crate::stream::slots::EMPTY && !loading[s]).map(|s| map.neuron_of[s]).collect();
             down_sum(&held, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], o);
+            let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
+            let mut part = vec![0f32; d];
+            down_sum(&loaded, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], &mut part);
+            o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
             self.tokens += 1;
-            self.kept += held.len() as u64;
+            self.kept += (held.len() + loaded.len()) as u64;
         }
         Ok(())
     }

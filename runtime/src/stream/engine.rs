@@ -130,10 +130,10 @@ struct PredictedSets {
 /// the record) and checks each against the scorer's CRC32C.
 struct ScoredReads {
     scorer: GateUpScorer,
-    /// Two readers, each with its own ring and half of the staging buffer: a layer's missing
-    /// rows are split between them and read on both cores at once (one thread submitting and
-    /// reaping 3 KiB reads is CPU-bound well below the disk's IOPS).
-    lanes: Vec<(RecordReader, AlignedBuf)>,
+    reader: RecordReader,
+    staging: AlignedBuf,
+    /// Per sparse layer, each neuron's heat (`scorer::update_heat`): slots evict the coolest.
+    heat: Vec<Vec<f32>>,
     layout: formats::manifest::RecordsLayout,
     /// Where a record's downT row starts, and the 512-aligned span read around it.
     down_offset: usize,
@@ -384,19 +384,12 @@ impl StreamingEngine {
                 let down_offset = RECORD_HEADER_BYTES + 2 * d * 2;
                 let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
                 let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
-                // two lanes, each half the planned staging (at least one span)
-                drop(staging);
-                let half = (plan.staging_bytes / 2).max(span_bytes).div_ceil(4096) * 4096;
-                let second = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
-                let lanes = [reader, second]
-                    .into_iter()
-                    .map(|mut reader| {
-                        let mut staging = AlignedBuf::new(half);
-                        reader.register(&mut staging)?;
-                        Ok((reader, staging))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Selector::Scored(Box::new(ScoredReads { scorer: scorer.without_layers_before(first), lanes, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
+                // one reader: a second ring on the other core read no faster here (~80K reads/s of
+                // 3 KiB either way) and slowed the compute sharing that core
+                let mut reader = reader;
+                let mut staging = staging;
+                reader.register(&mut staging)?;
+                Selector::Scored(Box::new(ScoredReads { heat: vec![vec![0.0; c.intermediate_size]; c.num_hidden_layers - first], scorer: scorer.without_layers_before(first), reader, staging, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
             }
         };
         let stats = StreamStats {
@@ -426,7 +419,7 @@ impl StreamingEngine {
     pub fn refresh_io_stats(&mut self) {
         let s = match &self.selector {
             Selector::Predicted(p) => *p.io_stats.lock().unwrap(),
-            Selector::Scored(r) => (r.lanes.iter().map(|l| l.0.bytes_read).sum(), r.lanes.iter().map(|l| l.0.requests).sum(), r.io_busy_ms),
+            Selector::Scored(r) => (r.reader.bytes_read, r.reader.requests, r.io_busy_ms),
         };
         self.stats.bytes_read = s.0;
         self.stats.read_requests = s.1;
@@ -579,66 +572,79 @@ impl StreamingEngine {
         r.scorer.activations(layer, xn, &mut h);
         let mut store = self.shared.layers[si].lock().unwrap();
         let kept = r.scorer.keep(layer, &h, self.plan.set_sizes[si], &store.map.slot_of, self.resident_bonus);
+        crate::scorer::update_heat(&mut r.heat[si], &h, r.scorer.file.layer_down_norm(layer));
         let t1 = Instant::now();
         self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
-        let loads = store.map.plan(&kept, self.tick);
+        let loads = crate::scorer::plan_loads(&mut store.map, &kept, self.tick, &r.heat[si]);
         let st = &mut self.stats.layers[si];
         st.tokens += 1;
         st.rows_needed += kept.len() as u64;
         st.rows_loaded += loads.len() as u64;
         self.stats.rows_needed += kept.len() as u64;
         self.stats.rows_loaded += loads.len() as u64;
-        let per_batch = (r.lanes[0].1.len() / r.span_bytes).max(1) * r.lanes.len();
+        // The rows already held are added up while an I/O thread reads the missing ones into
+        // `landing` (checked); then those are copied into their slots and added.
+        let cap = store.map.capacity();
+        let mut loading = vec![false; cap];
+        loads.iter().for_each(|l| loading[l.slot as usize] = true);
+        let held_before: Vec<u32> = (0..cap as u32).filter(|&s| store.map.neuron_of[s as usize] != EMPTY && !loading[s as usize]).collect();
+        let hs: Vec<f32> = held_before.iter().map(|&s| h[store.map.neuron_of[s as usize] as usize]).collect();
+        let per_batch = (r.staging.len() / r.span_bytes).max(1);
         let crcs = r.scorer.file.layer_down_crc32c(layer);
-        let (layout, span_offset, span_bytes, skip) = (&r.layout, r.span_offset as u64, r.span_bytes, r.down_offset - r.span_offset);
+        let skip = r.down_offset - r.span_offset;
+        let (reader, staging, layout, span_offset, span_bytes) = (&mut r.reader, &mut r.staging, &r.layout, r.span_offset as u64, r.span_bytes);
         let records_path = &self.records_path;
-        for batch in loads.chunks(per_batch) {
-            // lane i reads loads i, i + lanes, ... into its staging, then checks each row's CRC
-            let n_lanes = r.lanes.len();
-            let results: Vec<Result<Vec<(usize, u64)>>> = r
-                .lanes
-                .par_iter_mut()
-                .enumerate()
-                .map(|(lane, (reader, staging))| {
-                    let mine: Vec<usize> = (lane..batch.len()).step_by(n_lanes).collect();
-                    let runs: Vec<Run> = mine
-                        .iter()
-                        .enumerate()
-                        .map(|(k, &i)| Run { offset: layout.offset(layer, batch[i].neuron as usize) + span_offset, bytes: span_bytes, staging_offset: k * span_bytes })
-                        .collect();
-                    reader.read_runs(&runs, staging)?;
-                    for (k, &i) in mine.iter().enumerate() {
-                        let row = &staging.as_slice()[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
-                        formats::scorer::check_down_row(row, crcs[batch[i].neuron as usize], records_path, runs[k].offset + skip as u64, layer, batch[i].neuron)?;
-                    }
-                    Ok(mine.iter().enumerate().map(|(k, &i)| (i, (k * span_bytes + skip) as u64)).collect())
-                })
-                .collect();
-            for (lane, res) in results.into_iter().enumerate() {
-                let placed = match res {
-                    Ok(p) => p,
-                    Err(e) => {
-                        loads.iter().for_each(|l| store.map.invalidate(l.slot));
-                        return Err(e);
-                    }
-                };
-                let staging = r.lanes[lane].1.as_slice();
-                for (i, at) in placed {
-                    let s = batch[i].slot as usize;
-                    store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(&staging[at as usize..at as usize + 2 * d]);
+        let read_missing = || -> Result<Vec<u8>> {
+            let mut landing = vec![0u8; loads.len() * 2 * d];
+            for (bi, batch) in loads.chunks(per_batch).enumerate() {
+                let runs: Vec<Run> = batch
+                    .iter()
+                    .enumerate()
+                    .map(|(k, l)| Run { offset: layout.offset(layer, l.neuron as usize) + span_offset, bytes: span_bytes, staging_offset: k * span_bytes })
+                    .collect();
+                reader.read_runs(&runs, staging)?;
+                for (k, l) in batch.iter().enumerate() {
+                    let row = &staging.as_slice()[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
+                    formats::scorer::check_down_row(row, crcs[l.neuron as usize], records_path, runs[k].offset + skip as u64, layer, l.neuron)?;
+                    let at = (bi * per_batch + k) * 2 * d;
+                    landing[at..at + 2 * d].copy_from_slice(row);
                 }
             }
-        }
-        let t2 = Instant::now();
-        self.stats.io_wait_ms += (t2 - t1).as_secs_f64() * 1e3;
-        r.io_busy_ms += (t2 - t1).as_secs_f64() * 1e3;
-        // every row in memory counts: the needed ones and what the slots still hold
-        let held: Vec<u32> = (0..store.map.capacity() as u32).filter(|&s| store.map.neuron_of[s as usize] != EMPTY).collect();
+            Ok(landing)
+        };
         let buf = store.buf.as_slice();
-        let neuron_of = &store.map.neuron_of;
-        let hs: Vec<f32> = held.iter().map(|&s| h[neuron_of[s as usize] as usize]).collect();
-        crate::scorer::down_sum_slots(&held, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
-        self.stats.computed_rows += held.len() as u64;
+        let (read, t_sum) = std::thread::scope(|sc| {
+            let io = (!loads.is_empty()).then(|| sc.spawn(read_missing));
+            let t = Instant::now();
+            crate::scorer::down_sum_slots(&held_before, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
+            let t_sum = t.elapsed().as_secs_f64() * 1e3;
+            (io.map(|j| j.join().expect("the read thread panicked")), t_sum)
+        });
+        let t2 = Instant::now();
+        self.stats.io_wait_ms += ((t2 - t1).as_secs_f64() * 1e3 - t_sum).max(0.0);
+        r.io_busy_ms += (t2 - t1).as_secs_f64() * 1e3;
+        let landing = match read {
+            Some(Err(e)) => {
+                loads.iter().for_each(|l| store.map.invalidate(l.slot));
+                return Err(e);
+            }
+            Some(Ok(v)) => v,
+            None => Vec::new(),
+        };
+        for (k, l) in loads.iter().enumerate() {
+            let s = l.slot as usize;
+            store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(&landing[k * 2 * d..(k + 1) * 2 * d]);
+        }
+        // the loaded rows' share, added to the held rows' sum
+        let mut part = vec![0f32; d];
+        let load_slots: Vec<u32> = loads.iter().map(|l| l.slot).collect();
+        let hl: Vec<f32> = loads.iter().map(|l| h[l.neuron as usize]).collect();
+        let buf = store.buf.as_slice();
+        crate::scorer::down_sum_slots(&load_slots, &hl, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), &mut part);
+        out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
+        let held_len = held_before.len() + loads.len();
+        self.stats.computed_rows += held_len as u64;
+        self.stats.sparse_compute_ms += t_sum;
         drop(store);
         self.stats.sparse_compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         if self.record_history {

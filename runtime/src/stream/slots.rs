@@ -62,6 +62,46 @@ impl SlotMap {
         loads
     }
 
+    /// [`SlotMap::plan`], but the rows evicted first are those of lowest `heat[neuron]` (not
+    /// the least recently used): a row that often scores high stays through the tokens it is
+    /// not needed.
+    pub fn plan_by_heat(&mut self, active: &[u32], tick: u64, heat: &[f32]) -> Vec<Load> {
+        assert!(active.len() <= self.capacity(), "active set {} > buffer {}", active.len(), self.capacity());
+        let mut missing = Vec::new();
+        for &j in active {
+            match self.slot_of[j as usize] {
+                EMPTY => missing.push(j),
+                s => self.last_used[s as usize] = tick,
+            }
+        }
+        if missing.is_empty() {
+            return vec![];
+        }
+        let mut victims: Vec<u32> = (0..self.capacity() as u32).filter(|&s| self.last_used[s as usize] < tick || self.neuron_of[s as usize] == EMPTY).collect();
+        let key = |s: u32| match self.neuron_of[s as usize] {
+            EMPTY => f32::NEG_INFINITY,
+            j => heat[j as usize],
+        };
+        if victims.len() > missing.len() {
+            victims.select_nth_unstable_by(missing.len() - 1, |&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+            victims.truncate(missing.len());
+        }
+        victims.sort_unstable_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        let mut loads = Vec::with_capacity(missing.len());
+        for (&j, &s) in missing.iter().zip(&victims) {
+            let old = self.neuron_of[s as usize];
+            if old != EMPTY {
+                self.slot_of[old as usize] = EMPTY;
+            }
+            self.neuron_of[s as usize] = j;
+            self.slot_of[j as usize] = s;
+            self.last_used[s as usize] = tick;
+            loads.push(Load { neuron: j, slot: s });
+        }
+        loads.sort_unstable();
+        loads
+    }
+
     /// Forgets a slot's row (its load failed).
     pub fn invalidate(&mut self, slot: u32) {
         let old = self.neuron_of[slot as usize];
