@@ -105,13 +105,9 @@ pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
     heat.iter_mut().zip(h.iter().zip(down_norm)).for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
 }
 
-/// Plans a layer's loads: by heat (`NP_EVICT` unset or "heat") or least recently needed.
+/// Plans a layer's loads: the needed rows not held, into the slots of the coolest rows.
 pub fn plan_loads(map: &mut SlotMap, needed: &[u32], tick: u64, heat: &[f32]) -> Vec<crate::stream::slots::Load> {
-    if std::env::var("NP_EVICT").is_ok_and(|v| v == "lru") {
-        map.plan(needed, tick)
-    } else {
-        map.plan_by_heat(needed, tick, heat)
-    }
+    map.plan_by_heat(needed, tick, heat)
 }
 
 /// `out` `[d]` = `sum_{j in kept} h_j * row(j)` (rayon over chunks of the kept neurons).
