@@ -139,4 +139,20 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn heat_evicts_the_coolest_row_not_the_oldest() {
+        let mut m = SlotMap::new(10, 3);
+        let heat = [0.0, 5.0, 1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(m.plan_by_heat(&[1, 2, 3], 1, &heat).len(), 3);
+        // 1 is the oldest but the hottest: 2 (coolest, not needed now) goes
+        let l = m.plan_by_heat(&[3, 4], 2, &heat);
+        assert_eq!(l.len(), 1);
+        assert_eq!(m.slot_of[2], EMPTY);
+        assert!(m.slot_of[1] != EMPTY && m.slot_of[4] != EMPTY);
+        // a needed row is never evicted, however cool
+        let l = m.plan_by_heat(&[4, 5], 3, &heat);
+        assert_eq!(l.len(), 1);
+        assert!(m.slot_of[4] != EMPTY && m.slot_of[5] != EMPTY && m.slot_of[1] != EMPTY && m.slot_of[3] == EMPTY);
+    }
 }
