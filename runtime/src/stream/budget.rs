@@ -120,7 +120,7 @@ impl MemoryPlan {
         if scale < s.set_scale {
             also += &format!("; at {:.2} x {unit}: {} MiB", s.set_scale, minimum_all_sparse >> 20);
         }
-        if let Some(md) = minimum_at_default.filter(|_| default > d0) {
+        if let Some(md) = minimum_at_default.filter(|_| default > d0 && !matches!(src, SetSource::Scorer(_))) {
             also += &format!("; at the default dense prefix {default}: {} MiB", md >> 20);
         }
         Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown: format!("{breakdown}; {also}") })
