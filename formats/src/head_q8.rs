@@ -49,18 +49,8 @@ impl Q8Head {
 
     pub fn load(path: &Path, rows: usize, cols: usize) -> Result<Self> {
         let f = MappedSafetensors::open(path)?;
-        let get = |name: &str, dtype: Dtype, shape: Vec<usize>| -> Result<&[u8]> {
-            let e = f.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.into() })?;
-            if e.dtype != dtype {
-                return Err(FormatError::DtypeMismatch { path: path.to_path_buf(), tensor: name.into(), dtype: format!("{:?}", e.dtype), expected: if dtype == Dtype::I8 { "I8" } else { "F16" } });
-            }
-            if e.shape != shape {
-                return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.into(), expected: shape, actual: e.shape.clone() });
-            }
-            Ok(f.bytes(e))
-        };
-        let q: Vec<i8> = get("head_q8", Dtype::I8, vec![rows, cols])?.iter().map(|&b| b as i8).collect();
-        let scales: Vec<f16> = get("head_scale", Dtype::F16, vec![rows, cols / Q8_BLOCK])?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+        let q: Vec<i8> = f.checked_bytes("head_q8", Dtype::I8, &[rows, cols])?.iter().map(|&b| b as i8).collect();
+        let scales: Vec<f16> = f.checked_bytes("head_scale", Dtype::F16, &[rows, cols / Q8_BLOCK])?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let offset = f.tensors["head_scale"].byte_range.start as u64 + 2 * i as u64;
             return Err(FormatError::Corrupt { path: path.to_path_buf(), offset, what: format!("scale of row {} is {}", i / (cols / Q8_BLOCK), scales[i]) });

@@ -33,16 +33,11 @@ impl NeuronImportance {
     /// Reads the file and checks it covers `n_layers` x `n_ff` with finite, non-negative values.
     pub fn load(path: &Path, n_layers: usize, n_ff: usize) -> Result<Self> {
         let f = MappedSafetensors::open(path)?;
-        let e = f.tensors.get(IMPORTANCE_TENSOR).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: IMPORTANCE_TENSOR.into() })?;
-        if e.dtype != Dtype::F32 {
-            return Err(FormatError::DtypeMismatch { path: path.to_path_buf(), tensor: IMPORTANCE_TENSOR.into(), dtype: format!("{:?}", e.dtype), expected: "F32" });
-        }
-        if e.shape != [n_layers, n_ff] {
-            return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: IMPORTANCE_TENSOR.into(), expected: vec![n_layers, n_ff], actual: e.shape.clone() });
-        }
-        let values: Vec<f32> = f.bytes(e).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let bytes = f.checked_bytes(IMPORTANCE_TENSOR, Dtype::F32, &[n_layers, n_ff])?;
+        let start = f.tensors[IMPORTANCE_TENSOR].byte_range.start as u64;
+        let values: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         if let Some(i) = values.iter().position(|v| !v.is_finite() || *v < 0.0) {
-            let offset = e.byte_range.start as u64 + 4 * i as u64;
+            let offset = start + 4 * i as u64;
             return Err(FormatError::Corrupt { path: path.to_path_buf(), offset, what: format!("importance of layer {} neuron {} is {} (expected finite, >= 0)", i / n_ff, i % n_ff, values[i]) });
         }
         let tokens = f.metadata.as_ref().and_then(|m| m.get("tokens")).and_then(|t| t.parse().ok()).unwrap_or(0);

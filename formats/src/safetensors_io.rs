@@ -55,11 +55,44 @@ impl MappedSafetensors {
         &self.mmap[e.byte_range.clone()]
     }
 
+    /// The bytes of tensor `name`, checked to have `dtype` and `shape` (the error names the
+    /// file and the tensor).
+    pub fn checked_bytes(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<&[u8]> {
+        let e = self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.into() })?;
+        if e.dtype != dtype {
+            return Err(FormatError::DtypeMismatch { path: self.path.clone(), tensor: name.into(), dtype: format!("{:?}", e.dtype), expected: dtype_name(dtype) });
+        }
+        if e.shape != shape {
+            return Err(FormatError::ShapeMismatch { path: self.path.clone(), tensor: name.into(), expected: shape.to_vec(), actual: e.shape.clone() });
+        }
+        Ok(self.bytes(e))
+    }
+
     /// Tells the kernel that `name` is read a row at a time at random (MADV_RANDOM): a page
     /// fault then reads that page, not the default read-ahead window around it.
     pub fn advise_random(&self, name: &str) -> Result<()> {
         let e = self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
         self.mmap.advise_range(memmap2::Advice::Random, e.byte_range.start, e.byte_range.len()).map_err(|err| FormatError::io(&self.path, err))
+    }
+}
+
+/// A dtype's name as safetensors spells it.
+pub fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::BOOL => "BOOL",
+        Dtype::U8 => "U8",
+        Dtype::I8 => "I8",
+        Dtype::U16 => "U16",
+        Dtype::I16 => "I16",
+        Dtype::F16 => "F16",
+        Dtype::BF16 => "BF16",
+        Dtype::U32 => "U32",
+        Dtype::I32 => "I32",
+        Dtype::F32 => "F32",
+        Dtype::U64 => "U64",
+        Dtype::I64 => "I64",
+        Dtype::F64 => "F64",
+        _ => "other",
     }
 }
 

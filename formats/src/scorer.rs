@@ -137,21 +137,11 @@ impl GateUpScorerFile {
         if meta_first != Some(first_layer) {
             return Err(FormatError::invalid(path, format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}")));
         }
-        let get = |name: &str, dtype: Dtype, shape: Vec<usize>| -> Result<&[u8]> {
-            let e = f.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.into() })?;
-            if e.dtype != dtype {
-                return Err(FormatError::DtypeMismatch { path: path.to_path_buf(), tensor: name.into(), dtype: format!("{:?}", e.dtype), expected: dtype_name(dtype) });
-            }
-            if e.shape != shape {
-                return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.into(), expected: shape, actual: e.shape.clone() });
-            }
-            Ok(f.bytes(e))
-        };
-        let q4 = get("gate_up_q4", Dtype::U8, vec![n_layers, n_ff, 2, d_model / 2])?.to_vec();
-        let scale_bytes = get("gate_up_scale", Dtype::F16, vec![n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
+        let q4 = f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?.to_vec();
+        let scale_bytes = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
         let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
-        let down_norm: Vec<f32> = get("down_norm", Dtype::F32, vec![n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        let down_crc32c: Vec<u32> = get("down_crc32c", Dtype::U32, vec![n_layers, n_ff])?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let down_crc32c: Vec<u32> = f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let start_of = |name: &str| f.tensors[name].byte_range.start as u64;
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let per_layer = n_ff * 2 * d_model / Q4_BLOCK;
@@ -177,16 +167,6 @@ impl GateUpScorerFile {
             ("quant".to_string(), "q4_0".to_string()),
         ]);
         write_raw_safetensors(&self.path, &tensors, Some(meta))
-    }
-}
-
-fn dtype_name(d: Dtype) -> &'static str {
-    match d {
-        Dtype::U8 => "U8",
-        Dtype::F16 => "F16",
-        Dtype::F32 => "F32",
-        Dtype::U32 => "U32",
-        _ => "?",
     }
 }
 

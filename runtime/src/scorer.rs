@@ -105,34 +105,11 @@ pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
     heat.iter_mut().zip(h.iter().zip(down_norm)).for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
 }
 
-/// Plans a layer's loads: the needed rows not held, into the slots of the coolest rows.
-pub fn plan_loads(map: &mut SlotMap, needed: &[u32], tick: u64, heat: &[f32]) -> Vec<crate::stream::slots::Load> {
-    map.plan_by_heat(needed, tick, heat)
-}
-
-/// `out` `[d]` = `sum_{j in kept} h_j * row(j)` (rayon over chunks of the kept neurons).
-pub fn down_sum<'a>(kept: &[u32], h: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
+/// `out` `[d]` = `sum_i hs[i] * row(ids[i])` (rayon over chunks of 64, summed in order): the
+/// scorer's down projection over held rows, by slot (streaming) or by neuron (in memory).
+pub fn down_sum<'a>(ids: &[u32], hs: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
     let d = out.len();
-    let partial = kept
-        .par_chunks(64)
-        .map(|chunk| {
-            let mut acc = vec![0f32; d];
-            for &j in chunk {
-                axpy_f16(h[j as usize], row(j), &mut acc);
-            }
-            acc
-        })
-        .reduce(|| vec![0f32; d], |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
-    out.copy_from_slice(&partial);
-}
-
-/// `out` `[d]` = `sum_i hs[i] * row(slots[i])`: [`down_sum`] over slots in buffer order.
-pub fn down_sum_slots<'a>(slots: &[u32], hs: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
-    let d = out.len();
-    let partial = slots
+    let partial = ids
         .par_chunks(64)
         .zip(hs.par_chunks(64))
         .map(|(chunk, hc)| {
@@ -252,7 +229,7 @@ impl MlpHook for ScoredSparsity {
             self.scorer.activations(layer, x, &mut h);
             let needed = self.scorer.keep(layer, &h, self.keep, &self.resident[li].slot_of, self.resident_bonus);
             update_heat(&mut self.heat[li], &h, f.layer_down_norm(layer));
-            let loads = plan_loads(&mut self.resident[li], &needed, self.ticks[li], &self.heat[li]);
+            let loads = self.resident[li].plan_by_heat(&needed, self.ticks[li], &self.heat[li]);
             self.loaded += loads.len() as u64;
             self.needed += needed.len() as u64;
             // every row in memory counts: those held before (slot order), then the loaded ones,
@@ -261,10 +238,11 @@ impl MlpHook for ScoredSparsity {
             let mut loading = vec![false; map.capacity()];
             loads.iter().for_each(|l| loading[l.slot as usize] = true);
             let held: Vec<u32> = (0..map.capacity()).filter(|&s| map.neuron_of[s] != crate::stream::slots::EMPTY && !loading[s]).map(|s| map.neuron_of[s]).collect();
-            down_sum(&held, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], o);
+            let row = |j: u32| &rows[j as usize * d..(j as usize + 1) * d];
+            down_sum(&held, &held.iter().map(|&j| h[j as usize]).collect::<Vec<_>>(), row, o);
             let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
             let mut part = vec![0f32; d];
-            down_sum(&loaded, &h, |j| &rows[j as usize * d..(j as usize + 1) * d], &mut part);
+            down_sum(&loaded, &loaded.iter().map(|&j| h[j as usize]).collect::<Vec<_>>(), row, &mut part);
             o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
             self.tokens += 1;
             self.kept += (held.len() + loaded.len()) as u64;

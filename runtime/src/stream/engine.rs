@@ -79,6 +79,16 @@ pub struct StreamStats {
 }
 
 impl StreamStats {
+    /// One token of sparse layer `si`: `needed` rows, of which `loaded` were read.
+    fn count_layer(&mut self, si: usize, needed: usize, loaded: usize) {
+        let st = &mut self.layers[si];
+        st.tokens += 1;
+        st.rows_needed += needed as u64;
+        st.rows_loaded += loaded as u64;
+        self.rows_needed += needed as u64;
+        self.rows_loaded += loaded as u64;
+    }
+
     /// Share of needed rows that were already resident.
     pub fn reuse_ratio(&self) -> f64 {
         1.0 - self.rows_loaded as f64 / self.rows_needed.max(1) as f64
@@ -432,12 +442,7 @@ impl StreamingEngine {
         let mut loads = Vec::with_capacity(self.active.len());
         for (si, active) in self.active.iter().enumerate() {
             let l = self.shared.layers[si].lock().unwrap().map.plan(active, self.tick);
-            let st = &mut self.stats.layers[si];
-            st.tokens += 1;
-            st.rows_needed += active.len() as u64;
-            st.rows_loaded += l.len() as u64;
-            self.stats.rows_needed += active.len() as u64;
-            self.stats.rows_loaded += l.len() as u64;
+            self.stats.count_layer(si, active.len(), l.len());
             loads.push(l);
         }
         {
@@ -575,13 +580,8 @@ impl StreamingEngine {
         crate::scorer::update_heat(&mut r.heat[si], &h, r.scorer.file.layer_down_norm(layer));
         let t1 = Instant::now();
         self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
-        let loads = crate::scorer::plan_loads(&mut store.map, &kept, self.tick, &r.heat[si]);
-        let st = &mut self.stats.layers[si];
-        st.tokens += 1;
-        st.rows_needed += kept.len() as u64;
-        st.rows_loaded += loads.len() as u64;
-        self.stats.rows_needed += kept.len() as u64;
-        self.stats.rows_loaded += loads.len() as u64;
+        let loads = store.map.plan_by_heat(&kept, self.tick, &r.heat[si]);
+        self.stats.count_layer(si, kept.len(), loads.len());
         // The rows already held are added up while an I/O thread reads the missing ones into
         // `landing` (checked); then those are copied into their slots and added.
         let cap = store.map.capacity();
@@ -616,7 +616,7 @@ impl StreamingEngine {
         let (read, t_sum) = std::thread::scope(|sc| {
             let io = (!loads.is_empty()).then(|| sc.spawn(read_missing));
             let t = Instant::now();
-            crate::scorer::down_sum_slots(&held_before, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
+            crate::scorer::down_sum(&held_before, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
             let t_sum = t.elapsed().as_secs_f64() * 1e3;
             (io.map(|j| j.join().expect("the read thread panicked")), t_sum)
         });
@@ -640,7 +640,7 @@ impl StreamingEngine {
         let load_slots: Vec<u32> = loads.iter().map(|l| l.slot).collect();
         let hl: Vec<f32> = loads.iter().map(|l| h[l.neuron as usize]).collect();
         let buf = store.buf.as_slice();
-        crate::scorer::down_sum_slots(&load_slots, &hl, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), &mut part);
+        crate::scorer::down_sum(&load_slots, &hl, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), &mut part);
         out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
         let held_len = held_before.len() + loads.len();
         self.stats.computed_rows += held_len as u64;

@@ -33,39 +33,32 @@ impl SlotMap {
     /// rows to load, sorted by neuron. Panics if `active` exceeds the capacity (the engine sizes
     /// every buffer to at least K_max).
     pub fn plan(&mut self, active: &[u32], tick: u64) -> Vec<Load> {
-        assert!(active.len() <= self.capacity(), "active set {} > buffer {}", active.len(), self.capacity());
-        let mut missing = Vec::new();
-        for &j in active {
-            match self.slot_of[j as usize] {
-                EMPTY => missing.push(j),
-                s => self.last_used[s as usize] = tick,
-            }
-        }
-        if missing.is_empty() {
-            return vec![];
-        }
         // victims: empty slots first, then the least recently used rows not used this tick
-        let mut victims: Vec<u32> = (0..self.capacity() as u32).filter(|&s| self.last_used[s as usize] < tick || self.neuron_of[s as usize] == EMPTY).collect();
-        victims.sort_unstable_by_key(|&s| (self.neuron_of[s as usize] != EMPTY, self.last_used[s as usize]));
-        let mut loads = Vec::with_capacity(missing.len());
-        for (&j, &s) in missing.iter().zip(&victims) {
-            let old = self.neuron_of[s as usize];
-            if old != EMPTY {
-                self.slot_of[old as usize] = EMPTY;
-            }
-            self.neuron_of[s as usize] = j;
-            self.slot_of[j as usize] = s;
-            self.last_used[s as usize] = tick;
-            loads.push(Load { neuron: j, slot: s });
-        }
-        loads.sort_unstable();
-        loads
+        self.plan_evicting(active, tick, |m, victims, _| {
+            victims.sort_unstable_by_key(|&s| (m.neuron_of[s as usize] != EMPTY, m.last_used[s as usize]));
+        })
     }
 
     /// [`SlotMap::plan`], but the rows evicted first are those of lowest `heat[neuron]` (not
     /// the least recently used): a row that often scores high stays through the tokens it is
     /// not needed.
     pub fn plan_by_heat(&mut self, active: &[u32], tick: u64, heat: &[f32]) -> Vec<Load> {
+        self.plan_evicting(active, tick, |m, victims, n| {
+            let key = |s: u32| match m.neuron_of[s as usize] {
+                EMPTY => f32::NEG_INFINITY,
+                j => heat[j as usize],
+            };
+            if victims.len() > n {
+                victims.select_nth_unstable_by(n - 1, |&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+                victims.truncate(n);
+            }
+            victims.sort_unstable_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        })
+    }
+
+    /// The planning both policies share: `order` puts the candidate victim slots (empty, or not
+    /// used at `tick`) in eviction order; its third argument is how many are needed.
+    fn plan_evicting(&mut self, active: &[u32], tick: u64, order: impl FnOnce(&Self, &mut Vec<u32>, usize)) -> Vec<Load> {
         assert!(active.len() <= self.capacity(), "active set {} > buffer {}", active.len(), self.capacity());
         let mut missing = Vec::new();
         for &j in active {
@@ -78,15 +71,7 @@ impl SlotMap {
             return vec![];
         }
         let mut victims: Vec<u32> = (0..self.capacity() as u32).filter(|&s| self.last_used[s as usize] < tick || self.neuron_of[s as usize] == EMPTY).collect();
-        let key = |s: u32| match self.neuron_of[s as usize] {
-            EMPTY => f32::NEG_INFINITY,
-            j => heat[j as usize],
-        };
-        if victims.len() > missing.len() {
-            victims.select_nth_unstable_by(missing.len() - 1, |&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
-            victims.truncate(missing.len());
-        }
-        victims.sort_unstable_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        order(self, &mut victims, missing.len());
         let mut loads = Vec::with_capacity(missing.len());
         for (&j, &s) in missing.iter().zip(&victims) {
             let old = self.neuron_of[s as usize];
