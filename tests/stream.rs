@@ -140,7 +140,7 @@ fn scorer_streaming_equals_in_memory() {
     let m = default_sparse();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     let (share, bonus) = (0.3, 2.0);
-    let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, scorer: true, set_scale: share, ..Default::default() };
+    let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, scorer: true, set_scale: share, early_reads: true, ..Default::default() };
     let minimum = match runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().sparsity {
         Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
         _ => panic!("not streaming"),
@@ -164,6 +164,7 @@ fn scorer_streaming_equals_in_memory() {
         p.set_keep_share(share);
         p.set_slots(slots);
         p.resident_bonus = bonus;
+        p.early_reads = true;
         // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
         // flipped marginal neuron changes what is resident, and the sets drift apart)
         p.single_token = true;
@@ -177,6 +178,12 @@ fn scorer_streaming_equals_in_memory() {
         e.refresh_io_stats();
         let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!() };
         assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read as the in-memory run counted");
+        assert_eq!(e.stats.rows_loaded_early, p.loaded_early, "the same rows read early");
+        if extra == 0 {
+            assert_eq!(p.loaded_early, 0, "with slots = the set no row can be read before the set is known");
+        } else {
+            assert!(p.loaded_early > 0 && p.loaded_early < p.loaded, "early {} of {}", p.loaded_early, p.loaded);
+        }
         assert_eq!(e.stats.computed_rows, p.kept, "every held row counted, in both");
         let held = slots as f64 / 1536.0;
         assert!((p.density() - held).abs() < 0.02, "density {} vs slots {held}", p.density());

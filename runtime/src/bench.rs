@@ -48,6 +48,10 @@ pub struct BenchReport {
     pub computed_rows_per_token: f64,
     /// With the scorer: the weight of rows already in memory.
     pub resident_bonus: f32,
+    /// With the scorer: rows read while their layer was still being scored (`--no-early-reads`
+    /// off), per token; part of rows_read_per_token.
+    pub early_reads: bool,
+    pub rows_read_early_per_token: f64,
     pub set_size_per_layer: Vec<usize>,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
@@ -77,6 +81,7 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         sparse_compute_ms: a.sparse_compute_ms - b.sparse_compute_ms,
         io_busy_ms: a.io_busy_ms - b.io_busy_ms,
         computed_rows: a.computed_rows - b.computed_rows,
+        rows_loaded_early: a.rows_loaded_early - b.rows_loaded_early,
         layers: a
             .layers
             .iter()
@@ -152,6 +157,8 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         head_q8: model.weights.head_q8.is_some(),
         computed_rows_per_token: per(d.computed_rows as f64),
         resident_bonus: engine.resident_bonus,
+        early_reads: engine.early_reads(),
+        rows_read_early_per_token: per(d.rows_loaded_early as f64),
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),

@@ -17,7 +17,7 @@ use crate::model::MlpHook;
 use crate::ops::qmatvec::{matvec_q4, Q8Vector};
 use crate::ops::simd::axpy_f16;
 use crate::ops::swiglu::silu;
-use crate::stream::slots::SlotMap;
+use crate::stream::slots::{Load, SlotMap};
 use formats::manifest::Manifest;
 use formats::scorer::GateUpScorerFile;
 use half::f16;
@@ -66,10 +66,16 @@ impl GateUpScorer {
 
     /// `h` `[n_ff]` = silu(gate4 . xn) * (up4 . xn) of sparse layer `layer` for one token.
     pub fn activations(&self, layer: usize, xn: &[f32], h: &mut [f32]) {
+        self.activations_of(layer, &Q8Vector::quantize(xn), 0, h);
+    }
+
+    /// `h` `[n]` = the activations of neurons `from..from + n` of sparse layer `layer`.
+    pub fn activations_of(&self, layer: usize, x: &Q8Vector, from: usize, h: &mut [f32]) {
         let f = &self.file;
-        let x = Q8Vector::quantize(xn);
-        let mut gu = vec![0f32; 2 * f.n_ff]; // [n_ff, 2]: gate_j, up_j
-        matvec_q4(f.layer_q4(layer), f.layer_scales(layer), f.d_model, &x, &mut gu);
+        let (rb, sb) = (f.d_model / 2, f.d_model / formats::scorer::Q4_BLOCK);
+        let rows = 2 * from..2 * (from + h.len()); // gate_j, up_j per neuron
+        let mut gu = vec![0f32; 2 * h.len()]; // [n, 2]
+        matvec_q4(&f.layer_q4(layer)[rows.start * rb..rows.end * rb], &f.layer_scales(layer)[rows.start * sb..rows.end * sb], f.d_model, x, &mut gu);
         h.iter_mut().zip(gu.chunks_exact(2)).for_each(|(hj, p)| *hj = silu(p[0]) * p[1]);
     }
 
@@ -103,6 +109,79 @@ pub const HEAT_DECAY: f32 = 0.8;
 /// Per sparse layer, a moving average of each neuron's score `|h_j| x ||down_j||`.
 pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
     heat.iter_mut().zip(h.iter().zip(down_norm)).for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
+}
+
+/// Neurons scored per step of [`score_and_plan`]: after each step the rows that clear the
+/// layer's last threshold are handed out to be read while the next step is scored.
+pub const SCORE_CHUNK: usize = 1024;
+
+/// What [`score_and_plan`] carries from token to token for one sparse layer.
+pub struct LayerScoring {
+    /// `[n_ff]` moving average of each neuron's score ([`update_heat`]): slots evict the coolest.
+    pub heat: Vec<f32>,
+    /// The smallest score kept at the last token (infinite before the first): rows scoring at
+    /// least this are read early, before the rest of the layer is scored.
+    pub threshold: f32,
+}
+
+impl LayerScoring {
+    pub fn new(n_ff: usize) -> Self {
+        LayerScoring { heat: vec![0.0; n_ff], threshold: f32::INFINITY }
+    }
+}
+
+/// One token of one sparse layer, planned the same way by the streaming engine and by
+/// [`ScoredSparsity`] (so their slots, reads and sums match): score the neurons
+/// [`SCORE_CHUNK`] at a time into `h`; with `early`, after each chunk the rows that score at
+/// least the layer's last threshold are marked used, and the missing ones get slots (coolest
+/// by the heat of the last token) and go to `on_loads` at once, so the engine reads them while
+/// the next chunks are scored (`on_loads(loads, true)`). Early rows take at most `capacity - k` slots, so the exact set
+/// always fits. Then the `k` kept neurons ([`GateUpScorer::keep`]), the heat update, and the
+/// kept rows still missing go to `on_loads(loads, false)` last. Returns the kept neurons (ascending).
+#[allow(clippy::too_many_arguments)]
+pub fn score_and_plan(
+    scorer: &GateUpScorer,
+    layer: usize,
+    xn: &[f32],
+    k: usize,
+    resident_bonus: f32,
+    early: bool,
+    map: &mut SlotMap,
+    state: &mut LayerScoring,
+    tick: u64,
+    h: &mut [f32],
+    mut on_loads: impl FnMut(Vec<Load>, bool),
+) -> Vec<u32> {
+    let x = Q8Vector::quantize(xn);
+    let norm = scorer.file.layer_down_norm(layer);
+    let mut early_budget = map.capacity().saturating_sub(k);
+    let threshold = state.threshold;
+    // without early reads one pass over the layer (each chunk is a rayon dispatch)
+    let chunk = if early { SCORE_CHUNK } else { h.len() };
+    for (c, hc) in h.chunks_mut(chunk).enumerate() {
+        let from = c * chunk;
+        scorer.activations_of(layer, &x, from, hc);
+        if !early || !threshold.is_finite() {
+            continue;
+        }
+        let clear: Vec<u32> = (from..from + hc.len()).filter(|&j| hc[j - from].abs() * norm[j] >= threshold).map(|j| j as u32).collect();
+        if clear.is_empty() || clear.len() > early_budget {
+            continue;
+        }
+        early_budget -= clear.len();
+        let loads = map.plan_by_heat(&clear, tick, &state.heat);
+        if !loads.is_empty() {
+            on_loads(loads, true);
+        }
+    }
+    let kept = scorer.keep(layer, h, k, &map.slot_of, resident_bonus);
+    state.threshold = kept.iter().map(|&j| h[j as usize].abs() * norm[j as usize]).fold(f32::INFINITY, f32::min);
+    update_heat(&mut state.heat, h, norm);
+    let loads = map.plan_by_heat(&kept, tick, &state.heat);
+    if !loads.is_empty() {
+        on_loads(loads, false);
+    }
+    kept
 }
 
 /// `out` `[d]` = `sum_i hs[i] * row(ids[i])` (rayon over chunks of 64, summed in order): the
@@ -141,15 +220,20 @@ pub struct ScoredSparsity {
     /// Rows each layer holds (>= keep; `--slot-share`, default keep: the smallest budget).
     pub slots: usize,
     resident: Vec<SlotMap>,
-    /// Per layer, each neuron's heat ([`update_heat`]): slots evict the coolest rows.
-    heat: Vec<Vec<f32>>,
+    /// Per layer, heat and threshold ([`score_and_plan`]).
+    scoring: Vec<LayerScoring>,
+    /// Plan the rows that clear the last threshold before the layer is fully scored, as the
+    /// streaming engine reads them with `--early-reads` (off by default in both).
+    pub early_reads: bool,
     /// Per layer, tokens seen (each layer's SlotMap needs its own increasing tick: a batched
     /// forward pass runs all tokens through one layer before the next).
     ticks: Vec<u64>,
     pub tokens: u64,
     pub kept: u64,
-    /// Rows a streaming run would have read (needed and not resident).
+    /// Rows a streaming run would have read (needed and not resident, or read early).
     pub loaded: u64,
+    /// Of those, rows read before the layer was fully scored.
+    pub loaded_early: u64,
     /// Rows needed (the k top-scored), summed over layers and tokens.
     pub needed: u64,
     /// Run the forward pass a token at a time, as the streaming engine does. Batched prefill
@@ -177,7 +261,7 @@ impl ScoredSparsity {
             })
             .collect::<Result<Vec<_>>>()?;
         let n = down_t.len();
-        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), heat: vec![vec![0.0; c.intermediate_size]; n], ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
+        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), early_reads: false, ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, loaded_early: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
         Ok(s)
     }
@@ -194,6 +278,7 @@ impl ScoredSparsity {
         let f = &self.scorer.file;
         self.slots = slots.clamp(self.keep, f.n_ff);
         self.resident = (0..f.n_layers).map(|_| SlotMap::new(f.n_ff, self.slots)).collect();
+        self.scoring = (0..f.n_layers).map(|_| LayerScoring::new(f.n_ff)).collect();
     }
 
     /// Share of needed rows that were already resident.
@@ -226,10 +311,15 @@ impl MlpHook for ScoredSparsity {
         let mut h = vec![0f32; n_ff];
         for (x, o) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             self.ticks[li] += 1;
-            self.scorer.activations(layer, x, &mut h);
-            let needed = self.scorer.keep(layer, &h, self.keep, &self.resident[li].slot_of, self.resident_bonus);
-            update_heat(&mut self.heat[li], &h, f.layer_down_norm(layer));
-            let loads = self.resident[li].plan_by_heat(&needed, self.ticks[li], &self.heat[li]);
+            let mut loads: Vec<Load> = Vec::new();
+            let mut early = 0;
+            let needed = score_and_plan(&self.scorer, layer, x, self.keep, self.resident_bonus, self.early_reads, &mut self.resident[li], &mut self.scoring[li], self.ticks[li], &mut h, |b, is_early| {
+                early += if is_early { b.len() } else { 0 };
+                loads.extend(b);
+            });
+            self.loaded_early += early as u64;
+            // the engine adds the loaded rows in neuron order, whenever each arrived
+            loads.sort_unstable();
             self.loaded += loads.len() as u64;
             self.needed += needed.len() as u64;
             // every row in memory counts: those held before (slot order), then the loaded ones,

@@ -74,6 +74,12 @@ struct ModeArgs {
     /// head's memory, which streaming gives to MLP row slots) instead of the f16 head.
     #[arg(long)]
     head_q8: bool,
+    /// With --set-rule scorer: read the rows that clear a layer's last threshold (the smallest
+    /// score it kept at the last token) while the rest of the layer is still being scored,
+    /// instead of after. Not faster on 2 cores (more rows read, and their completions slow
+    /// the scoring), so off by default.
+    #[arg(long)]
+    early_reads: bool,
 }
 
 fn parse_resident_bonus(s: &str) -> std::result::Result<f32, String> {
@@ -106,6 +112,7 @@ fn apply_mode(opened: &mut runtime::Opened, manifest_path: &std::path::Path, mod
             p.set_slots((c * m.model.intermediate_size as f64).round() as usize);
         }
         p.resident_bonus = mode.resident_bonus;
+        p.early_reads = mode.early_reads;
         if let Some(d) = mode.dense_from {
             use runtime::stream::DenseFrom;
             p.first_layer = match d {
@@ -159,7 +166,7 @@ impl ModeArgs {
             return Ok(PreparedMode::InMemory);
         }
         let scorer = self.set_rule == runtime::predictor::SetRule::Scorer;
-        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, scorer, head_q8: self.head_q8, ..Default::default() };
+        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, scorer, head_q8: self.head_q8, early_reads: self.early_reads, ..Default::default() };
         if let Some(b) = &self.mem_budget {
             s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
         }
@@ -284,6 +291,9 @@ enum Command {
         /// See `runtime run --help`.
         #[arg(long)]
         head_q8: bool,
+        /// See `runtime run --help`.
+        #[arg(long)]
+        early_reads: bool,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -313,7 +323,9 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             "keep_share": s.keep as f64 / n_ff as f64,
             "slot_share": s.slots as f64 / n_ff as f64,
             "resident_bonus": s.resident_bonus,
+            "early_reads": s.early_reads,
             "reuse_ratio": s.reuse_ratio(),
+            "rows_loaded_early_share": s.loaded_early as f64 / s.loaded.max(1) as f64,
             "sparse_layer_density": s.density(),
         }),
         Some(Sparsity::Stream(e)) => {
@@ -492,7 +504,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, resident_bonus, head_q8, threads: _, json } => {
+        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, resident_bonus, head_q8, early_reads, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
@@ -500,7 +512,7 @@ fn run(cli: Cli) -> Result<()> {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank, resident_bonus, slot_share: None, head_q8 };
+            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank, resident_bonus, slot_share: None, head_q8, early_reads };
             let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
             apply_mode(&mut opened, &manifest, &mode)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();

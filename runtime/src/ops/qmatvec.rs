@@ -5,7 +5,7 @@
 //! products per block, f32 across blocks.
 
 use formats::scorer::{Q4_BLOCK, Q4_BLOCK_BYTES};
-use crate::ops::simd::{dot2_q4_q8, dot_q8_q8};
+use crate::ops::simd::{dot2_q4_q8, dot2_q4_q8_pairs, dot_q8_q8};
 use half::f16;
 use rayon::prelude::*;
 
@@ -13,6 +13,12 @@ use rayon::prelude::*;
 pub struct Q8Vector {
     pub xq: Vec<i8>,  // [d]
     pub xs: Vec<f32>, // [d / 32]
+    /// `xq` in pair layout for [`dot2_q4_q8_pairs`] (empty for an odd block count): per pair
+    /// of blocks (b, b + 1), `[xq_b[..16], xq_b+1[..16], xq_b[16..], xq_b+1[16..]]` — what the
+    /// low and the high nibbles of the two blocks' 32 packed bytes multiply.
+    pub xp: Vec<i8>,
+    /// `[d / 32]` 8 x the sum of each block's `xq` (the Q4 offset's share).
+    pub xsum8: Vec<f32>,
 }
 
 impl Q8Vector {
@@ -26,7 +32,18 @@ impl Q8Vector {
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             q.iter_mut().zip(block).for_each(|(o, v)| *o = (v * inv).round() as i8);
         }
-        Q8Vector { xq, xs }
+        let xsum8 = xq.chunks_exact(Q4_BLOCK).map(|q| 8.0 * q.iter().map(|&v| v as i32).sum::<i32>() as f32).collect();
+        let mut xp = Vec::new();
+        if xs.len().is_multiple_of(2) {
+            xp.reserve(xq.len());
+            for pair in xq.chunks_exact(2 * Q4_BLOCK) {
+                let half = Q4_BLOCK / 2;
+                for part in [&pair[..half], &pair[Q4_BLOCK..Q4_BLOCK + half], &pair[half..Q4_BLOCK], &pair[Q4_BLOCK + half..]] {
+                    xp.extend_from_slice(part);
+                }
+            }
+        }
+        Q8Vector { xq, xs, xp, xsum8 }
     }
 }
 
@@ -58,7 +75,9 @@ pub fn matvec_q4(packed: &[u8], scales: &[f16], d: usize, x: &Q8Vector, out: &mu
             let r = c * 256 + 2 * i;
             let (p0, p1) = (&packed[r * rb..(r + 1) * rb], &packed[(r + 1) * rb..(r + 2) * rb]);
             let (s0, s1) = (&scales[r * sb..(r + 1) * sb], &scales[(r + 1) * sb..(r + 2) * sb]);
-            let (a, b) = dot2_q4_q8(p0, s0, p1, s1, &x.xq, &x.xs).unwrap_or_else(|| (dot_q4_q8(p0, s0, x), dot_q4_q8(p1, s1, x)));
+            let (a, b) = dot2_q4_q8_pairs(p0, s0, p1, s1, &x.xp, &x.xs, &x.xsum8)
+                .or_else(|| dot2_q4_q8(p0, s0, p1, s1, &x.xq, &x.xs))
+                .unwrap_or_else(|| (dot_q4_q8(p0, s0, x), dot_q4_q8(p1, s1, x)));
             v[0] = a;
             v[1] = b;
         }
@@ -118,7 +137,14 @@ mod tests {
 
     #[test]
     fn matches_the_dequantized_f32_product() {
-        let (rows, d) = (6, 96);
+        // 3 blocks (odd: the block-at-a-time kernel), 10 (pairs, a group of 8 and a tail of 2),
+        // 48 (Qwen's width: six groups of 8)
+        for d in [96, 320, 1536] {
+            product_case(6, d);
+        }
+    }
+
+    fn product_case(rows: usize, d: usize) {
         let w: Vec<f32> = (0..rows * d).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 300.0).collect();
         let x: Vec<f32> = (0..d).map(|i| ((i * 31 % 17) as f32 - 8.0) / 5.0).collect();
         let mut packed = vec![0u8; rows * d / 2];
@@ -131,9 +157,18 @@ mod tests {
         // the AVX2 kernel (where compiled) agrees with the portable loop
         for r in 0..rows {
             let (p, s) = (&packed[r * d / 2..(r + 1) * d / 2], &scales[r * d / 32..(r + 1) * d / 32]);
+            let portable = dot_q4_q8(p, s, &xq);
             if let Some((a, b)) = dot2_q4_q8(p, s, p, s, &xq.xq, &xq.xs) {
-                let portable = dot_q4_q8(p, s, &xq);
                 assert!((a - portable).abs() <= 1e-4 * portable.abs().max(1.0) && a == b, "{a} {b} {portable}");
+            }
+            let (r1, s1) = (&packed[(rows - 1 - r) * d / 2..(rows - r) * d / 2], &scales[(rows - 1 - r) * d / 32..(rows - r) * d / 32]);
+            match dot2_q4_q8_pairs(p, s, r1, s1, &xq.xp, &xq.xs, &xq.xsum8) {
+                Some((a, b)) => {
+                    let other = dot_q4_q8(r1, s1, &xq);
+                    assert!((a - portable).abs() <= 1e-4 * portable.abs().max(1.0), "d {d}: {a} vs {portable}");
+                    assert!((b - other).abs() <= 1e-4 * other.abs().max(1.0), "d {d}: {b} vs {other}");
+                }
+                None => assert!(d / 32 % 2 == 1 || cfg!(not(target_feature = "avx2")), "d {d}: the pair kernel should run"),
             }
         }
         matvec_q4(&packed, &scales, d, &Q8Vector::quantize(&x), &mut out);

@@ -129,6 +129,29 @@ pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &
     }
 }
 
+/// [`dot2_q4_q8`] against `x` in pair layout ([`crate::ops::qmatvec::Q8Vector`]'s `xp`, with
+/// `xsum8[b] = 8 x sum(xq of block b)`): the nibbles go into the integer products unsigned and
+/// the 8 they are offset by comes off once per row (`sum_b scale_b x xsum8[b]`), two blocks per
+/// 256-bit step. `None` where the x86-64-v3 kernel is not compiled or the block count is odd.
+#[inline]
+pub fn dot2_q4_q8_pairs(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xp: &[i8], xs: &[f32], xsum8: &[f32]) -> Option<(f32, f32)> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        if !xs.len().is_multiple_of(2) || xp.len() != xs.len() * 32 {
+            return None;
+        }
+        assert!(p0.len() == xs.len() * 16 && p1.len() == p0.len() && s0.len() == xs.len() && s1.len() == xs.len() && xsum8.len() == xs.len());
+        // SAFETY: compiled only with AVX2, FMA and F16C enabled for the whole build (x86-64-v3);
+        // the lengths are checked above and every load stays inside them.
+        Some(unsafe { x86::dot2_q4_q8_pairs(p0, s0, p1, s1, xp, xs, xsum8) })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        let _ = (p0, s0, p1, s1, xp, xs, xsum8);
+        None
+    }
+}
+
 /// One Q8_0 row (`q` `[d]`, an f16 scale per block of 32) against one int8 vector. `None`
 /// where the x86-64-v3 kernel is not compiled.
 #[inline]
@@ -274,6 +297,73 @@ mod x86 {
             b += step;
         }
         (hsum(_mm256_add_ps(acc[0], acc[1])), hsum(_mm256_add_ps(acc[2], acc[3])))
+    }
+
+    /// Up to 8 block scales (f16 weight scale x activation scale) from block `b`, zero past `n`.
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn scales8(s: &[f16], xs: &[f32], b: usize) -> __m256 {
+        if b + 8 <= xs.len() {
+            // SAFETY: b + 8 <= xs.len() = s.len(); unaligned loads.
+            unsafe { _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(b) as *const __m128i)), _mm256_loadu_ps(xs.as_ptr().add(b))) }
+        } else {
+            let mut c = [0f32; 8];
+            c.iter_mut().zip(s[b..].iter().zip(&xs[b..])).for_each(|(o, (w, x))| *o = w.to_f32() * x);
+            // SAFETY: c is 8 f32 on the stack.
+            unsafe { _mm256_loadu_ps(c.as_ptr()) }
+        }
+    }
+
+    /// Up to 8 values of `v` from `b`, zero past its end.
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn load8_padded(v: &[f32], b: usize) -> __m256 {
+        let mut c = [0f32; 8];
+        let n = (v.len() - b).min(8);
+        c[..n].copy_from_slice(&v[b..b + n]);
+        // SAFETY: c is 8 f32 on the stack.
+        unsafe { _mm256_loadu_ps(c.as_ptr()) }
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot2_q4_q8_pairs(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xp: &[i8], xs: &[f32], xsum8: &[f32]) -> (f32, f32) {
+        let n = xs.len();
+        let nib = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4]; // row 0: 0, 1; row 1: 2, 3
+        let (mut corr0, mut corr1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut b = 0;
+        while b < n {
+            // eight blocks' scales; the pair (b + 2p, b + 2p + 1) takes lanes 2p and 2p + 1,
+            // each spread over the four i32 lanes of its 128-bit half
+            let (c0, c1) = (scales8(s0, xs, b), scales8(s1, xs, b));
+            let xsum = load8_padded(xsum8, b);
+            corr0 = _mm256_fmadd_ps(c0, xsum, corr0);
+            corr1 = _mm256_fmadd_ps(c1, xsum, corr1);
+            let pairs = (n - b).min(8) / 2;
+            for p in 0..pairs {
+                let bb = b + 2 * p;
+                let idx = _mm256_setr_epi32(2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1);
+                // SAFETY: blocks bb, bb + 1 < n: xp holds n x 32 bytes, p0/p1 n x 16 (checked by
+                // the caller); unaligned loads.
+                let (xlo, xhi, q0, q1) = unsafe {
+                    (
+                        _mm256_loadu_si256(xp.as_ptr().add(bb * 32) as *const __m256i),
+                        _mm256_loadu_si256(xp.as_ptr().add(bb * 32 + 32) as *const __m256i),
+                        _mm256_loadu_si256(p0.as_ptr().add(bb * 16) as *const __m256i),
+                        _mm256_loadu_si256(p1.as_ptr().add(bb * 16) as *const __m256i),
+                    )
+                };
+                let dot = |q: __m256i| {
+                    let lo = _mm256_and_si256(q, nib);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+                    let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones))
+                };
+                acc[p & 1] = _mm256_fmadd_ps(dot(q0), _mm256_permutevar8x32_ps(c0, idx), acc[p & 1]);
+                acc[2 + (p & 1)] = _mm256_fmadd_ps(dot(q1), _mm256_permutevar8x32_ps(c1, idx), acc[2 + (p & 1)]);
+            }
+            b += 8;
+        }
+        (hsum(_mm256_add_ps(acc[0], acc[1])) - hsum(corr0), hsum(_mm256_add_ps(acc[2], acc[3])) - hsum(corr1))
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]

@@ -14,7 +14,7 @@ use crate::ops::simd::{axpy_f16, dot2_f16_f32};
 use crate::ops::swiglu::silu;
 use crate::predictor::Predictor;
 use formats::centroids::{CentroidSet, CentroidTable};
-use crate::scorer::GateUpScorer;
+use crate::scorer::{GateUpScorer, LayerScoring};
 use formats::records::{check_record, RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES};
 use formats::thresholds::Thresholds;
 use half::f16;
@@ -73,6 +73,8 @@ pub struct StreamStats {
     pub sparse_compute_ms: f64,
     /// Wall time the I/O thread spent reading and scattering.
     pub io_busy_ms: f64,
+    /// With the scorer: rows read before their layer was fully scored (part of rows_loaded).
+    pub rows_loaded_early: u64,
     /// With the scorer: rows whose product was added (every row held), over tokens and layers.
     pub computed_rows: u64,
     pub layers: Vec<LayerStreamStats>,
@@ -142,8 +144,10 @@ struct ScoredReads {
     scorer: GateUpScorer,
     reader: RecordReader,
     staging: AlignedBuf,
-    /// Per sparse layer, each neuron's heat (`scorer::update_heat`): slots evict the coolest.
-    heat: Vec<Vec<f32>>,
+    /// Per sparse layer, heat and threshold (`scorer::score_and_plan`).
+    scoring: Vec<LayerScoring>,
+    /// Read the rows that clear the last threshold while the layer is still being scored.
+    early_reads: bool,
     layout: formats::manifest::RecordsLayout,
     /// Where a record's downT row starts, and the 512-aligned span read around it.
     down_offset: usize,
@@ -176,6 +180,11 @@ pub struct StreamSettings {
     pub scorer: bool,
     /// Logits from the Q8_0 head (`--head-q8`): the plan holds it instead of the f16 head.
     pub head_q8: bool,
+    /// With the scorer: read the rows that clear a layer's last threshold while the rest of
+    /// the layer is scored (`scorer::score_and_plan`, `--early-reads`). Off by default: on 2
+    /// cores it read ~25% more rows and the reads' completions slowed the scoring as much as
+    /// the overlap saved.
+    pub early_reads: bool,
 }
 
 /// Where the sparse layers start.
@@ -214,6 +223,7 @@ impl Default for StreamSettings {
             set_scale: 1.0,
             scorer: false,
             head_q8: false,
+            early_reads: false,
         }
     }
 }
@@ -326,6 +336,11 @@ impl StreamingEngine {
         }
     }
 
+    /// Whether the scorer reads rows while a layer is still being scored (false for the predictor).
+    pub fn early_reads(&self) -> bool {
+        matches!(&self.selector, Selector::Scored(r) if r.early_reads)
+    }
+
     pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
@@ -399,7 +414,7 @@ impl StreamingEngine {
                 let mut reader = reader;
                 let mut staging = staging;
                 reader.register(&mut staging)?;
-                Selector::Scored(Box::new(ScoredReads { heat: vec![vec![0.0; c.intermediate_size]; c.num_hidden_layers - first], scorer: scorer.without_layers_before(first), reader, staging, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
+                Selector::Scored(Box::new(ScoredReads { scoring: (first..c.num_hidden_layers).map(|_| LayerScoring::new(c.intermediate_size)).collect(), early_reads: settings.early_reads, scorer: scorer.without_layers_before(first), reader, staging, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
             }
         };
         let stats = StreamStats {
@@ -574,68 +589,84 @@ impl StreamingEngine {
         let d = self.d_model;
         let t0 = Instant::now();
         let mut h = vec![0f32; r.scorer.file.n_ff];
-        r.scorer.activations(layer, xn, &mut h);
         let mut store = self.shared.layers[si].lock().unwrap();
-        let kept = r.scorer.keep(layer, &h, self.plan.set_sizes[si], &store.map.slot_of, self.resident_bonus);
-        crate::scorer::update_heat(&mut r.heat[si], &h, r.scorer.file.layer_down_norm(layer));
-        let t1 = Instant::now();
-        self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
-        let loads = store.map.plan_by_heat(&kept, self.tick, &r.heat[si]);
-        self.stats.count_layer(si, kept.len(), loads.len());
-        // The rows already held are added up while an I/O thread reads the missing ones into
-        // `landing` (checked); then those are copied into their slots and added.
-        let cap = store.map.capacity();
-        let mut loading = vec![false; cap];
-        loads.iter().for_each(|l| loading[l.slot as usize] = true);
-        let held_before: Vec<u32> = (0..cap as u32).filter(|&s| store.map.neuron_of[s as usize] != EMPTY && !loading[s as usize]).collect();
-        let hs: Vec<f32> = held_before.iter().map(|&s| h[store.map.neuron_of[s as usize] as usize]).collect();
+        let store = &mut *store;
         let per_batch = (r.staging.len() / r.span_bytes).max(1);
-        let crcs = r.scorer.file.layer_down_crc32c(layer);
         let skip = r.down_offset - r.span_offset;
-        let (reader, staging, layout, span_offset, span_bytes) = (&mut r.reader, &mut r.staging, &r.layout, r.span_offset as u64, r.span_bytes);
+        let ScoredReads { scorer, reader, staging, scoring, layout, span_offset, span_bytes, early_reads, .. } = &mut **r;
+        let crcs = scorer.file.layer_down_crc32c(layer);
+        let (span_offset, span_bytes) = (*span_offset as u64, *span_bytes);
         let records_path = &self.records_path;
-        let read_missing = || -> Result<Vec<u8>> {
-            let mut landing = vec![0u8; loads.len() * 2 * d];
-            for (bi, batch) in loads.chunks(per_batch).enumerate() {
-                let runs: Vec<Run> = batch
-                    .iter()
-                    .enumerate()
-                    .map(|(k, l)| Run { offset: layout.offset(layer, l.neuron as usize) + span_offset, bytes: span_bytes, staging_offset: k * span_bytes })
-                    .collect();
-                reader.read_runs(&runs, staging)?;
-                for (k, l) in batch.iter().enumerate() {
-                    let row = &staging.as_slice()[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
-                    formats::scorer::check_down_row(row, crcs[l.neuron as usize], records_path, runs[k].offset + skip as u64, layer, l.neuron)?;
-                    let at = (bi * per_batch + k) * 2 * d;
-                    landing[at..at + 2 * d].copy_from_slice(row);
+        // The I/O thread reads each batch of rows as it arrives (checked, into `landing` in
+        // arrival order) while this thread scores the rest of the layer and then adds up the
+        // rows already held; then the read rows are copied into their slots and added.
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Load>>();
+        let read_missing = move || -> Result<Vec<u8>> {
+            let mut landing = Vec::new();
+            while let Ok(mut batch) = rx.recv() {
+                while let Ok(more) = rx.try_recv() {
+                    batch.extend(more);
+                }
+                for part in batch.chunks(per_batch) {
+                    let runs: Vec<Run> = part
+                        .iter()
+                        .enumerate()
+                        .map(|(k, l)| Run { offset: layout.offset(layer, l.neuron as usize) + span_offset, bytes: span_bytes, staging_offset: k * span_bytes })
+                        .collect();
+                    reader.read_runs(&runs, staging)?;
+                    for (k, l) in part.iter().enumerate() {
+                        let row = &staging.as_slice()[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
+                        formats::scorer::check_down_row(row, crcs[l.neuron as usize], records_path, runs[k].offset + skip as u64, layer, l.neuron)?;
+                        landing.extend_from_slice(row);
+                    }
                 }
             }
             Ok(landing)
         };
+        let (k, bonus, tick) = (self.plan.set_sizes[si], self.resident_bonus, self.tick);
+        let (mut sent, mut early, mut first_send) = (Vec::new(), 0usize, None);
+        let map = &mut store.map;
         let buf = store.buf.as_slice();
-        let (read, t_sum) = std::thread::scope(|sc| {
-            let io = (!loads.is_empty()).then(|| sc.spawn(read_missing));
-            let t = Instant::now();
+        let (kept, held_before, read, t1, t_sum) = std::thread::scope(|sc| {
+            let io = sc.spawn(read_missing);
+            let kept = crate::scorer::score_and_plan(scorer, layer, xn, k, bonus, *early_reads, map, &mut scoring[si], tick, &mut h, |loads, is_early| {
+                early += if is_early { loads.len() } else { 0 };
+                first_send.get_or_insert_with(Instant::now);
+                sent.extend_from_slice(&loads);
+                // a send fails only when the I/O thread stopped on an error, which join returns
+                let _ = tx.send(loads);
+            });
+            drop(tx);
+            let t1 = Instant::now();
+            let mut loading = vec![false; map.capacity()];
+            sent.iter().for_each(|l| loading[l.slot as usize] = true);
+            let held_before: Vec<u32> = (0..map.capacity() as u32).filter(|&s| map.neuron_of[s as usize] != EMPTY && !loading[s as usize]).collect();
+            let hs: Vec<f32> = held_before.iter().map(|&s| h[map.neuron_of[s as usize] as usize]).collect();
             crate::scorer::down_sum(&held_before, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
-            let t_sum = t.elapsed().as_secs_f64() * 1e3;
-            (io.map(|j| j.join().expect("the read thread panicked")), t_sum)
+            let t_sum = t1.elapsed().as_secs_f64() * 1e3;
+            (kept, held_before, io.join().expect("the read thread panicked"), t1, t_sum)
         });
+        self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
+        self.stats.count_layer(si, kept.len(), sent.len());
+        self.stats.rows_loaded_early += early as u64;
         let t2 = Instant::now();
         self.stats.io_wait_ms += ((t2 - t1).as_secs_f64() * 1e3 - t_sum).max(0.0);
-        r.io_busy_ms += (t2 - t1).as_secs_f64() * 1e3;
+        r.io_busy_ms += first_send.map_or(0.0, |t| (t2 - t).as_secs_f64() * 1e3);
         let landing = match read {
-            Some(Err(e)) => {
-                loads.iter().for_each(|l| store.map.invalidate(l.slot));
+            Err(e) => {
+                sent.iter().for_each(|l| store.map.invalidate(l.slot));
                 return Err(e);
             }
-            Some(Ok(v)) => v,
-            None => Vec::new(),
+            Ok(v) => v,
         };
-        for (k, l) in loads.iter().enumerate() {
+        for (k, l) in sent.iter().enumerate() {
             let s = l.slot as usize;
             store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(&landing[k * 2 * d..(k + 1) * 2 * d]);
         }
-        // the loaded rows' share, added to the held rows' sum
+        // the loaded rows' share (in neuron order, as `ScoredSparsity` adds them), added to the
+        // held rows' sum
+        let mut loads = sent;
+        loads.sort_unstable();
         let mut part = vec![0f32; d];
         let load_slots: Vec<u32> = loads.iter().map(|l| l.slot).collect();
         let hl: Vec<f32> = loads.iter().map(|l| h[l.neuron as usize]).collect();
@@ -645,7 +676,6 @@ impl StreamingEngine {
         let held_len = held_before.len() + loads.len();
         self.stats.computed_rows += held_len as u64;
         self.stats.sparse_compute_ms += t_sum;
-        drop(store);
         self.stats.sparse_compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         if self.record_history {
             if si == 0 {
