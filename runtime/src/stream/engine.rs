@@ -149,6 +149,8 @@ struct ScoredReads {
     /// Read the rows that clear the last threshold while the layer is still being scored.
     early_reads: bool,
     layout: formats::manifest::RecordsLayout,
+    /// Rows read for the layer at hand, checked, before they go to their slots.
+    landing: Vec<u8>,
     /// Where a record's downT row starts, and the 512-aligned span read around it.
     down_offset: usize,
     span_offset: usize,
@@ -414,7 +416,7 @@ impl StreamingEngine {
                 let mut reader = reader;
                 let mut staging = staging;
                 reader.register(&mut staging)?;
-                Selector::Scored(Box::new(ScoredReads { scoring: (first..c.num_hidden_layers).map(|_| LayerScoring::new(c.intermediate_size)).collect(), early_reads: settings.early_reads, scorer: scorer.without_layers_before(first), reader, staging, layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
+                Selector::Scored(Box::new(ScoredReads { scoring: (first..c.num_hidden_layers).map(|_| LayerScoring::new(c.intermediate_size)).collect(), early_reads: settings.early_reads, scorer: scorer.without_layers_before(first), reader, staging, landing: Vec::new(), layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
             }
         };
         let stats = StreamStats {
@@ -593,7 +595,10 @@ impl StreamingEngine {
         let store = &mut *store;
         let per_batch = (r.staging.len() / r.span_bytes).max(1);
         let skip = r.down_offset - r.span_offset;
-        let ScoredReads { scorer, reader, staging, scoring, layout, span_offset, span_bytes, early_reads, .. } = &mut **r;
+        let ScoredReads { scorer, reader, staging, scoring, layout, span_offset, span_bytes, early_reads, landing, .. } = &mut **r;
+        // reused from token to token: a fresh allocation each layer costs its page faults
+        let mut landing = std::mem::take(landing);
+        landing.clear();
         let crcs = scorer.file.layer_down_crc32c(layer);
         let (span_offset, span_bytes) = (*span_offset as u64, *span_bytes);
         let records_path = &self.records_path;
@@ -602,7 +607,6 @@ impl StreamingEngine {
         // rows already held; then the read rows are copied into their slots and added.
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Load>>();
         let read_missing = move || -> Result<Vec<u8>> {
-            let mut landing = Vec::new();
             while let Ok(mut batch) = rx.recv() {
                 while let Ok(more) = rx.try_recv() {
                     batch.extend(more);
@@ -659,10 +663,12 @@ impl StreamingEngine {
             }
             Ok(v) => v,
         };
+        let Selector::Scored(r) = &mut self.selector else { unreachable!() };
         for (k, l) in sent.iter().enumerate() {
             let s = l.slot as usize;
             store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(&landing[k * 2 * d..(k + 1) * 2 * d]);
         }
+        r.landing = landing;
         // the loaded rows' share (in neuron order, as `ScoredSparsity` adds them), added to the
         // held rows' sum
         let mut loads = sent;
