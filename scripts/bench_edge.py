@@ -16,7 +16,7 @@ bytes read per token, reuse and the latency breakdown; llama.cpp's major page fa
 
 Writes bench/results/edge-<model>.json, .png and .md (the README table).
 """
-import argparse, atexit, json, os, re, signal, statistics, subprocess, sys, time
+import argparse, tomllib, atexit, json, os, re, signal, statistics, subprocess, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,6 +204,7 @@ def main():
     gguf = str(ROOT / f"baseline/{a.model}-f16.gguf")
     manifest = str(ROOT / f"artifacts/{a.model}/manifest.toml")
     prerequisites(gguf, manifest)
+    n_ff = tomllib.loads(Path(manifest).read_text())["model"]["intermediate_size"]
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, on_signal)
     atexit.register(cleanup)
@@ -222,14 +223,18 @@ def main():
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
     qrows = json.loads(qpath.read_text()) if qpath.exists() else {"sparse": [], "hellaswag_items": None}
 
-    def quality_at(d, scale, rank, rule, bonus):
+    def quality_at(d, scale, rank, rule, bonus, slot_share=None):
         # rows measured before `prep importance` carry no neuron_rank: they ranked by membership;
-        # rows without a set_rule are soft8; scorer rows carry their resident bonus
+        # rows without a set_rule are soft8; scorer rows carry their resident bonus and the slots
+        # they simulated (`--slot-share`, else as many as the set), which must match the run's
         def same(r):
             if r["dense_prefix"] != d or abs(r.get("set_scale", 1.0) - scale) >= 0.005 or r.get("set_rule", "soft8") != rule:
                 return False
             if rule == "scorer":
-                return abs(r.get("resident_bonus", 1.0) - bonus) < 1e-6 and ("--head-q8" in r.get("scorer_args", "")) == a.head_q8
+                args = r.get("scorer_args", "").split()
+                held = float(args[args.index("--slot-share") + 1]) if "--slot-share" in args else r.get("set_scale", 1.0)
+                return (abs(r.get("resident_bonus", 1.0) - bonus) < 1e-6 and ("--head-q8" in args) == a.head_q8
+                        and (slot_share is None or abs(min(held, 1.0) - min(slot_share, 1.0)) < 0.01))
             return (r.get("neuron_rank") or "membership") == rank
         row = next((r for r in qrows["sparse"] if same(r)), None)
         if row is None:
@@ -309,8 +314,10 @@ def main():
                     row["runtime_neuron_rank"] = ranks[0] if ranks else None
                     row["runtime_set_rule"] = a.set_rule
                     row["runtime_resident_bonus"] = a.resident_bonus if a.set_rule == "scorer" else None
+                    shares = [r["slots_per_layer"][0] / n_ff for r in rs if r.get("slots_per_layer")]
+                    row["runtime_slot_share"] = statistics.median(shares) if shares else None
                     row["runtime_quality"] = (quality_at(int(row["runtime_dense_from"]), row.get("runtime_set_scale") or 1.0, row["runtime_neuron_rank"],
-                                                         a.set_rule, a.resident_bonus)
+                                                         a.set_rule, a.resident_bonus, row["runtime_slot_share"] if a.set_rule == "scorer" else None)
                                               if row["runtime_dense_from"] is not None else None)
             row["speedup"] = row["runtime"] / row["llama_cpp"] if row["runtime"] and row["llama_cpp"] else None
             table.append(row)
