@@ -4,13 +4,14 @@
 //! Per sparse layer and token, from the layer's own normed input `xn`:
 //! `h_j = silu(gate4_j . xn) * (up4_j . xn)` for every neuron j (4-bit rows, int8 `xn`); the `k`
 //! neurons of largest `|h_j| * ||W_down[:, j]||` must be in memory (their missing downT rows are
-//! read; slots are reused least recently needed first), and `out = sum_j h_j * downT_j` over
-//! every row in memory — the k needed ones and whatever else the layer's slots still hold from
-//! earlier tokens, which costs compute but no reads. So `--set-scale` bounds the reads and the
-//! memory budget (the slots) sets how many neurons count. Unlike the predictor (one guess after layer 0 for every later layer), this
-//! sees the layer's real input; the price is a 4-bit copy of gate and up in memory (0.56 bytes a
-//! weight) and h from 4-bit weights. The streaming engine runs the same computation with downT
-//! rows read on demand (`StreamingEngine` with `--set-rule scorer`).
+//! read; slots evict the rows of lowest heat, a moving average of their scores), and
+//! `out = sum_j h_j * downT_j` over every row in memory — the k needed ones and whatever else
+//! the layer's slots still hold from earlier tokens, which costs compute but no reads. So
+//! `--set-scale` bounds the reads and the memory budget (the slots) sets how many neurons count.
+//! Unlike the predictor (one guess after layer 0 for every later layer), this sees the layer's
+//! real input; the price is a 4-bit copy of gate and up in memory (0.56 bytes a weight) and h
+//! from 4-bit weights. The streaming engine runs the same computation with downT rows read on
+//! demand (`StreamingEngine` with `--set-rule scorer`); both plan through [`score_and_plan`].
 
 use crate::error::{Result, RuntimeError};
 use crate::model::MlpHook;
@@ -131,13 +132,13 @@ impl LayerScoring {
 }
 
 /// One token of one sparse layer, planned the same way by the streaming engine and by
-/// [`ScoredSparsity`] (so their slots, reads and sums match): score the neurons
-/// [`SCORE_CHUNK`] at a time into `h`; with `early`, after each chunk the rows that score at
-/// least the layer's last threshold are marked used, and the missing ones get slots (coolest
-/// by the heat of the last token) and go to `on_loads` at once, so the engine reads them while
-/// the next chunks are scored (`on_loads(loads, true)`). Early rows take at most `capacity - k` slots, so the exact set
+/// [`ScoredSparsity`] (so their slots, reads and sums match): score the neurons into `h`; with
+/// `early`, [`SCORE_CHUNK`] at a time, and after each chunk the rows that score at least the
+/// layer's last threshold are marked used, and the missing ones get slots (coolest by the heat
+/// of the last token) and go to `on_loads(loads, true)` at once, so the engine reads them while
+/// the next chunks are scored. Early rows take at most `capacity - k` slots, so the exact set
 /// always fits. Then the `k` kept neurons ([`GateUpScorer::keep`]), the heat update, and the
-/// kept rows still missing go to `on_loads(loads, false)` last. Returns the kept neurons (ascending).
+/// kept rows still missing go to `on_loads(loads, false)`. Returns the kept neurons (ascending).
 #[allow(clippy::too_many_arguments)]
 pub fn score_and_plan(
     scorer: &GateUpScorer,
