@@ -234,6 +234,7 @@ def main():
                 args = r.get("scorer_args", "").split()
                 held = float(args[args.index("--slot-share") + 1]) if "--slot-share" in args else r.get("set_scale", 1.0)
                 return (abs(r.get("resident_bonus", 1.0) - bonus) < 1e-6 and ("--head-q8" in args) == a.head_q8
+                        and r.get("eviction", "heat") == "heat"  # the runtime's eviction (rows measured with LRU are kept for the record)
                         and (slot_share is None or abs(min(held, 1.0) - min(slot_share, 1.0)) < 0.01))
             return (r.get("neuron_rank") or "membership") == rank
         row = next((r for r in qrows["sparse"] if same(r)), None)
