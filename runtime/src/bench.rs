@@ -48,8 +48,8 @@ pub struct BenchReport {
     pub computed_rows_per_token: f64,
     /// With the scorer: the weight of rows already in memory.
     pub resident_bonus: f32,
-    /// With the scorer: rows read while their layer was still being scored (`--no-early-reads`
-    /// off), per token; part of rows_read_per_token.
+    /// With the scorer: whether `--early-reads` was on, and the rows read while their layer was
+    /// still being scored, per token (part of rows_read_per_token).
     pub early_reads: bool,
     pub rows_read_early_per_token: f64,
     pub set_size_per_layer: Vec<usize>,

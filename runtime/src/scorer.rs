@@ -65,12 +65,8 @@ impl GateUpScorer {
         self
     }
 
-    /// `h` `[n_ff]` = silu(gate4 . xn) * (up4 . xn) of sparse layer `layer` for one token.
-    pub fn activations(&self, layer: usize, xn: &[f32], h: &mut [f32]) {
-        self.activations_of(layer, &Q8Vector::quantize(xn), 0, h);
-    }
-
-    /// `h` `[n]` = the activations of neurons `from..from + n` of sparse layer `layer`.
+    /// `h` `[n]` = silu(gate4 . x) * (up4 . x) of neurons `from..from + n` of sparse layer
+    /// `layer` for one token.
     pub fn activations_of(&self, layer: usize, x: &Q8Vector, from: usize, h: &mut [f32]) {
         let f = &self.file;
         let (rb, sb) = (f.d_model / 2, f.d_model / formats::scorer::Q4_BLOCK);

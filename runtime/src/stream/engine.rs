@@ -606,7 +606,7 @@ impl StreamingEngine {
         // arrival order) while this thread scores the rest of the layer and then adds up the
         // rows already held; then the read rows are copied into their slots and added.
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Load>>();
-        let read_missing = move || -> Result<Vec<u8>> {
+        let read_missing = move |mut landing: Vec<u8>| -> Result<Vec<u8>> {
             while let Ok(mut batch) = rx.recv() {
                 while let Ok(more) = rx.try_recv() {
                     batch.extend(more);
@@ -631,11 +631,17 @@ impl StreamingEngine {
         let (mut sent, mut early, mut first_send) = (Vec::new(), 0usize, None);
         let map = &mut store.map;
         let buf = store.buf.as_slice();
+        // the I/O thread starts with the first batch: a layer whose rows are all held spawns none
+        let (mut read_missing, mut landing) = (Some(read_missing), Some(landing));
         let (kept, held_before, read, t1, t_sum) = std::thread::scope(|sc| {
-            let io = sc.spawn(read_missing);
+            let mut io = None;
             let kept = crate::scorer::score_and_plan(scorer, layer, xn, k, bonus, *early_reads, map, &mut scoring[si], tick, &mut h, |loads, is_early| {
                 early += if is_early { loads.len() } else { 0 };
                 first_send.get_or_insert_with(Instant::now);
+                if io.is_none() {
+                    let (mut f, buf) = (read_missing.take().expect("spawned once"), landing.take().expect("spawned once"));
+                    io = Some(sc.spawn(move || f(buf)));
+                }
                 sent.extend_from_slice(&loads);
                 // a send fails only when the I/O thread stopped on an error, which join returns
                 let _ = tx.send(loads);
@@ -648,7 +654,11 @@ impl StreamingEngine {
             let hs: Vec<f32> = held_before.iter().map(|&s| h[map.neuron_of[s as usize] as usize]).collect();
             crate::scorer::down_sum(&held_before, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
             let t_sum = t1.elapsed().as_secs_f64() * 1e3;
-            (kept, held_before, io.join().expect("the read thread panicked"), t1, t_sum)
+            let read = match io {
+                Some(j) => j.join().expect("the read thread panicked"),
+                None => Ok(landing.take().expect("not spawned")),
+            };
+            (kept, held_before, read, t1, t_sum)
         });
         self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
         self.stats.count_layer(si, kept.len(), sent.len());
