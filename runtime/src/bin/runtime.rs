@@ -531,9 +531,10 @@ fn run(cli: Cli) -> Result<()> {
                     r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
                 );
                 println!(
-                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, sets of {:.2} x K_max",
+                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, sets of {:.2} x {}",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from, r.set_scale
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from, r.set_scale,
+                    if r.set_rule == "scorer" { "n_ff" } else { "K_max" }
                 );
             }
         }
