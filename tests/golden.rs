@@ -4,6 +4,7 @@
 
 use runtime::generate::{generate, GenerateOptions};
 use runtime::sampler::Sampler;
+use runtime::Runner;
 use tests::*;
 
 fn open() -> (runtime::Model, runtime::Tokenizer) {
@@ -12,7 +13,7 @@ fn open() -> (runtime::Model, runtime::Tokenizer) {
 
 fn greedy(model: &runtime::Model, tok: &runtime::Tokenizer, prompt: &str, n: usize) -> String {
     let opts = GenerateOptions { max_new_tokens: n, ctx: 128, stop_at_eos: false };
-    generate(model, tok, prompt, &opts, &mut Sampler::new(0.0, 1.0, 0), None, |_| {}).unwrap().text
+    generate(&mut Runner::dense(model), tok, prompt, &opts, &mut Sampler::new(0.0, 1.0, 0), |_| {}).unwrap().text
 }
 
 #[test]
@@ -39,7 +40,7 @@ fn greedy_continuations_equal_llama_cpp() {
 fn perplexity_matches_llama_cpp() {
     let (model, tok) = open();
     // llama-perplexity -c 512 --chunks 2 on data/text/hamlet.txt: [1]19.5129,[2]22.6374
-    let r = runtime::perplexity::perplexity(&model, &tok, &data_text("hamlet.txt"), 512, Some(2), None, |_, _, _| {}).unwrap();
+    let r = runtime::perplexity::perplexity(&mut Runner::dense(&model), &tok, &data_text("hamlet.txt"), 512, Some(2), |_, _, _| {}).unwrap();
     assert_eq!(r.tokens, 52755, "token count of hamlet.txt (llama-tokenize: 52755)");
     assert_eq!(r.tokens_scored, 2 * 255);
     let rel = (r.perplexity / 22.6374 - 1.0).abs();
@@ -86,7 +87,7 @@ fn batched_prefill_equals_token_by_token_decode() {
 fn sampling_is_seeded() {
     let (model, tok) = open();
     let opts = GenerateOptions { max_new_tokens: 12, ctx: 64, stop_at_eos: false };
-    let run = |seed| generate(&model, &tok, "Tell me a story", &opts, &mut Sampler::new(0.9, 0.95, seed), None, |_| {}).unwrap().token_ids;
+    let run = |seed| generate(&mut Runner::dense(&model), &tok, "Tell me a story", &opts, &mut Sampler::new(0.9, 0.95, seed), |_| {}).unwrap().token_ids;
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8), "different seeds should (almost surely) differ over 12 tokens");
 }

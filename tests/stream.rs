@@ -30,16 +30,23 @@ fn default_sparse() -> &'static PathBuf {
 }
 
 fn stream(manifest: &Path, budget: Option<u64>) -> runtime::Opened {
-    let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, ..Default::default() };
+    stream_with(manifest, budget, false)
+}
+
+fn stream_with(manifest: &Path, budget: Option<u64>, record_sets: bool) -> runtime::Opened {
+    let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, record_sets, ..Default::default() };
     runtime::open(manifest, &PreparedMode::Stream(s)).unwrap()
 }
 
-/// Logits of `ids` (every position, from an empty 64-position cache) through the opened
-/// model's sparsity hook.
+fn in_memory(manifest: &Path) -> runtime::Opened {
+    runtime::open(manifest, &PreparedMode::InMemory(Default::default())).unwrap()
+}
+
+/// Logits of `ids` (every position, from an empty 64-position cache) through what the opened
+/// model runs with (its in-memory hook, or the streaming engine).
 fn forward_logits(o: &mut runtime::Opened, ids: &[u32]) -> Vec<f32> {
     let mut cache = o.model.new_cache(64).unwrap();
-    let hook = o.sparsity.as_mut().map(|x| x.as_hook());
-    o.model.forward_observed(ids, &mut cache, 0, hook).unwrap()
+    o.runner().forward(ids, &mut cache, 0).unwrap()
 }
 
 #[test]
@@ -61,14 +68,10 @@ fn every_neuron_kept_equals_dense() {
 #[test]
 fn rows_read_are_exactly_the_deltas() {
     let m = default_sparse();
-    let mut s = stream(m, None); // unlimited: nothing is evicted, a row is read once
-    if let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() {
-        e.record_history = true;
-    }
+    let mut s = stream_with(m, None, true); // unlimited: nothing is evicted, a row is read once
     let ids = s.tokenizer.encode("Once upon a time there was a small village by the sea where", true).unwrap();
     let mut cache = s.model.new_cache(64).unwrap();
-    let hook = s.sparsity.as_mut().map(|x| x.as_hook());
-    s.model.forward_observed(&ids, &mut cache, ids.len() - 1, hook).unwrap();
+    s.runner().forward(&ids, &mut cache, ids.len() - 1).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!("not streaming") };
     e.refresh_io_stats();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
@@ -113,7 +116,7 @@ fn flipped_byte_is_a_crc_error() {
     bytes[off as usize] ^= 0x10;
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
     let mpath = dir.join("manifest.toml");
-    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64"]);
+    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "predictor"]);
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     let record_off = manifest.records.offset(27, 100);
@@ -125,13 +128,13 @@ fn flipped_byte_is_a_crc_error() {
     let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
     bytes[row_off as usize + 10] ^= 0x01;
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
-    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--set-rule", "scorer", "--set-scale", "1"]);
+    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "scorer", "--set-scale", "1"]);
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("records.bin") && e.contains("downT row of layer 28, neuron 200") && e.contains("CRC32C mismatch") && e.contains(&row_off.to_string()), "{e}");
 }
 
-/// `--set-rule scorer`: the quality figures come from `--in-memory` (batched, every downT row
+/// `--strategy scorer`: the quality figures come from `--in-memory` (batched, every downT row
 /// in memory, which rows a streaming run would hold simulated); streaming at its smallest
 /// budget (slots = set size) keeps the same sets, computes the same logits, and reads only the
 /// kept neurons' downT rows (one 512-aligned span each).
@@ -140,7 +143,8 @@ fn scorer_streaming_equals_in_memory() {
     let m = default_sparse();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     let (share, bonus) = (0.3, 2.0);
-    let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, scorer: true, set_scale: share, early_reads: true, ..Default::default() };
+    let selector = runtime::stream::SelectorChoice::Scorer { resident_bonus: bonus };
+    let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, selector, set_scale: share, ..Default::default() };
     let minimum = match runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().sparsity {
         Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
         _ => panic!("not streaming"),
@@ -150,7 +154,6 @@ fn scorer_streaming_equals_in_memory() {
     for extra in [0u64, 1 << 20] {
         let mut s = runtime::open(m, &PreparedMode::Stream(settings(Some(minimum + extra)))).unwrap();
         let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
-        e.resident_bonus = bonus;
         assert_eq!(e.plan.slot_row_bytes, 576 * 2, "slots hold downT rows only");
         assert!(e.plan.predictor_bytes == 0 && e.plan.scorer_bytes > 0);
         if extra == 0 {
@@ -159,16 +162,19 @@ fn scorer_streaming_equals_in_memory() {
             assert!(e.plan.capacity.iter().zip(&e.plan.set_sizes).all(|(c, k)| c > k), "{:?} {:?}", e.plan.capacity, e.plan.set_sizes);
         }
         let slots = e.plan.capacity[0];
-        let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
-        let mut p = runtime::scorer::ScoredSparsity::new(m, &manifest).unwrap();
-        p.set_keep_share(share);
-        p.set_slots(slots);
-        p.resident_bonus = bonus;
-        p.early_reads = true;
         // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
         // flipped marginal neuron changes what is resident, and the sets drift apart)
-        p.single_token = true;
-        mem.sparsity = Some(Sparsity::Scored(Box::new(p)));
+        let mem_settings = runtime::InMemorySettings {
+            selector,
+            dense_from: runtime::stream::DenseFrom::Layer(e.first_layer),
+            set_scale: share,
+            slot_share: Some(slots as f64 / manifest.model.intermediate_size as f64),
+            single_token: true,
+            ..Default::default()
+        };
+        let mut mem = runtime::open(m, &PreparedMode::InMemory(mem_settings)).unwrap();
+        let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!("not the in-memory scorer") };
+        assert_eq!((p.slots, p.resident_bonus), (slots, bonus));
         let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
         let want = forward_logits(&mut mem, &ids);
         let got = forward_logits(&mut s, &ids);
@@ -178,12 +184,6 @@ fn scorer_streaming_equals_in_memory() {
         e.refresh_io_stats();
         let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!() };
         assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read as the in-memory run counted");
-        assert_eq!(e.stats.rows_loaded_early, p.loaded_early, "the same rows read early");
-        if extra == 0 {
-            assert_eq!(p.loaded_early, 0, "with slots = the set no row can be read before the set is known");
-        } else {
-            assert!(p.loaded_early > 0 && p.loaded_early < p.loaded, "early {} of {}", p.loaded_early, p.loaded);
-        }
         assert_eq!(e.stats.computed_rows, p.kept, "every held row counted, in both");
         let held = slots as f64 / 1536.0;
         assert!((p.density() - held).abs() < 0.02, "density {} vs slots {held}", p.density());
@@ -211,7 +211,7 @@ fn runs_within_a_cgroup_memory_limit() {
     let m = default_sparse();
     let cg = Path::new("/sys/fs/cgroup/memory");
     assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
-    for (i, extra) in [vec![], vec!["--set-rule", "scorer", "--set-scale", "0.3", "--head-q8"]].into_iter().enumerate() {
+    for (i, extra) in [vec!["--strategy", "predictor"], vec!["--strategy", "scorer", "--set-scale", "0.3"]].into_iter().enumerate() {
         // the minimum budget, from the engine's own refusal
         let mut args = vec!["bench", m.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"];
         args.extend(&extra);
@@ -239,7 +239,7 @@ fn runs_within_a_cgroup_memory_limit() {
         let rss = r["peak_rss_bytes"].as_u64().unwrap();
         assert!(rss <= limit, "{extra:?}: peak RSS {rss} over the limit {limit}");
         assert!(r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{r}");
-        if !extra.is_empty() {
+        if i == 1 {
             assert!(r["head_q8"].as_bool().unwrap() && r["set_rule"] == "scorer", "{r}");
         }
         eprintln!("{extra:?}: budget {budget}, limit {limit}, peak RSS {rss}, failcnt {}", failcnt.trim());
@@ -250,7 +250,7 @@ fn runs_within_a_cgroup_memory_limit() {
 #[test]
 fn streaming_equals_in_memory_predicted_sets() {
     let m = default_sparse();
-    let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
+    let mut mem = in_memory(m);
     let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = stream(m, None);
@@ -278,7 +278,7 @@ fn dense_from_moves_with_the_budget() {
         runtime::open(&variant, &PreparedMode::Stream(s))
     };
     // the default prefix: layers 26 and 27 dense from records, 28.. streamed
-    let mut mem = runtime::open(&variant, &PreparedMode::InMemory).unwrap();
+    let mut mem = in_memory(&variant);
     let ids = mem.tokenizer.encode("In the beginning the universe was created. This has made a lot of", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = open(DenseFrom::Default, None).unwrap();
@@ -296,7 +296,7 @@ fn dense_from_moves_with_the_budget() {
     assert!(m26 < m27 && m27 < m28, "{m26} {m27} {m28}");
     let budget = (m27 + m28) / 2;
     let e = open(DenseFrom::Default, Some(budget)).err().expect("the default prefix does not fit").to_string();
-    assert!(e.contains("at least") && e.contains("--dense-from fit"), "{e}");
+    assert!(e.contains("at least") && e.contains("--dense-prefix fit"), "{e}");
     let s = open(DenseFrom::Fit, Some(budget)).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
     assert_eq!(e.first_layer, 27, "the largest prefix within the budget");
@@ -313,7 +313,7 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     use runtime::stream::{DenseFrom, StreamSettings};
     let m = default_sparse();
     let open = |dense_from: DenseFrom, budget: Option<u64>, set_scale: f64| {
-        let s = StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_from, set_scale, ..Default::default() };
+        let s = StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_from, set_scale, record_sets: true, ..Default::default() };
         runtime::open(m, &PreparedMode::Stream(s))
     };
     let plan = |o: &runtime::Opened| match o.sparsity.as_ref() {
@@ -336,15 +336,10 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     let e = open(DenseFrom::Fit, Some(quarter - 1), 1.0).err().expect("nothing fits").to_string();
     assert!(e.contains(&quarter.to_string()) && e.contains("0.25 x K_max") && e.contains(&format!("{} MiB", full >> 20)), "{e}");
     // a fixed scale streams what --in-memory computes at that scale
-    let mut mem = runtime::open(m, &PreparedMode::InMemory).unwrap();
-    let Some(Sparsity::InMemory(p)) = mem.sparsity.as_mut() else { panic!() };
-    p.set_set_scale(0.5);
+    let mut mem = runtime::open(m, &PreparedMode::InMemory(runtime::InMemorySettings { set_scale: 0.5, ..Default::default() })).unwrap();
     let ids = mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = open(DenseFrom::Layer(26), None, 0.5).unwrap();
-    if let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() {
-        e.record_history = true;
-    }
     let got = forward_logits(&mut s, &ids);
     let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed at set scale 0.5 differs from in-memory by {max_diff}");
@@ -377,7 +372,7 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
     }
     let mpath = dir.join("manifest.toml");
-    for (flags, what) in [(vec!["--set-rule", "scorer"], "no scorer artifact"), (vec!["--head-q8"], "no head_q8 artifact"), (vec!["--in-memory", "--set-rule", "scorer"], "no scorer artifact")] {
+    for (flags, what) in [(vec!["--strategy", "scorer"], "no scorer artifact"), (vec!["--strategy", "predictor", "-X", "head=q8"], "no head_q8 artifact"), (vec!["--in-memory", "--strategy", "scorer"], "no scorer artifact")] {
         let mut args = vec!["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64"];
         args.extend(&flags);
         let out = run_bin("runtime", &args);

@@ -69,7 +69,7 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
     let pb = if show_progress { ProgressBar::new(n_sparse as u64) } else { ProgressBar::hidden() };
     pb.set_style(ProgressStyle::with_template("scorer [{bar:40}] {pos}/{len} layers ({elapsed}, eta {eta})").unwrap());
     for (si, l) in (dense_prefix..n_layers).enumerate() {
-        let lw = &model.weights.layers[l];
+        let lw = model.weights.layers[l].mlp.resident(l)?;
         // W_down [d, n_ff] -> downT [n_ff, d]
         let mut down_t = vec![f16::ZERO; n_ff * d];
         for r in 0..d {

@@ -33,7 +33,7 @@ pub struct BenchReport {
     pub planned_bytes: u64,
     /// The smallest budget at this dense prefix.
     pub minimum_budget_bytes: u64,
-    /// Layers `dense_from..` ran sparse (after `--dense-from`, `fit` resolved).
+    /// Layers `dense_from..` ran sparse (after `--dense-prefix`, `fit` resolved).
     pub dense_from: usize,
     /// Neurons kept per sparse layer as a share of K_max (after `--set-scale`, `fit` resolved).
     pub set_scale: f64,
@@ -42,16 +42,12 @@ pub struct BenchReport {
     pub neuron_rank: Option<crate::predictor::NeuronRank>,
     /// How sets were chosen (soft8, top1, static, scorer).
     pub set_rule: String,
-    /// Logits from the Q8_0 head (`--head-q8`).
+    /// Logits from the Q8_0 head (`-X head=q8` (the scorer's default)).
     pub head_q8: bool,
     /// With the scorer: rows added per token (every row held, needed or not).
     pub computed_rows_per_token: f64,
-    /// With the scorer: the weight of rows already in memory.
+    /// With the scorer: the weight of rows already in memory (1 for the predictor).
     pub resident_bonus: f32,
-    /// With the scorer: whether `--early-reads` was on, and the rows read while their layer was
-    /// still being scored, per token (part of rows_read_per_token).
-    pub early_reads: bool,
-    pub rows_read_early_per_token: f64,
     pub set_size_per_layer: Vec<usize>,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
@@ -81,7 +77,6 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         sparse_compute_ms: a.sparse_compute_ms - b.sparse_compute_ms,
         io_busy_ms: a.io_busy_ms - b.io_busy_ms,
         computed_rows: a.computed_rows - b.computed_rows,
-        rows_loaded_early: a.rows_loaded_early - b.rows_loaded_early,
         layers: a
             .layers
             .iter()
@@ -103,26 +98,23 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         return Err(RuntimeError::Input("the prompt is empty".into()));
     }
     let mut cache = model.new_cache(ids.len() + n)?;
-    let vocab = model.vocab_size();
     let t0 = std::time::Instant::now();
     // first token alone: its bytes are the cold start (full active sets)
-    model.forward_observed(&ids[..1], &mut cache, 1, Some(engine))?;
+    let mut logits = model.decode_step(ids[0], &mut cache, engine)?;
     engine.refresh_io_stats();
     let first_token_bytes_read = engine.stats.bytes_read;
-    let mut logits = model.forward_observed(&ids[1..], &mut cache, ids.len().saturating_sub(2), Some(engine))?;
-    if ids.len() == 1 {
-        cache.len = 0;
-        logits = model.forward_observed(&ids, &mut cache, 0, Some(engine))?;
+    for &t in &ids[1..] {
+        logits = model.decode_step(t, &mut cache, engine)?;
     }
     let prefill_s = t0.elapsed().as_secs_f64();
     engine.refresh_io_stats();
     let before = engine.stats.clone();
     let mut out_ids = Vec::new();
     let t1 = std::time::Instant::now();
-    let mut next = argmax(&logits[logits.len() - vocab..]) as u32;
+    let mut next = argmax(&logits) as u32;
     for _ in 0..n {
         out_ids.push(next);
-        logits = model.forward_observed(&[next], &mut cache, 0, Some(engine))?;
+        logits = model.decode_step(next, &mut cache, engine)?;
         next = argmax(&logits) as u32;
     }
     let decode_s = t1.elapsed().as_secs_f64();
@@ -153,12 +145,13 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         dense_from: engine.plan.dense_from,
         set_scale: engine.plan.set_scale,
         neuron_rank: engine.neuron_rank(),
-        set_rule: engine.rule.to_string(),
+        set_rule: engine.rule(),
         head_q8: model.weights.head_q8.is_some(),
         computed_rows_per_token: per(d.computed_rows as f64),
-        resident_bonus: engine.resident_bonus,
-        early_reads: engine.early_reads(),
-        rows_read_early_per_token: per(d.rows_loaded_early as f64),
+        resident_bonus: match engine.choice {
+            crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,
+            crate::stream::SelectorChoice::Predictor { .. } => 1.0,
+        },
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),

@@ -25,8 +25,14 @@ pub enum RuntimeError {
     #[error("{path}: the text tokenizes to {tokens} tokens; at least {needed} (2 x ctx) are needed")]
     TextTooShort { path: PathBuf, tokens: usize, needed: usize },
 
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    /// A read or open that the OS refused (EIO, ENOENT, ...); `offset` where a read failed.
+    #[error("{}: {source}{}", path.display(), offset.map(|o| format!(" (reading at byte offset {o})")).unwrap_or_default())]
+    Io { path: PathBuf, offset: Option<u64>, #[source] source: std::io::Error },
+
+    /// Bytes that came back but are not what the file must hold there (a short file, a bad
+    /// checksum found outside `formats`).
+    #[error("{}: {what} at byte offset {offset}", path.display())]
+    Corrupt { path: PathBuf, offset: u64, what: String },
 
     #[error("--mem-budget {budget} bytes is too small: this model needs at least {minimum} bytes ({:.1} MiB): {breakdown}", *minimum as f64 / 1048576.0)]
     BudgetTooSmall { budget: u64, minimum: u64, breakdown: String },

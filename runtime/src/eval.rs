@@ -7,7 +7,7 @@
 //! datasets layout), read with the arrow crate.
 
 use crate::error::{Result, RuntimeError};
-use crate::model::{MlpHook, Model};
+use crate::Runner;
 use crate::ops::softmax::log_sum_exp;
 use crate::tokenizer::Tokenizer;
 use arrow_array::{Array, ListArray, StringArray};
@@ -68,7 +68,7 @@ pub fn hellaswag_file(path: &Path) -> Result<PathBuf> {
         return Ok(path.to_path_buf());
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?
+        .map_err(|source| RuntimeError::Io { path: path.to_path_buf(), offset: None, source })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
         .collect();
@@ -78,7 +78,7 @@ pub fn hellaswag_file(path: &Path) -> Result<PathBuf> {
 
 pub fn load_hellaswag(path: &Path, limit: Option<usize>) -> Result<Vec<McItem>> {
     let bad = |what: String| RuntimeError::Input(format!("{}: {what}", path.display()));
-    let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+    let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), offset: None, source })?;
     let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(f), None).map_err(|e| bad(format!("not an Arrow IPC stream: {e}")))?;
     let mut items = Vec::new();
     for batch in reader {
@@ -113,7 +113,8 @@ pub fn load_hellaswag(path: &Path, limit: Option<usize>) -> Result<Vec<McItem>> 
 }
 
 /// Log-likelihood of each choice after the context.
-pub fn score_item(model: &Model, tok: &Tokenizer, item: &McItem, mut hook: Option<&mut dyn MlpHook>) -> Result<Vec<f64>> {
+pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem) -> Result<Vec<f64>> {
+    let model = runner.model;
     let ctx_ids = tok.encode(&item.context, true)?;
     let conts: Vec<Vec<u32>> = item
         .choices
@@ -127,12 +128,12 @@ pub fn score_item(model: &Model, tok: &Tokenizer, item: &McItem, mut hook: Optio
     let max_cont = conts.iter().map(Vec::len).max().unwrap_or(0);
     let mut cache = model.new_cache((ctx_ids.len() + max_cont).min(model.max_context()))?;
     let vocab = model.vocab_size();
-    let last = model.forward_observed(&ctx_ids, &mut cache, ctx_ids.len() - 1, hook.as_mut().map(|h| &mut **h as &mut dyn MlpHook))?;
+    let last = runner.forward(&ctx_ids, &mut cache, ctx_ids.len() - 1)?;
     let n_ctx = cache.len;
     let mut out = Vec::new();
     for cont in &conts {
         cache.len = n_ctx;
-        let logits = model.forward_observed(cont, &mut cache, 0, hook.as_mut().map(|h| &mut **h as &mut dyn MlpHook))?;
+        let logits = runner.forward(cont, &mut cache, 0)?;
         let mut ll = 0f64;
         for (i, &t) in cont.iter().enumerate() {
             let row = if i == 0 { &last[..] } else { &logits[(i - 1) * vocab..i * vocab] };
@@ -143,15 +144,7 @@ pub fn score_item(model: &Model, tok: &Tokenizer, item: &McItem, mut hook: Optio
     Ok(out)
 }
 
-pub fn evaluate(
-    model: &Model,
-    tok: &Tokenizer,
-    task: &str,
-    data: &Path,
-    limit: Option<usize>,
-    mut hook: Option<&mut dyn MlpHook>,
-    mut on_item: impl FnMut(usize, usize, f64),
-) -> Result<EvalReport> {
+pub fn evaluate(runner: &mut Runner, tok: &Tokenizer, task: &str, data: &Path, limit: Option<usize>, mut on_item: impl FnMut(usize, usize, f64)) -> Result<EvalReport> {
     if task != "hellaswag" {
         return Err(RuntimeError::Input(format!("--task {task}: unknown task (known: hellaswag)")));
     }
@@ -163,7 +156,7 @@ pub fn evaluate(
     let t0 = std::time::Instant::now();
     let (mut norm_hits, mut raw_hits) = (0usize, 0usize);
     for (i, item) in items.iter().enumerate() {
-        let ll = score_item(model, tok, item, hook.as_mut().map(|h| &mut **h as &mut dyn MlpHook))?;
+        let ll = score_item(runner, tok, item)?;
         let argmax = |v: Vec<f64>| v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b }).0;
         let norm: Vec<f64> = ll.iter().zip(&item.choices).map(|(l, c)| l / c.chars().count().max(1) as f64).collect();
         norm_hits += (argmax(norm) == item.gold) as usize;

@@ -1,7 +1,7 @@
 //! Text generation: batched prefill of the prompt, then one token at a time.
 
 use crate::error::{Result, RuntimeError};
-use crate::model::Model;
+use crate::Runner;
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 use serde::Serialize;
@@ -29,15 +29,8 @@ pub struct GenerateOptions {
 }
 
 /// Generates after `prompt`; `on_text` receives each new piece of text as it is decoded.
-pub fn generate(
-    model: &Model,
-    tok: &Tokenizer,
-    prompt: &str,
-    opts: &GenerateOptions,
-    sampler: &mut Sampler,
-    mut hook: Option<&mut dyn crate::model::MlpHook>,
-    mut on_text: impl FnMut(&str),
-) -> Result<GenerationReport> {
+pub fn generate(runner: &mut Runner, tok: &Tokenizer, prompt: &str, opts: &GenerateOptions, sampler: &mut Sampler, mut on_text: impl FnMut(&str)) -> Result<GenerationReport> {
+    let model = runner.model;
     let prompt_ids = tok.encode(prompt, true)?;
     if prompt_ids.is_empty() {
         return Err(RuntimeError::Input("the prompt is empty".into()));
@@ -49,7 +42,7 @@ pub fn generate(
     let mut cache = model.new_cache(opts.ctx)?;
     let eos = model.config.eos_token_ids();
     let t0 = std::time::Instant::now();
-    let mut logits = model.forward_observed(&prompt_ids, &mut cache, prompt_ids.len() - 1, hook.as_mut().map(|h| &mut **h as &mut dyn crate::model::MlpHook))?;
+    let mut logits = runner.forward(&prompt_ids, &mut cache, prompt_ids.len() - 1)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut out: Vec<u32> = Vec::with_capacity(opts.max_new_tokens);
     let mut printed = String::new();
@@ -78,7 +71,7 @@ pub fn generate(
         if step + 1 == opts.max_new_tokens {
             break;
         }
-        logits = model.forward_observed(&[next], &mut cache, 0, hook.as_mut().map(|h| &mut **h as &mut dyn crate::model::MlpHook))?;
+        logits = runner.forward(&[next], &mut cache, 0)?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     // Decode speed counts the forward passes after the first sampled token.

@@ -13,6 +13,7 @@ pub mod perplexity;
 pub mod predictor;
 pub mod sampler;
 pub mod scorer;
+pub mod select;
 pub mod stream;
 pub mod tensor;
 pub mod tokenizer;
@@ -23,33 +24,49 @@ pub use tokenizer::Tokenizer;
 
 use std::path::Path;
 
+/// How a prepared model (a manifest) runs with every row in memory (`--in-memory`): the sets a
+/// streamed run would use, for quality figures at batched speed.
+#[derive(Debug, Clone)]
+pub struct InMemorySettings {
+    /// The shared predictor (also with the oracle rule, the ceiling at a set size) or the scorer.
+    pub selector: stream::SelectorChoice,
+    /// Layers below the resolved prefix run dense (`Fit` sizes a streamed run's plan: refused).
+    pub dense_from: stream::DenseFrom,
+    /// Share of K_max (of n_ff with the scorer) kept per sparse layer and token.
+    pub set_scale: f64,
+    /// With the scorer: rows each layer holds, as a share of n_ff (default: the set size), all
+    /// of which count, as in a streamed run whose budget gives that many slots.
+    pub slot_share: Option<f64>,
+    pub head_q8: bool,
+    /// With the scorer: tokens one at a time, as a streamed run sees them (batched prefill sums
+    /// in another order, so a marginal neuron can flip).
+    pub single_token: bool,
+}
+
+impl Default for InMemorySettings {
+    fn default() -> Self {
+        InMemorySettings { selector: stream::SelectorChoice::default(), dense_from: stream::DenseFrom::Default, set_scale: 1.0, slot_share: None, head_q8: false, single_token: false }
+    }
+}
+
 /// How a prepared model (a manifest) runs.
 #[derive(Debug, Clone)]
 pub enum PreparedMode {
-    /// Every layer dense, every row in memory (the reference for the sparse figures).
-    Dense,
-    /// Predicted sets, every row in memory, batched prefill; also measures top-1 and recall.
-    InMemory,
-    /// Predicted sets streamed from records.bin within a memory budget (the engine).
+    /// Every layer dense, every row in memory (the reference for the sparse figures); with the
+    /// Q8_0 head when `head_q8`.
+    Dense { head_q8: bool },
+    /// The sets of a streamed run, every row in memory, batched prefill.
+    InMemory(InMemorySettings),
+    /// Sets streamed from records.bin within a memory budget (the engine).
     Stream(stream::StreamSettings),
 }
 
-/// The MLP hook a prepared model runs with.
+/// The MLP hook or engine a prepared model runs with.
 pub enum Sparsity {
     InMemory(Box<predictor::PredictedSparsity>),
-    /// `--set-rule scorer --in-memory`: the 4-bit scorer's sets, every downT row in memory.
+    /// The 4-bit scorer's sets, every downT row in memory.
     Scored(Box<scorer::ScoredSparsity>),
     Stream(Box<stream::StreamingEngine>),
-}
-
-impl Sparsity {
-    pub fn as_hook(&mut self) -> &mut dyn model::MlpHook {
-        match self {
-            Sparsity::InMemory(p) => p.as_mut(),
-            Sparsity::Scored(p) => p.as_mut(),
-            Sparsity::Stream(e) => &mut **e,
-        }
-    }
 }
 
 /// What the CLI opened: a model directory (dense), or a prepared `manifest.toml`.
@@ -58,23 +75,109 @@ pub struct Opened {
     pub tokenizer: Tokenizer,
     pub manifest: Option<formats::manifest::Manifest>,
     pub sparsity: Option<Sparsity>,
+    /// Things the user should know about this run (printed by the CLI, not the library).
+    pub notes: Vec<String>,
 }
 
 impl Opened {
-    pub fn hook(&mut self) -> Option<&mut dyn model::MlpHook> {
-        self.sparsity.as_mut().map(|s| s.as_hook())
+    /// Tokens to logits through whatever this model runs with.
+    pub fn runner(&mut self) -> Runner<'_> {
+        self.runner_and_tokenizer().0
+    }
+
+    /// [`Opened::runner`] and the tokenizer, borrowed together.
+    pub fn runner_and_tokenizer(&mut self) -> (Runner<'_>, &Tokenizer) {
+        let model = &self.model;
+        let runner = match self.sparsity.as_mut() {
+            None => Runner::dense(model),
+            Some(Sparsity::InMemory(p)) => Runner::with_hook(model, p.as_mut()),
+            Some(Sparsity::Scored(p)) => Runner::with_hook(model, p.as_mut()),
+            Some(Sparsity::Stream(e)) => Runner::streamed(model, e.as_mut()),
+        };
+        (runner, &self.tokenizer)
+    }
+
+    /// The streaming engine, when this run streams.
+    pub fn engine(&mut self) -> Option<&mut stream::StreamingEngine> {
+        match self.sparsity.as_mut() {
+            Some(Sparsity::Stream(e)) => Some(e.as_mut()),
+            _ => None,
+        }
     }
 }
 
-/// The preparation's per-neuron importance (`prep importance`); None, with a note on stderr,
-/// for a preparation made before it existed (cut sets are then ranked by membership).
-pub fn load_importance(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<formats::importance::NeuronImportance>> {
+/// Turns tokens into logits: the model's batched forward pass (dense, or with an in-memory
+/// hook), or token by token through the streaming engine ([`Model::decode_step`]).
+pub struct Runner<'a> {
+    pub model: &'a Model,
+    mlp: RunnerMlp<'a>,
+}
+
+enum RunnerMlp<'a> {
+    Resident(Option<&'a mut dyn model::MlpHook>),
+    Streamed(&'a mut stream::StreamingEngine),
+}
+
+impl<'a> Runner<'a> {
+    pub fn dense(model: &'a Model) -> Self {
+        Runner { model, mlp: RunnerMlp::Resident(None) }
+    }
+
+    pub fn with_hook(model: &'a Model, hook: &'a mut dyn model::MlpHook) -> Self {
+        Runner { model, mlp: RunnerMlp::Resident(Some(hook)) }
+    }
+
+    pub fn streamed(model: &'a Model, engine: &'a mut stream::StreamingEngine) -> Self {
+        Runner { model, mlp: RunnerMlp::Streamed(engine) }
+    }
+
+    /// Runs `tokens` at positions `cache.len ..` and returns the logits of tokens
+    /// `logits_from..` as `[n_tokens - logits_from, vocab]`.
+    pub fn forward(&mut self, tokens: &[u32], cache: &mut kv_cache::KvCache, logits_from: usize) -> Result<Vec<f32>> {
+        match &mut self.mlp {
+            RunnerMlp::Resident(hook) => self.model.forward_observed(tokens, cache, logits_from, hook.as_mut().map(|h| &mut **h as &mut dyn model::MlpHook)),
+            RunnerMlp::Streamed(engine) => {
+                let mut logits = Vec::new();
+                for (t, &tok) in tokens.iter().enumerate() {
+                    let l = self.model.decode_step(tok, cache, engine)?;
+                    if t >= logits_from {
+                        logits.extend(l);
+                    }
+                }
+                Ok(logits)
+            }
+        }
+    }
+
+    /// The streaming engine, when this runner streams.
+    pub fn engine(&mut self) -> Option<&mut stream::StreamingEngine> {
+        match &mut self.mlp {
+            RunnerMlp::Streamed(e) => Some(e),
+            RunnerMlp::Resident(_) => None,
+        }
+    }
+}
+
+/// The preparation's per-neuron importance (`prep importance`); None, with a note, for a
+/// preparation made before it existed (cut sets are then ranked by membership).
+pub fn load_importance(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<(Option<formats::importance::NeuronImportance>, Option<String>)> {
     let Some(a) = manifest.artifacts.iter().find(|a| a.role == "importance") else {
-        eprintln!("note: {} has no importance artifact: cut sets are ranked by membership (rerun make prepare to add it)", manifest_path.display());
-        return Ok(None);
+        let note = format!("{} has no importance artifact: cut sets are ranked by membership (rerun make prepare to add it)", manifest_path.display());
+        return Ok((None, Some(note)));
     };
     let p = manifest.artifact_path(manifest_path, a);
-    Ok(Some(formats::importance::NeuronImportance::load(&p, manifest.model.num_hidden_layers, manifest.model.intermediate_size)?))
+    Ok((Some(formats::importance::NeuronImportance::load(&p, manifest.model.num_hidden_layers, manifest.model.intermediate_size)?), None))
+}
+
+/// The prefix a non-streamed sparse run uses: layers below it dense.
+fn in_memory_prefix(path: &Path, manifest: &formats::manifest::Manifest, dense_from: stream::DenseFrom) -> Result<usize> {
+    let (d0, n) = (manifest.sparsity.dense_prefix, manifest.model.num_hidden_layers);
+    match dense_from {
+        stream::DenseFrom::Default => Ok(manifest.sparsity.default_dense_from()),
+        stream::DenseFrom::Layer(l) if l >= d0 && l <= n => Ok(l),
+        stream::DenseFrom::Layer(l) => Err(RuntimeError::Input(format!("{}: --dense-prefix {l}: this preparation covers layers {d0}..{n} (the prepared dense prefix on)", path.display()))),
+        stream::DenseFrom::Fit => Err(RuntimeError::Input("--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory".into())),
+    }
 }
 
 /// Opens a model directory (dense; `mode` is ignored) or a prepared model's `manifest.toml`.
@@ -83,42 +186,93 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
     if path.is_dir() {
+        if path.join("manifest.toml").is_file() && !path.join(formats::model_dir::CONFIG_FILE).is_file() {
+            return Err(RuntimeError::Input(format!("{}: a prepared model's folder: pass {}", path.display(), path.join("manifest.toml").display())));
+        }
         let (model, tokenizer) = open_model(path)?;
-        return Ok(Opened { model, tokenizer, manifest: None, sparsity: None });
+        return Ok(Opened { model, tokenizer, manifest: None, sparsity: None, notes: Vec::new() });
     }
     let manifest = formats::manifest::Manifest::load(path)?;
     let tok_path = manifest.artifact_path_of(path, "tokenizer")?;
-    let (model, sparsity) = match mode {
+    let mut notes = Vec::new();
+    let (mut model, sparsity, head_q8) = match mode {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything
-            let engine = stream::StreamingEngine::new(path, &manifest, settings)?;
+            let mut engine = stream::StreamingEngine::new(path, &manifest, settings)?;
+            notes.append(&mut engine.notes);
+            if let Some(f) = &engine.fallback {
+                notes.push(format!("{}: {f}; reading records with pread on the thread pool", engine.records_path.display()));
+            }
             let model = Model::load_streaming(path, &manifest, engine.first_layer, settings.head_q8)?;
-            (model, Some(Sparsity::Stream(Box::new(engine))))
+            (model, Some(Sparsity::Stream(Box::new(engine))), false)
         }
-        PreparedMode::InMemory | PreparedMode::Dense => {
+        PreparedMode::Dense { head_q8 } => (Model::load_prepared(path, &manifest)?, None, *head_q8),
+        PreparedMode::InMemory(s) => {
+            if !(s.set_scale > 0.0 && s.set_scale <= 1.0) {
+                return Err(RuntimeError::Input(format!("set scale {}: expected a share in (0, 1]", s.set_scale)));
+            }
+            let prefix = in_memory_prefix(path, &manifest, s.dense_from)?;
             let model = Model::load_prepared(path, &manifest)?;
-            let sparsity = if matches!(mode, PreparedMode::InMemory) {
-                let predictor = predictor::Predictor::load(&manifest.artifact_path_of(path, "predictor")?)?;
-                let centroids = formats::centroids::CentroidTable::load(&manifest.artifact_path_of(path, "centroids")?)?;
-                let thresholds = formats::thresholds::Thresholds::load(&manifest.artifact_path_of(path, "thresholds")?)?;
-                if predictor.spec.first_layer != manifest.sparsity.dense_prefix || predictor.spec.d_model != manifest.model.hidden_size {
-                    return Err(RuntimeError::Input(format!(
-                        "{}: the predictor is for dense prefix {} and width {}, the manifest says {} and {}",
-                        path.display(), predictor.spec.first_layer, predictor.spec.d_model, manifest.sparsity.dense_prefix, manifest.model.hidden_size
-                    )));
+            let sparsity = match s.selector {
+                stream::SelectorChoice::Scorer { resident_bonus } => {
+                    let mut p = scorer::ScoredSparsity::new(path, &manifest)?;
+                    p.set_keep_share(s.set_scale);
+                    if let Some(c) = s.slot_share {
+                        if !(c > 0.0 && c <= 1.0) {
+                            return Err(RuntimeError::Input(format!("slot share {c}: expected a share of n_ff in (0, 1]")));
+                        }
+                        p.set_slots((c * manifest.model.intermediate_size as f64).round() as usize);
+                    }
+                    p.resident_bonus = resident_bonus;
+                    p.first_layer = prefix;
+                    p.single_token = s.single_token;
+                    Sparsity::Scored(Box::new(p))
                 }
-                let importance = load_importance(path, &manifest)?;
-                let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds, importance.as_ref())?;
-                p.dense_prefix = manifest.sparsity.default_dense_from();
-                Some(Sparsity::InMemory(Box::new(p)))
-            } else {
-                None
+                stream::SelectorChoice::Predictor { rule, neuron_rank } => {
+                    let predictor = predictor::Predictor::load(&manifest.artifact_path_of(path, "predictor")?)?;
+                    let centroids = formats::centroids::CentroidTable::load(&manifest.artifact_path_of(path, "centroids")?)?;
+                    let thresholds = formats::thresholds::Thresholds::load(&manifest.artifact_path_of(path, "thresholds")?)?;
+                    if predictor.spec.first_layer != manifest.sparsity.dense_prefix || predictor.spec.d_model != manifest.model.hidden_size {
+                        return Err(RuntimeError::Input(format!(
+                            "{}: the predictor is for dense prefix {} and width {}, the manifest says {} and {}",
+                            path.display(),
+                            predictor.spec.first_layer,
+                            predictor.spec.d_model,
+                            manifest.sparsity.dense_prefix,
+                            manifest.model.hidden_size
+                        )));
+                    }
+                    let (importance, note) = load_importance(path, &manifest)?;
+                    notes.extend(note);
+                    let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds, importance.as_ref())?;
+                    p.dense_prefix = prefix;
+                    p.rule = rule;
+                    p.set_set_scale(s.set_scale);
+                    p.set_neuron_rank(neuron_rank);
+                    Sparsity::InMemory(Box::new(p))
+                }
             };
-            (model, sparsity)
+            (model, Some(sparsity), s.head_q8)
         }
     };
+    if head_q8 {
+        model.use_head_q8(path, &manifest)?;
+    }
     let tokenizer = Tokenizer::load(&tok_path, model.vocab_size(), model.config.bos_token_id)?;
-    Ok(Opened { model, tokenizer, manifest: Some(manifest), sparsity })
+    Ok(Opened { model, tokenizer, manifest: Some(manifest), sparsity, notes })
+}
+
+/// Tokens of `prompt` as a run of `path` (a model directory or a manifest) sees them, with BOS:
+/// what sizes a run's KV cache before the model is loaded.
+pub fn prompt_tokens(path: &Path, prompt: &str) -> Result<usize> {
+    let (tok_path, vocab, bos) = if path.is_file() {
+        let m = formats::manifest::Manifest::load(path)?;
+        (m.artifact_path_of(path, "tokenizer")?, m.model.vocab_size, m.model.bos_token_id)
+    } else {
+        let c = formats::model_dir::ModelConfig::load(path)?;
+        (path.join(formats::model_dir::TOKENIZER_FILE), c.vocab_size, c.bos_token_id)
+    };
+    Ok(Tokenizer::load(&tok_path, vocab, bos)?.encode(prompt, true)?.len())
 }
 
 /// Opens a canonical model directory.

@@ -8,6 +8,7 @@ use crate::ops::matmul::{matmul, matvec_many};
 use crate::ops::rmsnorm::rmsnorm;
 use crate::ops::rope::RopeTable;
 use crate::ops::swiglu::{mul_in_place, silu_in_place};
+use crate::stream::StreamingEngine;
 use crate::tensor::F16Matrix;
 use formats::model_dir::{self, Architecture, ModelConfig};
 use formats::safetensors_io::{self, MappedSafetensors};
@@ -28,9 +29,33 @@ pub struct LayerWeights {
     pub bv: Option<Vec<f32>>,    // [kv_dim] (qwen2)
     pub wo: F16Matrix,           // [d, q_dim]
     pub mlp_norm: Vec<f32>,      // [d]
-    pub w_gate: F16Matrix,       // [ff, d]
-    pub w_up: F16Matrix,         // [ff, d]
-    pub w_down: F16Matrix,       // [d, ff]
+    pub mlp: Mlp,
+}
+
+/// Where a layer's MLP weights are.
+pub enum Mlp {
+    /// In memory (mapped from the model directory or resident.safetensors, or rebuilt from
+    /// records.bin): the layer runs dense.
+    Resident(DenseMlp),
+    /// On storage, in records.bin: the streaming engine reads the rows each token needs
+    /// ([`crate::stream::StreamingEngine::mlp`]).
+    Streamed,
+}
+
+pub struct DenseMlp {
+    pub w_gate: F16Matrix, // [ff, d]
+    pub w_up: F16Matrix,   // [ff, d]
+    pub w_down: F16Matrix, // [d, ff]
+}
+
+impl Mlp {
+    /// The weights of a resident MLP; an error naming the layer for a streamed one.
+    pub fn resident(&self, layer: usize) -> Result<&DenseMlp> {
+        match self {
+            Mlp::Resident(w) => Ok(w),
+            Mlp::Streamed => Err(RuntimeError::Input(format!("layer {layer}'s MLP is on storage (records.bin): only the streaming engine runs it"))),
+        }
+    }
 }
 
 pub struct ModelWeights {
@@ -39,13 +64,15 @@ pub struct ModelWeights {
     pub final_norm: Vec<f32>,        // [d]
     /// `[vocab, d]`; None when tied to `embed`.
     pub lm_head: Option<F16Matrix>,
-    /// `--head-q8`: the head in Q8_0 blocks (`formats::head_q8`); the logits come from it and
+    /// `-X head=q8` (the scorer's default): the head in Q8_0 blocks (`formats::head_q8`); the logits come from it and
     /// the f16 head is never read.
     pub head_q8: Option<formats::head_q8::Q8Head>,
 }
 
-/// Sees (and may sparsify) the MLP activations of every layer during a forward pass:
-/// activation capture, and oracle-mask sparsity for measuring quality.
+/// Sees (and may sparsify) the MLP activations of every layer during a batched forward pass
+/// ([`Model::forward_observed`]): activation capture, oracle-mask sparsity, and the in-memory
+/// sparsity that measures a streamed run's quality with every row in memory. Streamed runs do
+/// not use a hook: [`Model::decode_step`] calls the streaming engine directly.
 pub trait MlpHook {
     /// `gate_silu` = silu(x W_gate^T) and `up` = x W_up^T, both `[n_tokens, intermediate_size]`;
     /// the SwiGLU product is their elementwise product.
@@ -58,8 +85,8 @@ pub trait MlpHook {
     /// product, and so their down-projection, becomes 0).
     fn sparsify(&mut self, _layer: usize, _gate_silu: &mut [f32], _up: &[f32]) {}
 
-    /// True when the hook computes some layers' MLP itself ([`MlpHook::mlp`]) one token at a
-    /// time: the forward pass then runs its tokens one by one.
+    /// True when the hook wants its tokens one at a time (the forward pass then runs them one
+    /// by one), as a streamed run sees them.
     fn single_token(&self) -> bool {
         false
     }
@@ -140,7 +167,7 @@ enum SparseMlps<'a> {
 }
 
 /// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
-fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: usize) -> Result<(F16Matrix, F16Matrix, F16Matrix)> {
+fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: usize) -> Result<Mlp> {
     let mut gate = vec![half::f16::ZERO; ff * d];
     let mut up = vec![half::f16::ZERO; ff * d];
     let mut down = vec![half::f16::ZERO; d * ff];
@@ -153,7 +180,7 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
             down[i * ff + j] = v;
         }
     }
-    Ok((F16Matrix::owned(ff, d, gate), F16Matrix::owned(ff, d, up), F16Matrix::owned(d, ff, down)))
+    Ok(Mlp::Resident(DenseMlp { w_gate: F16Matrix::owned(ff, d, gate), w_up: F16Matrix::owned(ff, d, up), w_down: F16Matrix::owned(d, ff, down) }))
 }
 
 /// Positions the RoPE table covers at most (the model's max_position_embeddings otherwise).
@@ -223,11 +250,11 @@ impl Model {
                         Architecture::Llama => Ok(None),
                     }
                 };
-                let (w_gate, w_up, w_down) = match sparse {
+                let mlp = match sparse {
                     SparseMlps::Records(rf) if l >= rf.first_layer => mlp_from_records(rf, l, d, ff)?,
-                    SparseMlps::OnStorage { dense_from, .. } if l >= dense_from => (F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, d, vec![]), F16Matrix::owned(0, 0, vec![])),
+                    SparseMlps::OnStorage { dense_from, .. } if l >= dense_from => Mlp::Streamed,
                     SparseMlps::OnStorage { records, .. } if l >= records.first_layer => mlp_from_records(records, l, d, ff)?,
-                    _ => (src.matrix(&n.gate_proj, ff, d)?, src.matrix(&n.up_proj, ff, d)?, src.matrix(&n.down_proj, d, ff)?),
+                    _ => Mlp::Resident(DenseMlp { w_gate: src.matrix(&n.gate_proj, ff, d)?, w_up: src.matrix(&n.up_proj, ff, d)?, w_down: src.matrix(&n.down_proj, d, ff)? }),
                 };
                 Ok(LayerWeights {
                     attn_norm: src.vector(&n.attn_norm, d)?,
@@ -239,9 +266,7 @@ impl Model {
                     bv: bias(&n.v_bias, kv_dim)?,
                     wo: src.matrix(&n.o_proj, d, q_dim)?,
                     mlp_norm: src.vector(&n.mlp_norm, d)?,
-                    w_gate,
-                    w_up,
-                    w_down,
+                    mlp,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -265,10 +290,10 @@ impl Model {
         self.config.vocab_size
     }
 
-    /// `--head-q8`: logits from the preparation's Q8_0 head (role `head_q8`) from now on.
+    /// `-X head=q8` (the scorer's default): logits from the preparation's Q8_0 head (role `head_q8`) from now on.
     pub fn use_head_q8(&mut self, manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<()> {
         let Some(a) = manifest.artifacts.iter().find(|a| a.role == "head_q8") else {
-            return Err(RuntimeError::Input(format!("{}: this preparation has no head_q8 artifact, which --head-q8 needs: rerun make prepare", manifest_path.display())));
+            return Err(RuntimeError::Input(format!("{}: this preparation has no head_q8 artifact (the Q8_0 output head), which -X head=q8 needs: rerun make prepare", manifest_path.display())));
         };
         let c = &self.config;
         self.weights.head_q8 = Some(formats::head_q8::Q8Head::load(&manifest.artifact_path(manifest_path, a), c.vocab_size, c.hidden_size)?);
@@ -294,7 +319,8 @@ impl Model {
         self.forward_observed(tokens, cache, logits_from, None)
     }
 
-    /// [`Model::forward`], showing each layer's MLP activations to `observer`.
+    /// [`Model::forward`], showing each layer's MLP activations to `observer`. Every layer's MLP
+    /// must be resident (a streamed run goes through [`Model::decode_step`]).
     pub fn forward_observed(
         &self,
         tokens: &[u32],
@@ -304,13 +330,7 @@ impl Model {
     ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
-        let pos0 = cache.len;
-        if pos0 + n > cache.max_seq {
-            return Err(RuntimeError::ContextOverflow { needed: pos0 + n, ctx: cache.max_seq, prompt_tokens: n });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(RuntimeError::TokenOutOfRange { token: bad, vocab: c.vocab_size });
-        }
+        self.check_tokens(tokens, cache)?;
         if n > 1 && observer.as_ref().is_some_and(|o| o.single_token()) {
             // one token at a time; keep the logits of rows logits_from..
             let mut logits = Vec::new();
@@ -320,94 +340,187 @@ impl Model {
             }
             return Ok(logits);
         }
-        let w = &self.weights;
-        let (d, ff, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
-        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
-        let eps = c.rms_norm_eps as f32;
-        let shape = AttentionShape { n_heads: c.num_attention_heads, n_kv_heads: c.n_kv_heads(), head_dim: hd };
-
-        // x: [n, d] residual stream
-        let mut x = vec![0f32; n * d];
-        for (t, &tok) in tokens.iter().enumerate() {
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(w.embed.row(tok as usize), &mut x[t * d..(t + 1) * d]);
-        }
-        let mut xn = vec![0f32; n * d]; // normed input of a block
-        let mut q = vec![0f32; n * q_dim];
-        let mut k = vec![0f32; n * kv_dim];
-        let mut v = vec![0f32; n * kv_dim];
-        let mut att = vec![0f32; n * q_dim];
-        let mut proj = vec![0f32; n * d]; // output of o_proj / down_proj
-        let mut gate = vec![0f32; n * ff];
-        let mut up = vec![0f32; n * ff];
-
-        for (l, lw) in w.layers.iter().enumerate() {
-            // --- attention block ---
-            rmsnorm(&x, &lw.attn_norm, eps, &mut xn);
-            if n == 1 {
-                matvec_many(&xn, &[&lw.wq, &lw.wk, &lw.wv], &mut [&mut q, &mut k, &mut v]);
-            } else {
-                matmul(&xn, n, &lw.wq, &mut q);
-                matmul(&xn, n, &lw.wk, &mut k);
-                matmul(&xn, n, &lw.wv, &mut v);
-            }
-            for (buf, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
-                if let Some(b) = bias {
-                    for row in buf.chunks_exact_mut(b.len()) {
-                        row.iter_mut().zip(b).for_each(|(r, bi)| *r += bi);
-                    }
-                }
-            }
-            for t in 0..n {
-                self.rope.apply(&mut q[t * q_dim..(t + 1) * q_dim], pos0 + t);
-                self.rope.apply(&mut k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
-            }
-            cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&k);
-            cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&v);
-            attention(&q, &cache.k[l], &cache.v[l], pos0, &shape, &mut att);
-            matmul(&att, n, &lw.wo, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
-
+        let pos0 = cache.len;
+        let mut s = DecodeState::new(c, n);
+        self.embed(tokens, &mut s.x);
+        for (l, lw) in self.weights.layers.iter().enumerate() {
+            self.attention_block(l, lw, n, pos0, cache, &mut s);
             // --- MLP block: down(silu(gate(xn)) * up(xn)) ---
-            rmsnorm(&x, &lw.mlp_norm, eps, &mut xn);
+            rmsnorm(&s.x, &lw.mlp_norm, c.rms_norm_eps as f32, &mut s.xn);
             if let Some(obs) = observer.as_mut().filter(|o| o.replaces_mlp(l)) {
-                obs.mlp(l, &xn, &mut proj)?;
-                x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
-                obs.after_layer(l, &x);
-                continue;
-            }
-            if n == 1 {
-                matvec_many(&xn, &[&lw.w_gate, &lw.w_up], &mut [&mut gate, &mut up]);
+                obs.mlp(l, &s.xn, &mut s.proj)?;
             } else {
-                matmul(&xn, n, &lw.w_gate, &mut gate);
-                matmul(&xn, n, &lw.w_up, &mut up);
+                let w = lw.mlp.resident(l)?;
+                dense_gate_up(w, n, &s.xn, &mut s.gate, &mut s.up);
+                if let Some(obs) = observer.as_mut() {
+                    obs.observe(l, &s.gate, &s.up);
+                    obs.sparsify(l, &mut s.gate, &s.up);
+                }
+                mul_in_place(&mut s.gate, &s.up); // gate now holds silu(gate) * up
+                matmul(&s.gate, n, &w.w_down, &mut s.proj);
             }
-            silu_in_place(&mut gate);
+            s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
             if let Some(obs) = observer.as_mut() {
-                obs.observe(l, &gate, &up);
-                obs.sparsify(l, &mut gate, &up);
-            }
-            mul_in_place(&mut gate, &up); // gate now holds silu(gate) * up
-            matmul(&gate, n, &lw.w_down, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
-            if let Some(obs) = observer.as_mut() {
-                obs.after_layer(l, &x);
+                obs.after_layer(l, &s.x);
             }
         }
         cache.len = pos0 + n;
+        Ok(self.head(&s.x[logits_from.min(n) * c.hidden_size..], n.saturating_sub(logits_from)))
+    }
 
-        // --- output head, only for the rows asked for ---
-        let n_out = n.saturating_sub(logits_from);
+    /// One token through the streaming engine, from token to logits `[vocab]`: the per-token
+    /// path of a streamed run. Every layer: attention (resident weights, KV cache), then the MLP,
+    /// resident (dense) or streamed ([`StreamingEngine::mlp`]: the selector's set, the rows the
+    /// layer's slots hold, the missing ones read from records.bin). Layer 0's activations and
+    /// output go to the engine, whose selector may choose every sparse layer's set from them.
+    pub fn decode_step(&self, token: u32, cache: &mut KvCache, engine: &mut StreamingEngine) -> Result<Vec<f32>> {
+        let c = &self.config;
+        self.check_tokens(&[token], cache)?;
+        let pos = cache.len;
+        let mut s = engine.scratch.take().unwrap_or_else(|| DecodeState::new(c, 1));
+        engine.begin_token();
+        self.embed(&[token], &mut s.x);
+        let result = (|| -> Result<()> {
+            for (l, lw) in self.weights.layers.iter().enumerate() {
+                self.attention_block(l, lw, 1, pos, cache, &mut s);
+                rmsnorm(&s.x, &lw.mlp_norm, c.rms_norm_eps as f32, &mut s.xn);
+                match &lw.mlp {
+                    Mlp::Resident(w) => {
+                        dense_gate_up(w, 1, &s.xn, &mut s.gate, &mut s.up);
+                        if l == 0 {
+                            engine.observe_first_layer(&s.gate, &s.up);
+                        }
+                        mul_in_place(&mut s.gate, &s.up);
+                        matmul(&s.gate, 1, &w.w_down, &mut s.proj);
+                    }
+                    Mlp::Streamed => engine.mlp(l, &s.xn, &mut s.proj)?,
+                }
+                s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+                if l == 0 {
+                    engine.after_first_layer(&s.x)?;
+                }
+            }
+            Ok(())
+        })();
+        let logits = result.map(|()| self.head(&s.x, 1));
+        engine.scratch = Some(s);
+        cache.len = pos + 1;
+        logits
+    }
+
+    fn check_tokens(&self, tokens: &[u32], cache: &KvCache) -> Result<()> {
+        let (n, pos0) = (tokens.len(), cache.len);
+        if pos0 + n > cache.max_seq {
+            return Err(RuntimeError::ContextOverflow { needed: pos0 + n, ctx: cache.max_seq, prompt_tokens: n });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(RuntimeError::TokenOutOfRange { token: bad, vocab: self.config.vocab_size });
+        }
+        Ok(())
+    }
+
+    /// `x` `[n, d]` = the embedding rows of `tokens`.
+    fn embed(&self, tokens: &[u32], x: &mut [f32]) {
+        let d = self.config.hidden_size;
+        for (t, &tok) in tokens.iter().enumerate() {
+            half::slice::HalfFloatSliceExt::convert_to_f32_slice(self.weights.embed.row(tok as usize), &mut x[t * d..(t + 1) * d]);
+        }
+    }
+
+    /// Layer `l`'s attention block for `n` tokens at positions `pos0..`: `s.x += o_proj(GQA
+    /// attention over the cache of RoPE(q), RoPE(k), v)` of the normed input; appends the
+    /// tokens' keys and values to the cache.
+    fn attention_block(&self, l: usize, lw: &LayerWeights, n: usize, pos0: usize, cache: &mut KvCache, s: &mut DecodeState) {
+        let c = &self.config;
+        let hd = c.head_dim();
+        let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
+        let shape = AttentionShape { n_heads: c.num_attention_heads, n_kv_heads: c.n_kv_heads(), head_dim: hd };
+        rmsnorm(&s.x, &lw.attn_norm, c.rms_norm_eps as f32, &mut s.xn);
+        if n == 1 {
+            matvec_many(&s.xn, &[&lw.wq, &lw.wk, &lw.wv], &mut [&mut s.q, &mut s.k, &mut s.v]);
+        } else {
+            matmul(&s.xn, n, &lw.wq, &mut s.q);
+            matmul(&s.xn, n, &lw.wk, &mut s.k);
+            matmul(&s.xn, n, &lw.wv, &mut s.v);
+        }
+        for (buf, bias) in [(&mut s.q, &lw.bq), (&mut s.k, &lw.bk), (&mut s.v, &lw.bv)] {
+            if let Some(b) = bias {
+                for row in buf.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(r, bi)| *r += bi);
+                }
+            }
+        }
+        for t in 0..n {
+            self.rope.apply(&mut s.q[t * q_dim..(t + 1) * q_dim], pos0 + t);
+            self.rope.apply(&mut s.k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
+        }
+        cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.k);
+        cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.v);
+        attention(&s.q, &cache.k[l], &cache.v[l], pos0, &shape, &mut s.att);
+        matmul(&s.att, n, &lw.wo, &mut s.proj);
+        s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+    }
+
+    /// Logits `[n_out, vocab]` of the last `n_out` rows of the residual stream `x`: final norm,
+    /// then the output head (Q8_0 with `-X head=q8` (the scorer's default), else f16; the embedding when tied).
+    fn head(&self, x: &[f32], n_out: usize) -> Vec<f32> {
+        let (c, w) = (&self.config, &self.weights);
+        let d = c.hidden_size;
         let mut xf = vec![0f32; n_out * d];
-        rmsnorm(&x[logits_from * d..], &w.final_norm, eps, &mut xf);
+        rmsnorm(&x[x.len() - n_out * d..], &w.final_norm, c.rms_norm_eps as f32, &mut xf);
         let mut logits = vec![0f32; n_out * c.vocab_size];
         if let Some(h) = &w.head_q8 {
             for (xr, lr) in xf.chunks_exact(d).zip(logits.chunks_exact_mut(c.vocab_size)) {
                 crate::ops::qmatvec::matvec_q8(&h.q, &h.scales, d, &crate::ops::qmatvec::Q8Vector::quantize(xr), lr);
             }
-            return Ok(logits);
+            return logits;
         }
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         matmul(&xf, n_out, head, &mut logits);
-        Ok(logits)
+        logits
+    }
+}
+
+/// `gate` = silu(xn W_gate^T), `up` = xn W_up^T, both `[n, ff]`.
+fn dense_gate_up(w: &DenseMlp, n: usize, xn: &[f32], gate: &mut [f32], up: &mut [f32]) {
+    if n == 1 {
+        matvec_many(xn, &[&w.w_gate, &w.w_up], &mut [gate, up]);
+    } else {
+        matmul(xn, n, &w.w_gate, gate);
+        matmul(xn, n, &w.w_up, up);
+    }
+    silu_in_place(gate);
+}
+
+/// The forward pass's activations for `n` tokens, allocated once per pass (once per run for
+/// [`Model::decode_step`], which keeps them in the engine). d = hidden_size, ff =
+/// intermediate_size.
+pub struct DecodeState {
+    x: Vec<f32>,    // [n, d] residual stream
+    xn: Vec<f32>,   // [n, d] normed input of a block
+    q: Vec<f32>,    // [n, q_dim]
+    k: Vec<f32>,    // [n, kv_dim]
+    v: Vec<f32>,    // [n, kv_dim]
+    att: Vec<f32>,  // [n, q_dim]
+    proj: Vec<f32>, // [n, d] output of o_proj / the MLP
+    gate: Vec<f32>, // [n, ff]
+    up: Vec<f32>,   // [n, ff]
+}
+
+impl DecodeState {
+    pub fn new(c: &ModelConfig, n: usize) -> Self {
+        let hd = c.head_dim();
+        let (d, ff, q_dim, kv_dim) = (c.hidden_size, c.intermediate_size, c.num_attention_heads * hd, c.n_kv_heads() * hd);
+        DecodeState {
+            x: vec![0.0; n * d],
+            xn: vec![0.0; n * d],
+            q: vec![0.0; n * q_dim],
+            k: vec![0.0; n * kv_dim],
+            v: vec![0.0; n * kv_dim],
+            att: vec![0.0; n * q_dim],
+            proj: vec![0.0; n * d],
+            gate: vec![0.0; n * ff],
+            up: vec![0.0; n * ff],
+        }
     }
 }

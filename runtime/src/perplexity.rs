@@ -5,7 +5,7 @@
 //! logits at positions `ctx/2 .. ctx - 1`.
 
 use crate::error::{Result, RuntimeError};
-use crate::model::Model;
+use crate::Runner;
 use crate::ops::softmax::log_sum_exp;
 use crate::tokenizer::Tokenizer;
 use serde::Serialize;
@@ -23,16 +23,9 @@ pub struct PerplexityReport {
     pub tokens_per_s: f64,
 }
 
-pub fn perplexity(
-    model: &Model,
-    tok: &Tokenizer,
-    text_path: &Path,
-    ctx: usize,
-    max_chunks: Option<usize>,
-    mut hook: Option<&mut dyn crate::model::MlpHook>,
-    mut on_chunk: impl FnMut(usize, usize, f64),
-) -> Result<PerplexityReport> {
-    let text = std::fs::read_to_string(text_path).map_err(|source| RuntimeError::Io { path: text_path.to_path_buf(), source })?;
+pub fn perplexity(runner: &mut Runner, tok: &Tokenizer, text_path: &Path, ctx: usize, max_chunks: Option<usize>, mut on_chunk: impl FnMut(usize, usize, f64)) -> Result<PerplexityReport> {
+    let model = runner.model;
+    let text = std::fs::read_to_string(text_path).map_err(|source| RuntimeError::Io { path: text_path.to_path_buf(), offset: None, source })?;
     let tokens = tok.encode(&text, true)?;
     if ctx < 4 {
         return Err(RuntimeError::Input(format!("--ctx {ctx} is too small")));
@@ -52,7 +45,7 @@ pub fn perplexity(
             chunk[0] = tok.bos_id.expect("adds_bos implies a bos id");
         }
         cache.clear();
-        let logits = model.forward_observed(&chunk, &mut cache, first, hook.as_mut().map(|h| &mut **h as &mut dyn crate::model::MlpHook))?; // [ctx - first, vocab]
+        let logits = runner.forward(&chunk, &mut cache, first)?; // [ctx - first, vocab]
         for j in first..ctx - 1 {
             let row = &logits[(j - first) * vocab..(j - first + 1) * vocab];
             let target = tokens[i * ctx + j + 1] as usize;

@@ -85,10 +85,10 @@ impl Predictor {
         })
     }
 
-    /// The same predictor without the heads of layers below `layer` (`first_layer <= layer <=
+    /// Drops the heads of layers below `layer` (`first_layer <= layer <=
     /// first_layer + n_sparse_layers`): for a run whose sparse layers start at `layer`, so the
     /// per-token logits cover only the heads it uses.
-    pub fn without_heads_before(mut self, layer: usize) -> Self {
+    pub fn drop_heads_before(&mut self, layer: usize) {
         let s = &mut self.spec;
         assert!(layer >= s.first_layer && layer <= s.first_layer + s.n_sparse_layers, "layer {layer} outside the predictor's heads");
         let skip_rows = (layer - s.first_layer) * s.k;
@@ -97,7 +97,6 @@ impl Predictor {
         self.heads_b.drain(..skip_rows);
         s.n_sparse_layers -= layer - s.first_layer;
         s.first_layer = layer;
-        self
     }
 
     /// Weights in bytes (f16).

@@ -11,14 +11,15 @@
 //! Unlike the predictor (one guess after layer 0 for every later layer), this sees the layer's
 //! real input; the price is a 4-bit copy of gate and up in memory (0.56 bytes a weight) and h
 //! from 4-bit weights. The streaming engine runs the same computation with downT rows read on
-//! demand (`StreamingEngine` with `--set-rule scorer`); both plan through [`score_and_plan`].
+//! demand (`select::scored::ScoredSelector`); both plan through [`score_and_plan`] and add up
+//! through `ops::down_sum`.
 
 use crate::error::{Result, RuntimeError};
 use crate::model::MlpHook;
+use crate::ops::down_sum::down_sum;
 use crate::ops::qmatvec::{matvec_q4, Q8Vector};
-use crate::ops::simd::axpy_f16;
 use crate::ops::swiglu::silu;
-use crate::stream::slots::{Load, SlotMap};
+use crate::stream::slots::{Load, SlotMap, EMPTY};
 use formats::manifest::Manifest;
 use formats::scorer::GateUpScorerFile;
 use half::f16;
@@ -34,7 +35,7 @@ impl GateUpScorer {
     pub fn load(manifest_path: &Path, m: &Manifest) -> Result<Self> {
         let Some(a) = m.artifacts.iter().find(|a| a.role == "scorer") else {
             return Err(RuntimeError::Input(format!(
-                "{}: this preparation has no scorer artifact (4-bit gate/up, `prep scorer`), which --set-rule scorer needs: rerun make prepare",
+                "{}: this preparation has no scorer artifact (4-bit gate/up, `prep scorer`), which --strategy scorer needs: rerun make prepare",
                 manifest_path.display()
             )));
         };
@@ -50,8 +51,8 @@ impl GateUpScorer {
         (f.n_bytes() / f.n_layers.max(1) * (f.first_layer + f.n_layers).saturating_sub(from.max(f.first_layer))) as u64
     }
 
-    /// The same scorer without layers below `from` (a run whose sparse layers start there).
-    pub fn without_layers_before(mut self, from: usize) -> Self {
+    /// Drops the layers below `from` (a run whose sparse layers start there).
+    pub fn drop_layers_before(&mut self, from: usize) {
         let f = &mut self.file;
         let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
         let (rows, blocks) = (f.n_ff * f.d_model, f.n_ff * 2 * f.d_model / formats::scorer::Q4_BLOCK);
@@ -62,7 +63,6 @@ impl GateUpScorer {
         f.down_crc32c = f.down_crc32c.split_off(drop * f.n_ff);
         f.first_layer += drop;
         f.n_layers -= drop;
-        self
     }
 
     /// `h` `[n]` = silu(gate4 . x) * (up4 . x) of neurons `from..from + n` of sparse layer
@@ -108,102 +108,44 @@ pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
     heat.iter_mut().zip(h.iter().zip(down_norm)).for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
 }
 
-/// Neurons scored per step of [`score_and_plan`]: after each step the rows that clear the
-/// layer's last threshold are handed out to be read while the next step is scored.
-pub const SCORE_CHUNK: usize = 1024;
-
-/// What [`score_and_plan`] carries from token to token for one sparse layer.
+/// What [`score_and_plan`] carries from token to token for one sparse layer: `[n_ff]` moving
+/// average of each neuron's score ([`update_heat`]); slots evict the coolest.
 pub struct LayerScoring {
-    /// `[n_ff]` moving average of each neuron's score ([`update_heat`]): slots evict the coolest.
     pub heat: Vec<f32>,
-    /// The smallest score kept at the last token (infinite before the first): rows scoring at
-    /// least this are read early, before the rest of the layer is scored.
-    pub threshold: f32,
 }
 
 impl LayerScoring {
     pub fn new(n_ff: usize) -> Self {
-        LayerScoring { heat: vec![0.0; n_ff], threshold: f32::INFINITY }
+        LayerScoring { heat: vec![0.0; n_ff] }
     }
 }
 
 /// One token of one sparse layer, planned the same way by the streaming engine and by
-/// [`ScoredSparsity`] (so their slots, reads and sums match): score the neurons into `h`; with
-/// `early`, [`SCORE_CHUNK`] at a time, and after each chunk the rows that score at least the
-/// layer's last threshold are marked used, and the missing ones get slots (coolest by the heat
-/// of the last token) and go to `on_loads(loads, true)` at once, so the engine reads them while
-/// the next chunks are scored. Early rows take at most `capacity - k` slots, so the exact set
-/// always fits. Then the `k` kept neurons ([`GateUpScorer::keep`]), the heat update, and the
-/// kept rows still missing go to `on_loads(loads, false)`. Returns the kept neurons (ascending).
+/// [`ScoredSparsity`] (so their slots, reads and sums match): score every neuron into `h`, keep
+/// the `k` largest ([`GateUpScorer::keep`]), update the heat, and give the kept rows still
+/// missing slots (those of the coolest rows). Returns the kept neurons (ascending) and their
+/// loads (sorted by neuron).
 #[allow(clippy::too_many_arguments)]
-pub fn score_and_plan(
-    scorer: &GateUpScorer,
-    layer: usize,
-    xn: &[f32],
-    k: usize,
-    resident_bonus: f32,
-    early: bool,
-    map: &mut SlotMap,
-    state: &mut LayerScoring,
-    tick: u64,
-    h: &mut [f32],
-    mut on_loads: impl FnMut(Vec<Load>, bool),
-) -> Vec<u32> {
+pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize, resident_bonus: f32, map: &mut SlotMap, state: &mut LayerScoring, tick: u64, h: &mut [f32]) -> (Vec<u32>, Vec<Load>) {
     let x = Q8Vector::quantize(xn);
     let norm = scorer.file.layer_down_norm(layer);
-    let mut early_budget = map.capacity().saturating_sub(k);
-    let threshold = state.threshold;
-    // without early reads one pass over the layer (each chunk is a rayon dispatch)
-    let chunk = if early { SCORE_CHUNK } else { h.len() };
-    for (c, hc) in h.chunks_mut(chunk).enumerate() {
-        let from = c * chunk;
-        scorer.activations_of(layer, &x, from, hc);
-        if !early || !threshold.is_finite() {
-            continue;
-        }
-        let clear: Vec<u32> = (from..from + hc.len()).filter(|&j| hc[j - from].abs() * norm[j] >= threshold).map(|j| j as u32).collect();
-        if clear.is_empty() || clear.len() > early_budget {
-            continue;
-        }
-        early_budget -= clear.len();
-        let loads = map.plan_by_heat(&clear, tick, &state.heat);
-        if !loads.is_empty() {
-            on_loads(loads, true);
-        }
-    }
+    scorer.activations_of(layer, &x, 0, h);
     let kept = scorer.keep(layer, h, k, &map.slot_of, resident_bonus);
-    state.threshold = kept.iter().map(|&j| h[j as usize].abs() * norm[j as usize]).fold(f32::INFINITY, f32::min);
     update_heat(&mut state.heat, h, norm);
     let loads = map.plan_by_heat(&kept, tick, &state.heat);
-    if !loads.is_empty() {
-        on_loads(loads, false);
-    }
-    kept
+    (kept, loads)
 }
 
-/// `out` `[d]` = `sum_i hs[i] * row(ids[i])` (rayon over chunks of 64, summed in order): the
-/// scorer's down projection over held rows, by slot (streaming) or by neuron (in memory).
-pub fn down_sum<'a>(ids: &[u32], hs: &[f32], row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
-    let d = out.len();
-    let partial = ids
-        .par_chunks(64)
-        .zip(hs.par_chunks(64))
-        .map(|(chunk, hc)| {
-            let mut acc = vec![0f32; d];
-            for (&s, &hv) in chunk.iter().zip(hc) {
-                axpy_f16(hv, row(s), &mut acc);
-            }
-            acc
-        })
-        .reduce(|| vec![0f32; d], |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
-    out.copy_from_slice(&partial);
+/// The slots of `map` that hold a row and are not being loaded now (`loads`), ascending: the
+/// rows a layer adds up while its missing ones are read.
+pub fn held_slots(map: &SlotMap, loads: &[Load]) -> Vec<u32> {
+    let mut loading = vec![false; map.capacity()];
+    loads.iter().for_each(|l| loading[l.slot as usize] = true);
+    (0..map.capacity() as u32).filter(|&s| map.neuron_of[s as usize] != EMPTY && !loading[s as usize]).collect()
 }
 
 /// Runs layers `first_layer..` on the scorer's kept neurons with every downT row in memory (the
-/// quality of `--set-rule scorer` without storage).
+/// quality of `--strategy scorer` without storage).
 pub struct ScoredSparsity {
     pub scorer: GateUpScorer,
     /// Per layer from the scorer's first: `[n_ff, d]` f16 downT rows (from records.bin).
@@ -217,20 +159,15 @@ pub struct ScoredSparsity {
     /// Rows each layer holds (>= keep; `--slot-share`, default keep: the smallest budget).
     pub slots: usize,
     resident: Vec<SlotMap>,
-    /// Per layer, heat and threshold ([`score_and_plan`]).
+    /// Per layer, the heat ([`score_and_plan`]).
     scoring: Vec<LayerScoring>,
-    /// Plan the rows that clear the last threshold before the layer is fully scored, as the
-    /// streaming engine reads them with `--early-reads` (off by default in both).
-    pub early_reads: bool,
     /// Per layer, tokens seen (each layer's SlotMap needs its own increasing tick: a batched
     /// forward pass runs all tokens through one layer before the next).
     ticks: Vec<u64>,
     pub tokens: u64,
     pub kept: u64,
-    /// Rows a streaming run would have read (needed and not resident, or read early).
+    /// Rows a streaming run would have read (needed and not resident).
     pub loaded: u64,
-    /// Of those, rows read before the layer was fully scored.
-    pub loaded_early: u64,
     /// Rows needed (the k top-scored), summed over layers and tokens.
     pub needed: u64,
     /// Run the forward pass a token at a time, as the streaming engine does. Batched prefill
@@ -258,7 +195,7 @@ impl ScoredSparsity {
             })
             .collect::<Result<Vec<_>>>()?;
         let n = down_t.len();
-        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), early_reads: false, ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, loaded_early: 0, needed: 0, single_token: false };
+        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
         Ok(s)
     }
@@ -308,28 +245,18 @@ impl MlpHook for ScoredSparsity {
         let mut h = vec![0f32; n_ff];
         for (x, o) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             self.ticks[li] += 1;
-            let mut loads: Vec<Load> = Vec::new();
-            let mut early = 0;
-            let needed = score_and_plan(&self.scorer, layer, x, self.keep, self.resident_bonus, self.early_reads, &mut self.resident[li], &mut self.scoring[li], self.ticks[li], &mut h, |b, is_early| {
-                early += if is_early { b.len() } else { 0 };
-                loads.extend(b);
-            });
-            self.loaded_early += early as u64;
-            // the engine adds the loaded rows in neuron order, whenever each arrived
-            loads.sort_unstable();
+            let (needed, loads) = score_and_plan(&self.scorer, layer, x, self.keep, self.resident_bonus, &mut self.resident[li], &mut self.scoring[li], self.ticks[li], &mut h);
             self.loaded += loads.len() as u64;
             self.needed += needed.len() as u64;
-            // every row in memory counts: those held before (slot order), then the loaded ones,
-            // the streaming engine's order of summation
+            // every row in memory counts: those held before (slot order), then the loaded ones
+            // (neuron order), the streaming engine's order of summation
             let map = &self.resident[li];
-            let mut loading = vec![false; map.capacity()];
-            loads.iter().for_each(|l| loading[l.slot as usize] = true);
-            let held: Vec<u32> = (0..map.capacity()).filter(|&s| map.neuron_of[s] != crate::stream::slots::EMPTY && !loading[s]).map(|s| map.neuron_of[s]).collect();
+            let held: Vec<u32> = held_slots(map, &loads).iter().map(|&s| map.neuron_of[s as usize]).collect();
             let row = |j: u32| &rows[j as usize * d..(j as usize + 1) * d];
-            down_sum(&held, &held.iter().map(|&j| h[j as usize]).collect::<Vec<_>>(), row, o);
+            down_sum(&held, |_, j| h[j as usize], row, o);
             let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
             let mut part = vec![0f32; d];
-            down_sum(&loaded, &loaded.iter().map(|&j| h[j as usize]).collect::<Vec<_>>(), row, &mut part);
+            down_sum(&loaded, |_, j| h[j as usize], row, &mut part);
             o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
             self.tokens += 1;
             self.kept += (held.len() + loaded.len()) as u64;

@@ -14,7 +14,7 @@ use formats::records::{check_record, encode_record, record_bytes, record_offset}
 use half::f16;
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use runtime::stream::aligned::AlignedBuf;
-use runtime::stream::reader::{RecordReader, Run};
+use runtime::stream::reader::{ReaderOptions, RecordReader, Run};
 use runtime::stream::slots::{Load, SlotMap};
 use std::io::Write;
 use std::path::PathBuf;
@@ -157,13 +157,9 @@ struct EngineRun {
 
 fn run_engine(c: &Cli, sets: &[Vec<Vec<u32>>], max_gap: usize, registered: bool, qd: usize, variant: &str) -> Result<EngineRun> {
     let rb = record_bytes(c.d_model);
-    let mut reader = RecordReader::open(&c.file, qd, false)?;
+    let mut reader = RecordReader::open(&c.file, &ReaderOptions { queue_depth: qd, force_pread: false, staging_bytes: c.staging_mib << 20, register_staging: registered })?;
     if let Some(f) = &reader.fallback {
         bail!("{}: {f}: the benchmark needs io_uring and O_DIRECT", c.file.display());
-    }
-    let mut staging = AlignedBuf::new(c.staging_mib << 20);
-    if registered {
-        reader.register(&mut staging)?;
     }
     let mut maps: Vec<SlotMap> = (0..c.layers).map(|_| SlotMap::new(c.neurons, c.k_max)).collect();
     // one slot buffer per layer would be 4.4 GB: the scatter target is one layer-sized buffer
@@ -184,17 +180,18 @@ fn run_engine(c: &Cli, sets: &[Vec<Vec<u32>>], max_gap: usize, registered: bool,
             while g < groups.len() {
                 let mut batch = Vec::new();
                 let mut used = 0;
-                while g < groups.len() && used + groups[g].count * rb <= staging.len() {
+                while g < groups.len() && used + groups[g].count * rb <= reader.staging_len() {
                     batch.push((g, Run { offset: record_offset(0, c.neurons, rb, l, groups[g].first as usize), bytes: groups[g].count * rb, staging_offset: used }));
                     used += groups[g].count * rb;
                     g += 1;
                 }
                 let runs: Vec<Run> = batch.iter().map(|b| b.1).collect();
-                reader.read_runs(&runs, &mut staging)?;
+                reader.read_runs(&runs)?;
+                let staging = reader.staging();
                 for (gi, run) in &batch {
                     for load in &groups[*gi].loads {
                         let k = (load.neuron - groups[*gi].first) as usize;
-                        let src = &staging.as_slice()[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
+                        let src = &staging[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
                         check_record(src, &c.file, run.offset + (k * rb) as u64, l as u32, load.neuron, c.d_model)?;
                         let s = load.slot as usize;
                         slots.as_mut_slice()[s * rb..(s + 1) * rb].copy_from_slice(src);

@@ -3,10 +3,12 @@
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use runtime::generate::{generate, GenerateOptions};
+use runtime::predictor::{NeuronRank, SetRule};
 use runtime::sampler::Sampler;
+use runtime::stream::{DenseFrom, SelectorChoice, StreamSettings};
 use runtime::{PreparedMode, Sparsity};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(name = "runtime", version, about = "Run a model whose weights live on storage")]
@@ -15,166 +17,212 @@ struct Cli {
     command: Command,
 }
 
-/// How a prepared model (manifest.toml) runs; ignored for a model directory.
-#[derive(Args, Clone)]
+/// How a prepared model (manifest.toml) runs. A model directory runs dense, in memory.
+#[derive(Args, Clone, Default)]
 struct ModeArgs {
-    /// Memory budget for the streaming engine (e.g. 155MiB, 1.5GiB): refused with the minimum
-    /// when too small; what it leaves beyond K_max rows per layer becomes extra row slots.
+    /// Memory budget of a streamed run (e.g. 155MiB, 1.5GiB): refused with the minimum when
+    /// too small; what it leaves beyond each layer's set becomes extra row slots.
     #[arg(long)]
     mem_budget: Option<String>,
-    /// Predicted sets with every row in memory and batched prefill (same sets as streaming;
-    /// also measures predictor top-1 and recall).
-    #[arg(long, conflicts_with_all = ["mem_budget", "dense"])]
-    in_memory: bool,
-    /// Every layer dense (the reference for the sparse figures).
+    /// auto (default): the scorer with the Q8_0 head where the preparation has them, else the
+    /// predictor. scorer: each sparse layer scores its neurons from its own input with a
+    /// resident 4-bit gate/up copy and streams only the down rows it needs. predictor: the shared
+    /// predictor picks every sparse layer's set after layer 0 and streams whole records. dense:
+    /// every layer dense, every row in memory (the reference).
+    #[arg(long, value_enum, default_value_t = Strategy::Auto)]
+    strategy: Strategy,
+    /// The same sets with every row in memory and batched prefill (quality figures).
     #[arg(long, conflicts_with = "mem_budget")]
-    dense: bool,
-    /// Read records with pread on the thread pool instead of io_uring.
-    #[arg(long)]
-    pread: bool,
-    /// Bytes per coalesced read at most (default: 1 MiB).
-    #[arg(long)]
-    max_run_bytes: Option<usize>,
-    /// Layers below L run dense, L.. sparse (dense_prefix <= L <= n_layers; default: the
-    /// manifest's default_dense_from). `fit` (streaming): the largest L up to that default whose
-    /// memory plan fits --mem-budget, so a smaller budget trades quality for memory.
-    #[arg(long)]
-    dense_from: Option<runtime::stream::DenseFrom>,
-    /// How a head's logits become the layer's K_max neurons: top1 (the most likely centroid's
-    /// set, the paper's), softN (largest expected membership over the N most likely
-    /// centroids; default soft8) or static (no predictor: the neurons most centroids hold, the
-    /// baseline the predictor must beat); oracle (--in-memory: each token's true largest);
-    /// scorer (no predictor: each layer scores every neuron from its own input with the
-    /// resident 4-bit gate/up copy and streams only the kept neurons' downT rows; sets are
-    /// --set-scale x n_ff).
-    #[arg(long, default_value = "soft8")]
-    set_rule: runtime::predictor::SetRule,
-    /// Keep this share of K_max neurons per sparse layer and token (0 < s <= 1; of all n_ff
-    /// neurons with --set-rule scorer): the most likely ones by the set rule, ties to the
-    /// neurons most centroids hold. With `--dense-from fit`, the largest share up to this one
-    /// that fits --mem-budget once every layer after the dense prefix is sparse (never below
-    /// 0.25; 0.10 with the scorer).
-    #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
-    set_scale: f64,
-    /// How cut sets rank neurons and the soft rule weighs them: importance (the preparation's
-    /// per-neuron mean contribution; falls back to membership when it has none) or membership
-    /// (how many centroids hold the neuron).
-    #[arg(long, value_enum, default_value_t = runtime::predictor::NeuronRank::Importance)]
-    neuron_rank: runtime::predictor::NeuronRank,
-    /// With --set-rule scorer: a neuron whose row is already in memory counts this many times
-    /// its score (>= 1), so marginal neurons stay instead of being swapped every token.
-    #[arg(long, default_value_t = 1.0, value_parser = parse_resident_bonus)]
-    resident_bonus: f32,
-    /// With --set-rule scorer --in-memory: each layer holds this share of its neurons (>=
-    /// --set-scale; default: as many as --set-scale, the smallest budget's slots), so the
-    /// figures match a streaming run whose budget gives that many slots.
-    #[arg(long)]
-    slot_share: Option<f64>,
-    /// Compute the logits from the preparation's Q8_0 copy of the output head (half the f16
-    /// head's memory, which streaming gives to MLP row slots) instead of the f16 head.
-    #[arg(long)]
-    head_q8: bool,
-    /// With --set-rule scorer: read the rows that clear a layer's last threshold (the smallest
-    /// score it kept at the last token) while the rest of the layer is still being scored,
-    /// instead of after. Not faster on 2 cores (more rows read, and their completions slow
-    /// the scoring), so off by default.
-    #[arg(long)]
-    early_reads: bool,
+    in_memory: bool,
+    /// Layers below L run dense, L.. sparse (the prepared dense prefix <= L <= n_layers), or
+    /// `fit`: as many dense layers as --mem-budget allows, then smaller sets. Default: fit with
+    /// the scorer, the manifest's default_dense_from with the predictor.
+    #[arg(long, alias = "dense-from")]
+    dense_prefix: Option<DenseFrom>,
+    /// Share of each sparse layer's neurons needed per token: of n_ff with the scorer (default
+    /// 0.25), of K_max with the predictor (default 1). With `fit`, the largest share up to this
+    /// that fits --mem-budget.
+    #[arg(long, value_parser = parse_set_scale)]
+    set_scale: Option<f64>,
+    /// Research knobs, KEY=VALUE (repeatable; `-X help` lists them): set-rule, neuron-rank,
+    /// resident-bonus, slot-share, head, single-token, pread, max-run-bytes, queue-depth,
+    /// oracle-thresholds.
+    #[arg(long = "experiment", short = 'X', value_name = "KEY=VALUE")]
+    experiment: Vec<String>,
 }
 
-fn parse_resident_bonus(s: &str) -> std::result::Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if v.is_finite() && v >= 1.0 => Ok(v),
-        _ => Err(format!("'{s}': expected a factor >= 1 (1 = no preference for resident rows)")),
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+enum Strategy {
+    #[default]
+    Auto,
+    Dense,
+    Predictor,
+    Scorer,
+}
+
+const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
+  set-rule=soft8|softN|top1|static|oracle  the predictor's set rule (oracle: --in-memory only)
+  neuron-rank=importance|membership        how the predictor's cut sets rank neurons
+  resident-bonus=F                         scorer: a held row counts F (>= 1) times its score
+  slot-share=C                             --in-memory scorer: rows each layer holds, share of n_ff
+  single-token                             --in-memory scorer: tokens one at a time, as streamed
+  head=q8|f16                              the output head (default: q8 with the scorer)
+  pread                                    read records with pread instead of io_uring
+  max-run-bytes=N                          longest coalesced read (default 1048576)
+  queue-depth=N                            io_uring queue depth (default 256)
+  oracle-thresholds=FILE                   perplexity, model directory: oracle masks (thresholds.json)
+                                           in layers >= --dense-prefix";
+
+/// The research knobs of `--experiment`, parsed and checked.
+#[derive(Default)]
+struct Experiment {
+    set_rule: Option<SetRule>,
+    neuron_rank: Option<NeuronRank>,
+    resident_bonus: Option<f32>,
+    slot_share: Option<f64>,
+    single_token: bool,
+    head_q8: Option<bool>,
+    pread: bool,
+    max_run_bytes: Option<usize>,
+    queue_depth: Option<usize>,
+    oracle_thresholds: Option<PathBuf>,
+}
+
+impl Experiment {
+    fn parse(items: &[String]) -> Result<Self> {
+        let mut e = Experiment::default();
+        let mut seen = std::collections::HashSet::new();
+        for item in items {
+            let (key, value) = item.split_once('=').unwrap_or((item.as_str(), ""));
+            if key == "help" {
+                anyhow::bail!("{EXPERIMENT_HELP}");
+            }
+            if !seen.insert(key.to_string()) {
+                anyhow::bail!("--experiment {key} given twice");
+            }
+            let bad = |what: &str| anyhow::anyhow!("--experiment {item}: expected {what}");
+            let positive = |what: &str| -> Result<usize> { value.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| bad(what)) };
+            match key {
+                "set-rule" => e.set_rule = Some(value.parse().map_err(|m: String| anyhow::anyhow!("--experiment {item}: {m}"))?),
+                "neuron-rank" => e.neuron_rank = Some(<NeuronRank as clap::ValueEnum>::from_str(value, false).map_err(|_| bad("importance or membership"))?),
+                "resident-bonus" => e.resident_bonus = Some(value.parse::<f32>().ok().filter(|v| v.is_finite() && *v >= 1.0).ok_or_else(|| bad("a factor >= 1"))?),
+                "slot-share" => e.slot_share = Some(value.parse::<f64>().ok().filter(|v| *v > 0.0 && *v <= 1.0).ok_or_else(|| bad("a share of n_ff in (0, 1]"))?),
+                "single-token" if value.is_empty() => e.single_token = true,
+                "head" => e.head_q8 = Some(match value { "q8" => true, "f16" => false, _ => return Err(bad("q8 or f16")) }),
+                "pread" if value.is_empty() => e.pread = true,
+                "max-run-bytes" => e.max_run_bytes = Some(positive("a positive byte count")?),
+                "queue-depth" => e.queue_depth = Some(positive("a depth in 1..=4096")?),
+                "oracle-thresholds" if !value.is_empty() => e.oracle_thresholds = Some(PathBuf::from(value)),
+                _ => anyhow::bail!("--experiment {item}: unknown knob\n{EXPERIMENT_HELP}"),
+            }
+        }
+        Ok(e)
     }
 }
 
 fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
-        _ => Err(format!("'{s}': expected a share of K_max in (0, 1], e.g. 0.6")),
+        _ => Err(format!("'{s}': expected a share in (0, 1], e.g. 0.25")),
     }
 }
 
-/// Applies --dense-from and --set-rule to an opened prepared model.
-fn apply_mode(opened: &mut runtime::Opened, manifest_path: &std::path::Path, mode: &ModeArgs) -> Result<()> {
-    if mode.head_q8 && opened.model.weights.head_q8.is_none() {
-        // streaming loaded it with its plan; in memory (and --dense) it is loaded here
-        let Some(m) = opened.manifest.as_ref() else { anyhow::bail!("--head-q8 needs a prepared model (manifest.toml)") };
-        opened.model.use_head_q8(manifest_path, m)?;
-    }
-    if mode.set_rule == runtime::predictor::SetRule::Scorer && matches!(opened.sparsity, Some(Sparsity::InMemory(_))) {
-        // the scorer replaces the predictor: its own hook, every downT row in memory
-        let m = opened.manifest.as_ref().expect("a prepared model has a manifest");
-        let mut p = runtime::scorer::ScoredSparsity::new(manifest_path, m)?;
-        p.set_keep_share(mode.set_scale);
-        if let Some(c) = mode.slot_share {
-            p.set_slots((c * m.model.intermediate_size as f64).round() as usize);
-        }
-        p.resident_bonus = mode.resident_bonus;
-        p.early_reads = mode.early_reads;
-        if let Some(d) = mode.dense_from {
-            use runtime::stream::DenseFrom;
-            p.first_layer = match d {
-                DenseFrom::Layer(l) if l >= m.sparsity.dense_prefix && l <= m.model.num_hidden_layers => l,
-                DenseFrom::Layer(l) => anyhow::bail!("--dense-from {l}: the scorer covers layers {}..{}", m.sparsity.dense_prefix, m.model.num_hidden_layers),
-                DenseFrom::Default => p.first_layer,
-                DenseFrom::Fit => anyhow::bail!("--dense-from fit sizes the streaming engine's memory plan: it needs --mem-budget, not --in-memory"),
-            };
-        }
-        opened.sparsity = Some(Sparsity::Scored(Box::new(p)));
-        return Ok(());
-    }
-    match opened.sparsity.as_mut() {
-        Some(Sparsity::InMemory(p)) => {
-            p.rule = mode.set_rule;
-            p.set_set_scale(mode.set_scale);
-            p.set_neuron_rank(mode.neuron_rank);
-        }
-        Some(Sparsity::Stream(e)) => {
-            if mode.set_rule == runtime::predictor::SetRule::Oracle {
-                anyhow::bail!("--set-rule oracle ranks neurons by their true activations, which needs every row: use it with --in-memory");
-            }
-            e.rule = mode.set_rule;
-            e.resident_bonus = mode.resident_bonus;
-            e.set_neuron_rank(mode.neuron_rank);
-        }
-        Some(Sparsity::Scored(_)) | None => {}
-    }
-    if let (Some(d), Some(Sparsity::InMemory(p))) = (mode.dense_from, opened.sparsity.as_mut()) {
-        use runtime::stream::DenseFrom;
-        let n_layers = opened.model.config.num_hidden_layers;
-        let l = match d {
-            DenseFrom::Layer(l) => l,
-            DenseFrom::Default => p.dense_prefix,
-            DenseFrom::Fit => anyhow::bail!("--dense-from fit sizes the streaming engine's memory plan: it needs --mem-budget, not --in-memory"),
-        };
-        if l < p.predictor.spec.first_layer || l > n_layers {
-            anyhow::bail!("--dense-from {l}: the predictor covers layers {}..{n_layers} (the prepared dense prefix on)", p.predictor.spec.first_layer);
-        }
-        p.dense_prefix = l;
-    }
-    Ok(())
-}
+/// The set scale the scorer needs by default: 0.25 x n_ff per layer (Qwen2.5-Coder-1.5B at
+/// 50% of its F16 size: HellaSwag 0.98x and 1.075x perplexity of dense; docs/RESULTS.md).
+const SCORER_SET_SCALE: f64 = 0.25;
 
 impl ModeArgs {
-    fn mode(&self, ctx: usize) -> Result<PreparedMode> {
-        if self.dense {
-            return Ok(PreparedMode::Dense);
+    /// The run a model path and these flags ask for, and notes for the user. `ctx`: the KV
+    /// cache positions a streamed run's plan holds.
+    fn mode(&self, model: &Path, ctx: usize) -> Result<(PreparedMode, Experiment, Vec<String>)> {
+        let x = Experiment::parse(&self.experiment)?;
+        let mut notes = Vec::new();
+        if !model.is_file() {
+            // a model directory runs dense in memory: a streaming flag would silently do nothing
+            let streaming = self.mem_budget.is_some() || self.in_memory || self.dense_prefix.is_some() || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer);
+            if streaming && model.is_dir() {
+                anyhow::bail!("{}: a model directory runs dense, in memory; --mem-budget, --in-memory, --strategy, --dense-prefix and --set-scale need a prepared model's manifest.toml (make prepare)", model.display());
+            }
+            return Ok((PreparedMode::Dense { head_q8: false }, x, notes));
         }
+        let manifest = formats::manifest::Manifest::load(model)?;
+        let has = |role: &str| manifest.artifacts.iter().any(|a| a.role == role);
+        let strategy = match self.strategy {
+            Strategy::Auto if has("scorer") => Strategy::Scorer,
+            Strategy::Auto => {
+                notes.push(format!("{} has no scorer artifact: the auto strategy runs the shared predictor (rerun make prepare to add the scorer)", model.display()));
+                Strategy::Predictor
+            }
+            s => s,
+        };
+        let head_q8 = match (x.head_q8, strategy) {
+            (Some(h), _) => h,
+            (None, Strategy::Scorer) if has("head_q8") => true,
+            (None, Strategy::Scorer) => {
+                notes.push(format!("{} has no head_q8 artifact: logits from the f16 head", model.display()));
+                false
+            }
+            (None, _) => false,
+        };
+        if strategy == Strategy::Dense {
+            if self.mem_budget.is_some() || self.in_memory {
+                anyhow::bail!("--strategy dense runs every layer in memory: it takes no --mem-budget or --in-memory");
+            }
+            return Ok((PreparedMode::Dense { head_q8 }, x, notes));
+        }
+        let scorer = strategy == Strategy::Scorer;
+        if scorer && (x.set_rule.is_some() || x.neuron_rank.is_some()) {
+            anyhow::bail!("--experiment set-rule and neuron-rank are the predictor's: use them with --strategy predictor");
+        }
+        if !scorer && (x.resident_bonus.is_some() || x.slot_share.is_some() || x.single_token) {
+            anyhow::bail!("--experiment resident-bonus, slot-share and single-token are the scorer's: use them with --strategy scorer");
+        }
+        let selector = if scorer {
+            SelectorChoice::Scorer { resident_bonus: x.resident_bonus.unwrap_or(1.0) }
+        } else {
+            SelectorChoice::Predictor { rule: x.set_rule.unwrap_or_default(), neuron_rank: x.neuron_rank.unwrap_or_default() }
+        };
+        let set_scale = self.set_scale.unwrap_or(if scorer { SCORER_SET_SCALE } else { 1.0 });
         if self.in_memory {
-            return Ok(PreparedMode::InMemory);
+            if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() {
+                anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
+            }
+            // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
+            let dense_from = self.dense_prefix.unwrap_or(if scorer { DenseFrom::Layer(manifest.sparsity.dense_prefix) } else { DenseFrom::Default });
+            let s = runtime::InMemorySettings { selector, dense_from, set_scale, slot_share: x.slot_share, head_q8, single_token: x.single_token };
+            return Ok((PreparedMode::InMemory(s), x, notes));
         }
-        let scorer = self.set_rule == runtime::predictor::SetRule::Scorer;
-        let mut s = runtime::stream::StreamSettings { ctx, force_pread: self.pread, dense_from: self.dense_from.unwrap_or_default(), set_scale: self.set_scale, scorer, head_q8: self.head_q8, early_reads: self.early_reads, ..Default::default() };
-        if let Some(b) = &self.mem_budget {
-            s.mem_budget_bytes = Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?);
+        if x.set_rule == Some(SetRule::Oracle) {
+            anyhow::bail!("--experiment set-rule=oracle ranks neurons by their true activations, which needs every row: use it with --in-memory");
         }
-        if let Some(m) = self.max_run_bytes {
-            s.max_run_bytes = m;
+        if x.slot_share.is_some() || x.single_token {
+            anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots with --in-memory; a streamed run's slots come from --mem-budget");
         }
-        Ok(PreparedMode::Stream(s))
+        let mem_budget_bytes = match &self.mem_budget {
+            Some(b) => Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?),
+            None => None,
+        };
+        let mut io = runtime::stream::IoSettings { force_pread: x.pread, ..Default::default() };
+        if let Some(m) = x.max_run_bytes {
+            io.max_run_bytes = m;
+        }
+        if let Some(q) = x.queue_depth {
+            io.queue_depth = q;
+        }
+        let dense_from = self.dense_prefix.unwrap_or(if scorer { DenseFrom::Fit } else { DenseFrom::Default });
+        let s = StreamSettings { mem_budget_bytes, ctx, dense_from, set_scale, selector, head_q8, io, record_sets: false };
+        Ok((PreparedMode::Stream(s), x, notes))
     }
+}
+
+/// Opens `model` as the flags ask and prints the notes of the run on stderr.
+fn open(model: &Path, mode: &ModeArgs, ctx: usize) -> Result<(runtime::Opened, Experiment)> {
+    let (m, x, notes) = mode.mode(model, ctx)?;
+    let opened = runtime::open(model, &m)?;
+    for n in notes.iter().chain(&opened.notes) {
+        eprintln!("note: {n}");
+    }
+    Ok((opened, x))
 }
 
 #[derive(Subcommand)]
@@ -188,7 +236,7 @@ enum Command {
         /// Tokens to generate.
         #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
         n: usize,
-        /// 0 = greedy.
+        /// Sampling temperature; 0 = greedy.
         #[arg(long, default_value_t = 0.0)]
         temp: f32,
         #[arg(long, default_value_t = 0.95)]
@@ -198,7 +246,7 @@ enum Command {
         /// Worker threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
-        /// KV cache positions (default: prompt + n; a streamed model's budget counts 2048).
+        /// KV cache positions (default: the prompt's tokens + n; a streamed run's plan holds them).
         #[arg(long)]
         ctx: Option<usize>,
         /// Never choose an end-of-sequence token (as llama.cpp's --ignore-eos): always generate n.
@@ -221,12 +269,6 @@ enum Command {
         /// Score only the first N chunks.
         #[arg(long)]
         chunks: Option<usize>,
-        /// Oracle-mask sparsity: keep only the neurons whose true activation reaches these
-        /// thresholds (a `prep capture` thresholds.json) in layers >= --dense-prefix.
-        #[arg(long)]
-        oracle_thresholds: Option<PathBuf>,
-        #[arg(long, default_value_t = 0)]
-        dense_prefix: usize,
         #[command(flatten)]
         mode: ModeArgs,
         #[arg(long)]
@@ -254,12 +296,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Decode speed on the streaming engine and where the time and bytes go.
+    /// Decode speed of a streamed run and where the time and bytes go.
     Bench {
         /// A prepared model's manifest.toml.
         manifest: PathBuf,
-        #[arg(long)]
-        mem_budget: Option<String>,
         /// Prompt text file (default: a fixed sentence).
         #[arg(long)]
         prompt_file: Option<PathBuf>,
@@ -269,31 +309,8 @@ enum Command {
         /// KV cache positions (counted in the budget); prompt + n must fit.
         #[arg(long, default_value_t = 512)]
         ctx: usize,
-        #[arg(long)]
-        pread: bool,
-        #[arg(long)]
-        max_run_bytes: Option<usize>,
-        #[arg(long, default_value = "soft8")]
-        set_rule: runtime::predictor::SetRule,
-        /// Layers below L dense, L.. sparse; `fit`: as many dense as --mem-budget allows (up to
-        /// the manifest's default), then sets smaller than K_max if even that does not fit.
-        #[arg(long)]
-        dense_from: Option<runtime::stream::DenseFrom>,
-        /// Share of K_max neurons kept per sparse layer (see `runtime run --help`).
-        #[arg(long, default_value_t = 1.0, value_parser = parse_set_scale)]
-        set_scale: f64,
-        /// importance or membership (see `runtime run --help`).
-        #[arg(long, value_enum, default_value_t = runtime::predictor::NeuronRank::Importance)]
-        neuron_rank: runtime::predictor::NeuronRank,
-        /// See `runtime run --help`.
-        #[arg(long, default_value_t = 1.0, value_parser = parse_resident_bonus)]
-        resident_bonus: f32,
-        /// See `runtime run --help`.
-        #[arg(long)]
-        head_q8: bool,
-        /// See `runtime run --help`.
-        #[arg(long)]
-        early_reads: bool,
+        #[command(flatten)]
+        mode: ModeArgs,
         #[arg(long)]
         threads: Option<usize>,
         #[arg(long)]
@@ -307,6 +324,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
         None => serde_json::Value::Null,
         Some(Sparsity::InMemory(s)) => serde_json::json!({
             "mode": "in-memory",
+            "set_rule": s.rule.to_string(),
             "dense_prefix": s.dense_prefix,
             "set_scale": s.set_scale,
             "neuron_rank": s.neuron_rank(),
@@ -323,16 +341,14 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             "keep_share": s.keep as f64 / n_ff as f64,
             "slot_share": s.slots as f64 / n_ff as f64,
             "resident_bonus": s.resident_bonus,
-            "early_reads": s.early_reads,
             "reuse_ratio": s.reuse_ratio(),
-            "rows_loaded_early_share": s.loaded_early as f64 / s.loaded.max(1) as f64,
             "sparse_layer_density": s.density(),
         }),
         Some(Sparsity::Stream(e)) => {
             let st = &e.stats;
             serde_json::json!({
                 "mode": "stream",
-                "set_rule": e.rule.to_string(),
+                "set_rule": e.rule(),
                 "dense_prefix": e.first_layer,
                 "set_scale": e.plan.set_scale,
                 "neuron_rank": e.neuron_rank(),
@@ -353,8 +369,8 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
             p.density(n_ff), p.dense_prefix, p.set_scale, p.overall_top1(), p.overall_recall()
         ),
         Some(Sparsity::Scored(p)) => println!(
-            "scored sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, 4-bit gate/up scorer, resident bonus {}), reuse {:.3}",
-            p.density(), p.first_layer, p.resident_bonus, p.reuse_ratio()
+            "scored sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, 4-bit gate/up scorer, {:.2} x n_ff needed, {:.2} held), reuse {:.3}",
+            p.density(), p.first_layer, p.keep as f64 / n_ff as f64, p.slots as f64 / n_ff as f64, p.reuse_ratio()
         ),
         Some(Sparsity::Stream(e)) => {
             e.refresh_io_stats();
@@ -363,9 +379,9 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
                 "streamed: {} tokens, layers {}.. sparse ({} sets of {:.2} x {}), reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
                 st.tokens,
                 e.first_layer,
-                e.rule,
+                e.rule(),
                 e.plan.set_scale,
-                if e.rule == runtime::predictor::SetRule::Scorer { "n_ff" } else { "K_max" },
+                if e.rule() == "scorer" { "n_ff" } else { "K_max" },
                 st.reuse_ratio(),
                 st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
                 e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
@@ -376,23 +392,41 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
     }
 }
 
+/// Threads for the pool: 1..=4 x the cores (default: all cores).
+fn pool_threads(threads: Option<usize>) -> std::result::Result<usize, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match threads {
+        None => Ok(0),
+        Some(0) => Err("--threads 0: expected at least 1".into()),
+        Some(t) if t > 4 * cores => Err(format!("--threads {t}: this machine has {cores} cores (at most {} threads)", 4 * cores)),
+        Some(t) => Ok(t),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let threads = match &cli.command {
         Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } => *threads,
     };
+    let n = match pool_threads(threads) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("runtime: error: {e}");
+            std::process::exit(1);
+        }
+    };
     // The whole command runs inside the pool, so every parallel op forks from a worker thread
     // (cheap) instead of being injected from outside and waking a sleeping worker (~10s of us,
     // hundreds of times per decoded token).
-    let pool = match rayon::ThreadPoolBuilder::new().num_threads(threads.unwrap_or(0)).build() {
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(n).build() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("runtime: error: cannot start {threads:?} threads: {e}");
+            eprintln!("runtime: error: cannot start {n} threads: {e}");
             std::process::exit(1);
         }
     };
     if let Err(e) = pool.install(|| run(cli)) {
-        eprintln!("runtime: error: {e:#}");
+        eprintln!("runtime: error: {e}");
         std::process::exit(1);
     }
 }
@@ -400,26 +434,37 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
-            // the streaming plan counts a KV cache of --ctx positions (2048 when not given)
-            let mut opened = runtime::open(&model, &mode.mode(ctx.unwrap_or(2048))?)?;
-            apply_mode(&mut opened, &model, &mode)?;
-            let prompt_len = opened.tokenizer.encode(&prompt, true)?.len();
-            let opts = GenerateOptions { max_new_tokens: n, ctx: ctx.unwrap_or(prompt_len + n), stop_at_eos: !ignore_eos };
+            if !(temp.is_finite() && temp >= 0.0) {
+                anyhow::bail!("--temp {temp}: expected a finite temperature >= 0 (0 = greedy)");
+            }
+            if !(top_p > 0.0 && top_p <= 1.0) {
+                anyhow::bail!("--top-p {top_p}: expected a probability in (0, 1]");
+            }
+            if n == 0 {
+                anyhow::bail!("-n 0: nothing to generate");
+            }
+            // the KV cache holds the prompt and the new tokens unless --ctx says otherwise
+            let ctx = match ctx {
+                Some(c) => c,
+                None => runtime::prompt_tokens(&model, &prompt)? + n,
+            };
+            let (mut opened, _) = open(&model, &mode, ctx)?;
+            let opts = GenerateOptions { max_new_tokens: n, ctx, stop_at_eos: !ignore_eos };
             let mut sampler = Sampler::new(temp, top_p, seed);
             let mut stdout = std::io::stdout();
-            let hook = opened.sparsity.as_mut().map(|s| s.as_hook());
-            let r = generate(&opened.model, &opened.tokenizer, &prompt, &opts, &mut sampler, hook, |piece| {
+            let (mut runner, tokenizer) = opened.runner_and_tokenizer();
+            let r = generate(&mut runner, tokenizer, &prompt, &opts, &mut sampler, |piece| {
                 if !json {
                     let _ = stdout.write_all(piece.as_bytes());
                     let _ = stdout.flush();
                 }
             })?;
             let n_ff = opened.model.config.intermediate_size;
+            if let Some(e) = opened.engine() {
+                e.refresh_io_stats();
+            }
             if json {
                 let mut v = serde_json::to_value(&r)?;
-                if let Some(Sparsity::Stream(e)) = opened.sparsity.as_mut() {
-                    e.refresh_io_stats();
-                }
                 v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
                 v["peak_rss_bytes"] = runtime::bench::peak_rss_bytes().into();
                 println!("{v}");
@@ -432,36 +477,42 @@ fn run(cli: Cli) -> Result<()> {
                 print_sparsity(opened.sparsity.as_mut(), n_ff);
             }
         }
-        Command::Perplexity { model, text, ctx, chunks, threads: _, oracle_thresholds, dense_prefix, mode, json } => {
-            let mode_args = mode;
-            let mode = if oracle_thresholds.is_some() { PreparedMode::Dense } else { mode_args.mode(ctx)? };
-            let mut opened = runtime::open(&model, &mode)?;
-            apply_mode(&mut opened, &model, &mode_args)?;
+        Command::Perplexity { model, text, ctx, chunks, threads: _, mode, json } => {
+            let (mut opened, x) = open(&model, &mode, ctx)?;
             let n_ff = opened.model.config.intermediate_size;
-            let mut oracle = match &oracle_thresholds {
+            let mut oracle = match &x.oracle_thresholds {
                 Some(p) => {
+                    if opened.sparsity.is_some() {
+                        anyhow::bail!("--experiment oracle-thresholds masks a dense model's activations: use it with a model directory or --strategy dense");
+                    }
                     let t = formats::thresholds::Thresholds::load(p)?;
                     if t.n_layers() != opened.model.config.num_hidden_layers {
                         anyhow::bail!("{}: thresholds for {} layers, the model has {}", p.display(), t.n_layers(), opened.model.config.num_hidden_layers);
                     }
-                    Some(runtime::oracle::OracleSparsity::new(t, dense_prefix))
+                    let prefix = match mode.dense_prefix {
+                        None => 0,
+                        Some(DenseFrom::Layer(l)) => l,
+                        Some(d) => anyhow::bail!("--dense-prefix {d:?}: oracle masks take a layer number"),
+                    };
+                    Some(runtime::oracle::OracleSparsity::new(t, prefix))
                 }
                 None => None,
             };
-            let hook = match oracle.as_mut() {
-                Some(o) => Some(o as &mut dyn runtime::model::MlpHook),
-                None => opened.sparsity.as_mut().map(|s| s.as_hook()),
-            };
-            let r = runtime::perplexity::perplexity(&opened.model, &opened.tokenizer, &text, ctx, chunks, hook, |i, n, ppl| {
+            let (mut runner, tokenizer) = opened.runner_and_tokenizer();
+            if let Some(o) = oracle.as_mut() {
+                runner = runtime::Runner::with_hook(runner.model, o);
+            }
+            let r = runtime::perplexity::perplexity(&mut runner, tokenizer, &text, ctx, chunks, |i, n, ppl| {
                 if !json {
                     eprint!("\r[{i}/{n}] perplexity so far {ppl:.4}");
                 }
             })?;
+            drop(runner);
             let oracle_json = oracle.as_ref().map(|o| {
                 serde_json::json!({"mask_kind": o.thresholds.mask_kind, "alpha": o.thresholds.alpha,
                     "dense_prefix": o.dense_prefix, "sparse_layer_density": o.density()})
             });
-            if let Some(Sparsity::Stream(e)) = opened.sparsity.as_mut() {
+            if let Some(e) = opened.engine() {
                 e.refresh_io_stats();
             }
             if json {
@@ -482,16 +533,15 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Eval { model, task, data, limit, mode, threads: _, json } => {
-            let mut opened = runtime::open(&model, &mode.mode(2048)?)?;
-            apply_mode(&mut opened, &model, &mode)?;
+            let (mut opened, _) = open(&model, &mode, 2048)?;
             let n_ff = opened.model.config.intermediate_size;
-            let hook = opened.sparsity.as_mut().map(|s| s.as_hook());
-            let r = runtime::eval::evaluate(&opened.model, &opened.tokenizer, &task, &data, limit, hook, |i, n, acc| {
+            let (mut runner, tokenizer) = opened.runner_and_tokenizer();
+            let r = runtime::eval::evaluate(&mut runner, tokenizer, &task, &data, limit, |i, n, acc| {
                 if !json {
                     eprint!("\r[{i}/{n}] accuracy so far {acc:.4}");
                 }
             })?;
-            if let Some(Sparsity::Stream(e)) = opened.sparsity.as_mut() {
+            if let Some(e) = opened.engine() {
                 e.refresh_io_stats();
             }
             if json {
@@ -504,23 +554,28 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
-        Command::Bench { manifest, mem_budget, prompt_file, n, ctx, pread, max_run_bytes, set_rule, dense_from, set_scale, neuron_rank, resident_bonus, head_q8, early_reads, threads: _, json } => {
+        Command::Bench { manifest, prompt_file, n, ctx, mode, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
+            }
+            if mode.in_memory || mode.strategy == Strategy::Dense {
+                anyhow::bail!("runtime bench measures a streamed run: no --in-memory or --strategy dense");
+            }
+            if n == 0 {
+                anyhow::bail!("-n 0: nothing to decode");
             }
             let prompt = match &prompt_file {
                 Some(p) => std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
                 None => "The history of the printing press begins in the fifteenth century, when".to_string(),
             };
-            let mode = ModeArgs { mem_budget, in_memory: false, dense: false, pread, max_run_bytes, dense_from, set_rule, set_scale, neuron_rank, resident_bonus, slot_share: None, head_q8, early_reads };
-            let mut opened = runtime::open(&manifest, &mode.mode(ctx)?)?;
-            apply_mode(&mut opened, &manifest, &mode)?;
+            let (mut opened, _) = open(&manifest, &mode, ctx)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
             if prompt_tokens + n > ctx {
                 return Err(runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into());
             }
-            let Some(Sparsity::Stream(engine)) = opened.sparsity.as_mut() else { unreachable!("stream mode") };
-            let r = runtime::bench::bench(&opened.model, &opened.tokenizer, engine, prompt.trim_end(), n)?;
+            let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
+            let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a streamed mode") };
+            let r = runtime::bench::bench(model, tokenizer, engine, prompt.trim_end(), n)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -531,9 +586,9 @@ fn run(cli: Cli) -> Result<()> {
                     r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
                 );
                 println!(
-                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, sets of {:.2} x {}",
+                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, {} sets of {:.2} x {}",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from, r.set_scale,
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from, r.set_rule, r.set_scale,
                     if r.set_rule == "scorer" { "n_ff" } else { "K_max" }
                 );
             }

@@ -2,6 +2,7 @@
 //! matrices are row-major, activations `[tokens, features]`.
 
 pub mod attention;
+pub mod down_sum;
 pub mod layernorm;
 pub mod matmul;
 pub mod qmatvec;

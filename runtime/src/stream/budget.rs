@@ -14,9 +14,7 @@
 
 use super::engine::StreamSettings;
 use crate::error::{Result, RuntimeError};
-use crate::predictor::Predictor;
-use crate::scorer::GateUpScorer;
-use formats::centroids::CentroidTable;
+use crate::select::SetSelector;
 use formats::manifest::Manifest;
 use serde::Serialize;
 use std::path::Path;
@@ -34,22 +32,12 @@ pub const MIN_SET_SCALE: f64 = 0.25;
 /// share of n_ff, and it ranks every neuron each token: at 0.27 LAMBADA perplexity is 1.15x).
 pub const MIN_SCORER_SHARE: f64 = 0.10;
 
-/// What chooses the sparse layers' sets, and so what the plan holds for it.
-#[derive(Clone, Copy)]
-pub enum SetSource<'a> {
-    /// The shared predictor and the centroid sets: slots hold a neuron's gate, up and downT
-    /// rows; sets are a share of K_max.
-    Predictor { predictor: &'a Predictor, centroids: &'a CentroidTable },
-    /// The resident 4-bit gate/up scorer: slots hold downT rows only; sets are a share of n_ff.
-    Scorer(&'a GateUpScorer),
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
-    /// resident.safetensors as held (without the f16 head with --head-q8).
+    /// resident.safetensors as held (without the f16 head with the Q8_0 head).
     pub resident_bytes: u64,
-    /// The Q8_0 output head (`--head-q8`; else 0).
+    /// The Q8_0 output head (`-X head=q8` (the scorer's default); else 0).
     pub head_q8_bytes: u64,
     /// Layers `dense_from..` are sparse; `dense_prefix..dense_from` run dense from records.
     pub dense_from: usize,
@@ -57,7 +45,7 @@ pub struct MemoryPlan {
     pub dense_from_records_bytes: u64,
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
-    /// The 4-bit gate/up scorer of the sparse layers (`--set-rule scorer`; else 0).
+    /// The 4-bit gate/up scorer of the sparse layers (`--strategy scorer`; else 0).
     pub scorer_bytes: u64,
     pub kv_cache_bytes: u64,
     pub staging_bytes: usize,
@@ -83,15 +71,16 @@ impl MemoryPlan {
     /// (never below its `dense_prefix`), then, with every layer after it sparse, the set scale
     /// lowered (from `s.set_scale`, in steps of 0.01, never below [`MIN_SET_SCALE`]); without a
     /// budget, the default.
-    pub fn fit(manifest_path: &Path, m: &Manifest, src: SetSource, s: &StreamSettings) -> Result<Self> {
+    pub fn fit(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings) -> Result<Self> {
         let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
         let mut minimum_at_default = None;
         let mut refusal = None;
-        // the scorer computes every row its slots hold, so memory is worth more as slots of
+        let fp = sel.footprint(d0);
+        // a selector whose held rows all count (the scorer) gets more from memory as slots of
         // sparse layers than as dense layers: it goes straight to every layer from d0 sparse
-        let prefixes = if matches!(src, SetSource::Scorer(_)) { d0..=d0 } else { d0..=default };
+        let prefixes = if fp.fit_tries_prefixes { d0..=default } else { d0..=d0 };
         for l in prefixes.rev() {
-            match Self::new(manifest_path, m, src, s, l, s.set_scale) {
+            match Self::new(manifest_path, m, sel, s, l, s.set_scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
                     minimum_at_default.get_or_insert(minimum);
@@ -102,25 +91,22 @@ impl MemoryPlan {
         }
         // every layer after dense_prefix sparse does not fit: smaller sets, in steps of 0.01
         let minimum_all_sparse = refusal.as_ref().map_or(0, |r| r.1);
-        let (floor, unit) = match src {
-            SetSource::Predictor { .. } => (MIN_SET_SCALE, "K_max"),
-            SetSource::Scorer(_) => (MIN_SCORER_SHARE, "n_ff"),
-        };
+        let (floor, unit) = (fp.min_set_scale, fp.set_unit);
         let floor_pct = (floor * 100.0).round() as u32;
         for pct in (floor_pct..(s.set_scale * 100.0).round() as u32).rev() {
             let scale = pct as f64 / 100.0;
-            match Self::new(manifest_path, m, src, s, d0, scale) {
+            match Self::new(manifest_path, m, sel, s, d0, scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => refusal = Some((budget, minimum, breakdown, scale)),
                 Err(e) => return Err(e),
             }
         }
         let (budget, minimum, breakdown, scale) = refusal.expect("the prefix loop runs at least once");
-        let mut also = format!("every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest --dense-from fit tries)");
+        let mut also = format!("every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest --dense-prefix fit tries)");
         if scale < s.set_scale {
             also += &format!("; at {:.2} x {unit}: {} MiB", s.set_scale, minimum_all_sparse >> 20);
         }
-        if let Some(md) = minimum_at_default.filter(|_| default > d0 && !matches!(src, SetSource::Scorer(_))) {
+        if let Some(md) = minimum_at_default.filter(|_| default > d0 && fp.fit_tries_prefixes) {
             also += &format!("; at the default dense prefix {default}: {} MiB", md >> 20);
         }
         Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown: format!("{breakdown}; {also}") })
@@ -129,8 +115,9 @@ impl MemoryPlan {
     /// The plan with layers `dense_from..` sparse (`dense_prefix <= dense_from <= n_layers`).
     /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(manifest_path: &Path, m: &Manifest, src: SetSource, s: &StreamSettings, dense_from: usize, set_scale: f64) -> Result<Self> {
-        let unit = if matches!(src, SetSource::Scorer(_)) { "n_ff" } else { "K_max" };
+    pub fn new(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_from: usize, set_scale: f64) -> Result<Self> {
+        let fp = sel.footprint(dense_from.min(m.model.num_hidden_layers));
+        let unit = fp.set_unit;
         if !(set_scale > 0.0 && set_scale <= 1.0) {
             return Err(RuntimeError::Input(format!("set scale {set_scale}: expected a share of {unit} in (0, 1]")));
         }
@@ -145,21 +132,15 @@ impl MemoryPlan {
         // use and are not held, so it is not counted. A tied one is the output head: all of it.
         let embed_bytes = (c.vocab_size * c.hidden_size * 2) as u64;
         let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { embed_bytes };
-        // With --head-q8 the f16 head is never read (a tied embedding is then read a row per
+        // With the Q8_0 head the f16 head is never read (a tied embedding is then read a row per
         // token, as an untied one): the Q8_0 head takes its place.
         let head_f16_bytes = if s.head_q8 { embed_bytes } else { 0 };
         let row_read_embedding = !c.tie_word_embeddings || s.head_q8;
         let resident_bytes = size("resident")? - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
         let head_q8_bytes = if s.head_q8 { formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size) } else { 0 };
-        let (predictor_bytes, centroid_bytes, scorer_bytes) = match src {
-            // the sets, plus per neuron its membership count (u16) and importance (f32)
-            SetSource::Predictor { predictor, centroids } => {
-                (predictor.n_bytes() as u64, centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64 + c.width as u64 * 8 * 6).sum(), 0)
-            }
-            SetSource::Scorer(sc) => (0, 0, sc.bytes_from(dense_from.min(c.num_hidden_layers))),
-        };
+        let (predictor_bytes, centroid_bytes, scorer_bytes) = (fp.predictor_bytes, fp.centroid_bytes, fp.scorer_bytes);
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
-        let staging_bytes = s.staging_bytes.max(rb).div_ceil(4096) * 4096;
+        let staging_bytes = s.io.staging_bytes.max(rb).div_ceil(4096) * 4096;
         // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table
         // (f32, every position the model supports: Model::load builds it whole)
         let rope_bytes = (2 * c.max_position_embeddings.min(crate::model::ROPE_MAX_POSITIONS) * (c.head_dim() / 2) * 4) as u64;
@@ -171,17 +152,11 @@ impl MemoryPlan {
                 manifest_path.display()
             )));
         }
-        let full_row_bytes = 3 * c.hidden_size * 2;
-        let srb = match src {
-            SetSource::Predictor { .. } => full_row_bytes,
-            SetSource::Scorer(_) => c.hidden_size * 2,
-        };
+        let full_row_bytes = crate::select::SlotRow::GateUpDown.bytes(c.hidden_size);
+        let srb = sel.slot_row().bytes(c.hidden_size);
         let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * full_row_bytes) as u64;
         let fixed = resident_bytes + head_q8_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
-        let set_sizes = match src {
-            SetSource::Predictor { .. } => crate::predictor::scaled_set_sizes(&m.sparsity.k_max[dense_from - d0..], set_scale),
-            SetSource::Scorer(_) => crate::predictor::scaled_set_sizes(&vec![c.intermediate_size; n_layers - dense_from], set_scale),
-        };
+        let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
@@ -196,9 +171,10 @@ impl MemoryPlan {
                         resident_bytes >> 20,
                         if s.head_q8 { format!(" + Q8_0 head {} MiB", head_q8_bytes >> 20) } else { String::new() },
                         dense_from_records_bytes >> 20,
-                        match src {
-                            SetSource::Predictor { .. } => format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0),
-                            SetSource::Scorer(_) => format!("4-bit scorer {:.1} MiB", scorer_bytes as f64 / 1048576.0),
+                        if scorer_bytes > 0 {
+                            format!("4-bit scorer {:.1} MiB", scorer_bytes as f64 / 1048576.0)
+                        } else {
+                            format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0)
                         },
                         s.ctx, kv_cache_bytes as f64 / 1048576.0,
                         staging_bytes as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0

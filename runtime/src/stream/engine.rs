@@ -1,54 +1,39 @@
 //! `StreamingEngine`: the sparse layers' MLP rows live in `records.bin`; each sparse layer has
-//! a buffer of C >= K_max row slots. Per token: layer 0 runs, the predictor picks every sparse
-//! layer's centroid, the slot maps give the delta (rows not resident), and a background I/O
-//! thread reads the delta (io_uring, O_DIRECT, coalesced runs) while the dense prefix computes;
-//! each sparse layer waits only for its own rows, then computes its MLP from the active slots.
+//! a buffer of row slots (at least its set size; the memory plan spreads what the budget
+//! leaves). A [`SetSelector`] chooses each token's neurons, after layer 0 for every sparse layer
+//! (the shared predictor) or at each layer from its own input (the 4-bit scorer); the layer's
+//! [`SlotMap`] gives the missing rows; the one I/O thread ([`IoThread`]) reads them while the
+//! engine adds up the rows the layer already holds; then the read rows go to their slots and
+//! are added too. `Model::decode_step` calls [`StreamingEngine::mlp`] for each streamed layer.
 
 use super::aligned::AlignedBuf;
-use super::budget::{MemoryPlan, SetSource};
-use super::reader::{RecordReader, Run};
-use super::slots::{Load, SlotMap, EMPTY};
+use super::budget::MemoryPlan;
+use super::io::{IoThread, LayerReads, RowSpan};
+use super::reader::{ReaderOptions, RecordReader};
+use super::slots::{Load, SlotMap};
 use crate::error::{Result, RuntimeError};
-use crate::model::MlpHook;
-use crate::ops::simd::{axpy_f16, dot2_f16_f32};
+use crate::ops::down_sum::down_sum;
+use crate::ops::simd::dot2_f16_f32;
 use crate::ops::swiglu::silu;
-use crate::predictor::Predictor;
-use formats::centroids::{CentroidSet, CentroidTable};
-use crate::scorer::{GateUpScorer, LayerScoring};
-use formats::records::{check_record, RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES};
-use formats::thresholds::Thresholds;
+use crate::predictor::{NeuronRank, SetRule};
+use crate::select::{predicted::PredictedSelector, scored::ScoredSelector, SetSelector, SlotRow};
 use half::f16;
-use rayon::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-struct LayerStore {
+/// One sparse layer's slots: which neuron each holds, and their rows.
+struct LayerSlots {
     map: SlotMap,
-    /// `[capacity, 3 * d_model]` f16: each slot holds one neuron's gate, up and downT rows (the
-    /// record's payload; its header and padding are checked and dropped).
+    /// `[capacity, slot row]` f16: a neuron's gate, up and downT rows, or its downT row alone
+    /// ([`SlotRow`]).
     buf: AlignedBuf,
 }
 
-#[derive(Default)]
-struct Progress {
-    tick: u64,
-    layers_done: usize,
-    error: Option<String>,
-}
-
-struct Shared {
-    layers: Vec<Mutex<LayerStore>>,
-    progress: Mutex<Progress>,
-    cv: Condvar,
-}
-
-struct IoJob {
-    tick: u64,
-    /// Per sparse layer, the rows to load (sorted by neuron).
-    loads: Vec<Vec<Load>>,
+impl LayerSlots {
+    fn rows(&self) -> &[f16] {
+        bytemuck::cast_slice(self.buf.as_slice())
+    }
 }
 
 /// Per sparse layer counters.
@@ -69,13 +54,13 @@ pub struct StreamStats {
     pub bytes_read: u64,
     pub read_requests: u64,
     pub io_wait_ms: f64,
+    /// Choosing sets: the predictor after layer 0, or the scorer at each layer.
     pub predictor_ms: f64,
+    /// Adding up the sparse layers' rows (overlapped with their reads, then the read rows).
     pub sparse_compute_ms: f64,
-    /// Wall time the I/O thread spent reading and scattering.
+    /// Wall time the I/O thread spent reading and checking.
     pub io_busy_ms: f64,
-    /// With the scorer: rows read before their layer was fully scored (part of rows_loaded).
-    pub rows_loaded_early: u64,
-    /// With the scorer: rows whose product was added (every row held), over tokens and layers.
+    /// Rows whose product was added, over tokens and layers.
     pub computed_rows: u64,
     pub layers: Vec<LayerStreamStats>,
 }
@@ -97,96 +82,87 @@ impl StreamStats {
     }
 }
 
-pub struct StreamingEngine {
-    pub plan: MemoryPlan,
-    shared: Arc<Shared>,
-    /// How the sets are chosen, and who reads the rows.
-    selector: Selector,
-    pub rule: crate::predictor::SetRule,
-    /// With the scorer: how much a resident row's score counts (see `GateUpScorer::keep`).
-    pub resident_bonus: f32,
-    /// The current token's active neurons per sparse layer (ascending).
-    active: Vec<Vec<u32>>,
-    /// The first sparse layer (`--dense-from`, resolved).
-    pub first_layer: usize,
-    d_model: usize,
-    tick: u64,
-    pub stats: StreamStats,
-    /// The first error of the current token (reported at the next sparse layer).
-    error: Option<RuntimeError>,
-    pub fallback: Option<String>,
-    pub records_path: PathBuf,
-    /// With `record_history`: every token's active sets, `[tokens][sparse layers][neurons]`.
-    pub history: Vec<Vec<Vec<u32>>>,
-    pub record_history: bool,
+/// Which [`SetSelector`] a streamed run uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SelectorChoice {
+    /// The shared predictor with a set rule (soft8, or the `--experiment` rules top1, static)
+    /// and a neuron ranking for cut sets.
+    Predictor { rule: SetRule, neuron_rank: NeuronRank },
+    /// The resident 4-bit gate/up scorer; a held row counts `resident_bonus` (>= 1) times.
+    Scorer { resident_bonus: f32 },
 }
 
-/// NeuroPrefetcher's way: after layer 0 the shared predictor picks every sparse layer's set, and
-/// a background I/O thread reads the deltas (whole records) while the layers before compute.
-struct PredictedSets {
-    tx: Option<Sender<IoJob>>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    io_stats: Arc<Mutex<(u64, u64, f64)>>, // bytes, requests, busy ms
-    predictor: Predictor,
-    layer0: CentroidSet,
-    /// Per sparse layer: its centroid sets and how its neurons rank (importance, membership);
-    /// its set size is the plan's.
-    sets: Vec<CentroidSet>,
-    priors: Vec<crate::predictor::NeuronPrior>,
-    thresholds: Thresholds,
-    c0: u32,
+impl Default for SelectorChoice {
+    fn default() -> Self {
+        SelectorChoice::Predictor { rule: SetRule::default(), neuron_rank: NeuronRank::default() }
+    }
 }
 
-/// `--set-rule scorer`: each sparse layer scores its neurons from its own input with the
-/// resident 4-bit gate/up copy, then reads the missing downT rows itself (only the row, not
-/// the record) and checks each against the scorer's CRC32C.
-struct ScoredReads {
-    scorer: GateUpScorer,
-    reader: RecordReader,
-    staging: AlignedBuf,
-    /// Per sparse layer, heat and threshold (`scorer::score_and_plan`).
-    scoring: Vec<LayerScoring>,
-    /// Read the rows that clear the last threshold while the layer is still being scored.
-    early_reads: bool,
-    layout: formats::manifest::RecordsLayout,
-    /// Rows read for the layer at hand, checked, before they go to their slots.
-    landing: Vec<u8>,
-    /// Where a record's downT row starts, and the 512-aligned span read around it.
-    down_offset: usize,
-    span_offset: usize,
-    span_bytes: usize,
-    io_busy_ms: f64,
+/// How the reader thread reads: research knobs with measured defaults.
+#[derive(Debug, Clone)]
+pub struct IoSettings {
+    pub queue_depth: usize,
+    pub staging_bytes: usize,
+    /// Longest coalesced read of whole records.
+    pub max_run_bytes: usize,
+    pub force_pread: bool,
 }
 
-enum Selector {
-    Predicted(Box<PredictedSets>),
-    Scored(Box<ScoredReads>),
+impl Default for IoSettings {
+    fn default() -> Self {
+        IoSettings { queue_depth: 256, staging_bytes: 8 << 20, max_run_bytes: 1 << 20, force_pread: false }
+    }
 }
 
+/// Everything a streamed run is built from; checked once by [`StreamSettings::validate`].
 #[derive(Debug, Clone)]
 pub struct StreamSettings {
     pub mem_budget_bytes: Option<u64>,
+    /// KV cache positions the plan holds.
     pub ctx: usize,
-    pub queue_depth: usize,
-    pub staging_bytes: usize,
-    /// Longest coalesced read.
-    pub max_run_bytes: usize,
-    pub force_pread: bool,
-    /// Which layers run sparse (`--dense-from`).
+    /// Which layers run sparse (`--dense-prefix`).
     pub dense_from: DenseFrom,
     /// Neurons kept per sparse layer, as a share of K_max (`--set-scale`, 0 < s <= 1; of n_ff
-    /// with `scorer`). With `DenseFrom::Fit`, the largest scale up to this one that fits once
-    /// every layer after the dense prefix is sparse.
+    /// with the scorer). With `DenseFrom::Fit`, the largest scale up to this one that fits once
+    /// every layer after the prepared prefix is sparse.
     pub set_scale: f64,
-    /// Choose sets with the 4-bit gate/up scorer (`--set-rule scorer`) instead of the predictor.
-    pub scorer: bool,
-    /// Logits from the Q8_0 head (`--head-q8`): the plan holds it instead of the f16 head.
+    pub selector: SelectorChoice,
+    /// Logits from the Q8_0 head: the plan holds it instead of the f16 head.
     pub head_q8: bool,
-    /// With the scorer: read the rows that clear a layer's last threshold while the rest of
-    /// the layer is scored (`scorer::score_and_plan`, `--early-reads`). Off by default: on 2
-    /// cores it read ~25% more rows and the reads' completions slowed the scoring as much as
-    /// the overlap saved.
-    pub early_reads: bool,
+    pub io: IoSettings,
+    /// Keep every token's sets in `StreamingEngine::history` (tests, analysis).
+    pub record_sets: bool,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_from: DenseFrom::Default, set_scale: 1.0, selector: SelectorChoice::default(), head_q8: false, io: IoSettings::default(), record_sets: false }
+    }
+}
+
+impl StreamSettings {
+    /// Refuses values no run can use, naming the setting.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(RuntimeError::Input(what));
+        if !(self.set_scale > 0.0 && self.set_scale <= 1.0) {
+            return bad(format!("set scale {}: expected a share in (0, 1]", self.set_scale));
+        }
+        if self.ctx == 0 {
+            return bad("--ctx 0: the KV cache needs at least one position".into());
+        }
+        if let SelectorChoice::Scorer { resident_bonus } = self.selector {
+            if !(resident_bonus.is_finite() && resident_bonus >= 1.0) {
+                return bad(format!("resident bonus {resident_bonus}: expected a factor >= 1"));
+            }
+        }
+        if self.io.queue_depth == 0 || self.io.queue_depth > 4096 {
+            return bad(format!("queue depth {}: expected 1..=4096", self.io.queue_depth));
+        }
+        if self.io.max_run_bytes == 0 || self.io.staging_bytes == 0 {
+            return bad("the staging buffer and the longest read must be at least one byte".into());
+        }
+        Ok(())
+    }
 }
 
 /// Where the sparse layers start.
@@ -212,494 +188,242 @@ impl std::str::FromStr for DenseFrom {
     }
 }
 
-impl Default for StreamSettings {
-    fn default() -> Self {
-        StreamSettings {
-            mem_budget_bytes: None,
-            ctx: 2048,
-            queue_depth: 256,
-            staging_bytes: 8 << 20,
-            max_run_bytes: 1 << 20,
-            force_pread: false,
-            dense_from: DenseFrom::Default,
-            set_scale: 1.0,
-            scorer: false,
-            head_q8: false,
-            early_reads: false,
-        }
-    }
-}
-
-fn wait_for(shared: &Shared, tick: u64, layer_index: usize) -> std::result::Result<(), String> {
-    let mut p = shared.progress.lock().unwrap();
-    loop {
-        if let Some(e) = &p.error {
-            return Err(e.clone());
-        }
-        if p.tick == tick && p.layers_done > layer_index {
-            return Ok(());
-        }
-        p = shared.cv.wait(p).unwrap();
-    }
-}
-
-/// Groups sorted loads into runs of consecutive neurons (<= max_records each).
-fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 1..=loads.len() {
-        if i == loads.len() || loads[i].neuron != loads[i - 1].neuron + 1 || i - start >= max_records {
-            out.push(start..i);
-            start = i;
-        }
-    }
-    out
-}
-
-#[allow(clippy::too_many_arguments)]
-fn io_worker(
-    rx: std::sync::mpsc::Receiver<IoJob>,
-    shared: Arc<Shared>,
-    mut reader: RecordReader,
-    mut staging: AlignedBuf,
-    layout: formats::manifest::RecordsLayout,
-    first_sparse_layer: usize,
+pub struct StreamingEngine {
+    pub plan: MemoryPlan,
+    /// The selector this run was built with.
+    pub choice: SelectorChoice,
+    selector: Box<dyn SetSelector>,
+    layers: Vec<LayerSlots>,
+    io: IoThread,
+    /// Per sparse layer, the current token's loads sent to the reader and not yet landed.
+    in_flight: Vec<Vec<Load>>,
+    /// The current token's set per sparse layer (ascending).
+    sets: Vec<Vec<u32>>,
+    /// `[n_ff]` coefficients from a selector that scores at the layer.
+    h: Vec<f32>,
+    /// The first sparse layer (`--dense-prefix`, resolved).
+    pub first_layer: usize,
     d_model: usize,
-    max_run_bytes: usize,
-    io_stats: Arc<Mutex<(u64, u64, f64)>>,
-) {
-    let rb = layout.record_bytes;
-    let max_records = (max_run_bytes / rb).max(1).min(staging.len() / rb);
-    while let Ok(job) = rx.recv() {
-        let t0 = Instant::now();
-        for (si, loads) in job.loads.iter().enumerate() {
-            let layer = first_sparse_layer + si;
-            let result = (|| -> std::result::Result<(), String> {
-                let runs = runs_of(loads, max_records);
-                let mut r = 0;
-                while r < runs.len() {
-                    // fill the staging buffer with whole runs
-                    let mut batch = Vec::new();
-                    let mut used = 0usize;
-                    while r < runs.len() && used + runs[r].len() * rb <= staging.len() {
-                        let first = &loads[runs[r].start];
-                        batch.push((runs[r].clone(), Run { offset: layout.offset(layer, first.neuron as usize), bytes: runs[r].len() * rb, staging_offset: used }));
-                        used += runs[r].len() * rb;
-                        r += 1;
-                    }
-                    let plain: Vec<Run> = batch.iter().map(|b| b.1).collect();
-                    reader.read_runs(&plain, &mut staging).map_err(|e| e.to_string())?;
-                    let mut store = shared.layers[si].lock().unwrap();
-                    for (range, run) in &batch {
-                        for (k, load) in loads[range.clone()].iter().enumerate() {
-                            let src = &staging.as_slice()[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
-                            let off = run.offset + (k * rb) as u64;
-                            if let Err(e) = check_record(src, &reader.path, off, layer as u32, load.neuron, d_model) {
-                                for l in loads {
-                                    store.map.invalidate(l.slot);
-                                }
-                                return Err(e.to_string());
-                            }
-                            let (s, pb) = (load.slot as usize, 3 * d_model * 2);
-                            store.buf.as_mut_slice()[s * pb..(s + 1) * pb].copy_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + pb]);
-                        }
-                    }
-                }
-                Ok(())
-            })();
-            let mut p = shared.progress.lock().unwrap();
-            if p.tick == job.tick {
-                if let Err(e) = result {
-                    p.error.get_or_insert(e);
-                }
-                p.layers_done = si + 1;
-            }
-            drop(p);
-            shared.cv.notify_all();
-        }
-        let mut s = io_stats.lock().unwrap();
-        *s = (reader.bytes_read, reader.requests, s.2 + t0.elapsed().as_secs_f64() * 1e3);
-    }
+    tick: u64,
+    pub stats: StreamStats,
+    /// Why reads go through pread instead of io_uring + O_DIRECT (None: the fast path).
+    pub fallback: Option<String>,
+    /// Things the user should know about this run (a missing optional artifact).
+    pub notes: Vec<String>,
+    pub records_path: PathBuf,
+    /// With `record_sets`: every token's sets, `[tokens][sparse layers][neurons]`.
+    pub history: Vec<Vec<Vec<u32>>>,
+    record_sets: bool,
+    /// The decode step's buffers, allocated once (`Model::decode_step`).
+    pub(crate) scratch: Option<crate::model::DecodeState>,
 }
 
 impl StreamingEngine {
-    /// `--neuron-rank` (see [`crate::predictor::apply_neuron_rank`]; the scorer ranks by score).
-    pub fn set_neuron_rank(&mut self, rank: crate::predictor::NeuronRank) {
-        if let Selector::Predicted(p) = &mut self.selector {
-            crate::predictor::apply_neuron_rank(&mut p.priors, rank);
-        }
-    }
-
-    /// How cut sets are ranked in this run (None: the scorer, which ranks by its own score).
-    pub fn neuron_rank(&self) -> Option<crate::predictor::NeuronRank> {
-        match &self.selector {
-            Selector::Predicted(p) => Some(crate::predictor::effective_neuron_rank(&p.priors)),
-            Selector::Scored(_) => None,
-        }
-    }
-
-    /// Whether the scorer reads rows while a layer is still being scored (false for the predictor).
-    pub fn early_reads(&self) -> bool {
-        matches!(&self.selector, Selector::Scored(r) if r.early_reads)
-    }
-
+    /// Sizes the run (refusing a budget it cannot meet) before anything large is loaded, then
+    /// allocates the slots and starts the reader thread.
     pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
+        settings.validate()?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let d0 = manifest.sparsity.dense_prefix;
         let default = manifest.sparsity.default_dense_from();
-        // what chooses the sets; the plan counts it
-        enum Loaded {
-            Predictor(Predictor, CentroidTable),
-            Scorer(GateUpScorer),
-        }
-        let loaded = if settings.scorer {
-            Loaded::Scorer(GateUpScorer::load(manifest_path, manifest)?)
-        } else {
-            let predictor = Predictor::load(&manifest.artifact_path_of(manifest_path, "predictor")?)?;
-            let centroids = CentroidTable::load(&manifest.artifact_path_of(manifest_path, "centroids")?)?;
-            if predictor.spec.first_layer != d0 || predictor.spec.n_sparse_layers != c.num_hidden_layers - d0 {
-                return Err(RuntimeError::Input(format!("{}: the predictor covers layers {}.. ({}), the manifest's sparse layers are {d0}..{}", manifest_path.display(), predictor.spec.first_layer, predictor.spec.n_sparse_layers, c.num_hidden_layers)));
+        let mut notes = Vec::new();
+        let mut selector: Box<dyn SetSelector> = match settings.selector {
+            SelectorChoice::Predictor { rule, neuron_rank } => {
+                let (p, note) = PredictedSelector::load(manifest_path, manifest, rule, neuron_rank)?;
+                notes.extend(note);
+                Box::new(p)
             }
-            Loaded::Predictor(predictor, centroids)
-        };
-        let src = match &loaded {
-            Loaded::Predictor(predictor, centroids) => SetSource::Predictor { predictor, centroids },
-            Loaded::Scorer(sc) => SetSource::Scorer(sc),
+            SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
         };
         let plan = match settings.dense_from {
-            DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, src, settings)?,
-            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, src, settings, l, settings.set_scale)?,
-            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, src, settings, default, settings.set_scale).map_err(|e| match e {
+            DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, selector.as_ref(), settings)?,
+            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, l, settings.set_scale)?,
+            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, default, settings.set_scale).map_err(|e| match e {
                 RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
                     budget,
                     minimum,
-                    breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-from fit` runs more layers sparse, down to layer {d0})"),
+                    breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-prefix fit` runs more layers sparse, down to layer {d0})"),
                 },
                 e => e,
             })?,
         };
         let first = plan.dense_from;
         let rb = manifest.records.record_bytes;
-        let len = std::fs::metadata(&records_path).map_err(|e| formats::FormatError::io(&records_path, e))?.len();
+        let len = std::fs::metadata(&records_path).map_err(|source| RuntimeError::Io { path: records_path.clone(), offset: None, source })?.len();
         if len != (manifest.records.count * rb) as u64 {
             return Err(formats::FormatError::Truncated { path: records_path.clone(), offset: len, what: format!("{} records of {rb} bytes", manifest.records.count), needed: (manifest.records.count * rb) as u64, file_bytes: len }.into());
         }
-        let layers = plan.capacity.iter().map(|&cap| Mutex::new(LayerStore { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) })).collect();
-        let shared = Arc::new(Shared { layers, progress: Mutex::new(Progress::default()), cv: Condvar::new() });
-        let reader = RecordReader::open(&records_path, settings.queue_depth, settings.force_pread)?;
-        let fallback = reader.fallback.clone();
-        let staging = AlignedBuf::new(plan.staging_bytes);
-        let selector = match loaded {
-            Loaded::Predictor(predictor, centroids) => {
-                // the sparse layers are first..n_layers: keep only their heads
-                let predictor = predictor.without_heads_before(first);
-                let (tx, rx) = channel();
-                let io_stats = Arc::new(Mutex::new((0, 0, 0.0)));
-                let worker = {
-                    let (shared, layout, d, mrb, ios) = (shared.clone(), manifest.records.clone(), c.hidden_size, settings.max_run_bytes, io_stats.clone());
-                    std::thread::Builder::new().name("record-io".into()).spawn(move || io_worker(rx, shared, reader, staging, layout, first, d, mrb, ios)).map_err(|e| RuntimeError::Input(format!("cannot start the I/O thread: {e}")))?
-                };
-                let sets = (first..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
-                let importance = crate::load_importance(manifest_path, manifest)?;
-                let priors = crate::predictor::NeuronPrior::for_layers(&sets, first, importance.as_ref());
-                let thresholds = Thresholds::load(&manifest.artifact_path_of(manifest_path, "thresholds")?)?;
-                Selector::Predicted(Box::new(PredictedSets { tx: Some(tx), worker: Some(worker), io_stats, predictor, layer0: centroids.layer(0)?.clone(), sets, priors, thresholds, c0: 0 }))
-            }
-            Loaded::Scorer(scorer) => {
-                let d = c.hidden_size;
-                let down_offset = RECORD_HEADER_BYTES + 2 * d * 2;
-                let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
-                let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
-                // one reader: a second ring on the other core read no faster here (~80K reads/s of
-                // 3 KiB either way) and slowed the compute sharing that core
-                let mut reader = reader;
-                let mut staging = staging;
-                reader.register(&mut staging)?;
-                Selector::Scored(Box::new(ScoredReads { scoring: (first..c.num_hidden_layers).map(|_| LayerScoring::new(c.intermediate_size)).collect(), early_reads: settings.early_reads, scorer: scorer.without_layers_before(first), reader, staging, landing: Vec::new(), layout: manifest.records.clone(), down_offset, span_offset, span_bytes, io_busy_ms: 0.0 }))
+        let span = match selector.slot_row() {
+            SlotRow::GateUpDown => RowSpan::Record,
+            SlotRow::Down => {
+                let crc32c = selector.down_row_crc32c().ok_or_else(|| RuntimeError::Input(format!("set rule {}: slots of downT rows need per-row checksums", selector.rule())))?;
+                RowSpan::DownRow { crc32c, first_layer: d0, n_ff: c.intermediate_size }
             }
         };
+        selector.keep_layers_from(first);
+        let slot_row = selector.slot_row();
+        let layers = plan.capacity.iter().map(|&cap| LayerSlots { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * slot_row.bytes(c.hidden_size)) }).collect();
+        let reader = RecordReader::open(&records_path, &ReaderOptions { queue_depth: settings.io.queue_depth, force_pread: settings.io.force_pread, staging_bytes: plan.staging_bytes, register_staging: true })?;
+        let fallback = reader.fallback.clone();
+        let n_sparse = c.num_hidden_layers - first;
+        let io = IoThread::start(reader, manifest.records.clone(), c.hidden_size, span, settings.io.max_run_bytes, n_sparse)?;
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()
         };
         Ok(StreamingEngine {
             plan,
-            shared,
+            choice: settings.selector,
             selector,
-            rule: if settings.scorer { crate::predictor::SetRule::Scorer } else { crate::predictor::SetRule::default() },
-            resident_bonus: 1.0,
-            active: vec![vec![]; c.num_hidden_layers - first],
+            layers,
+            io,
+            in_flight: vec![Vec::new(); n_sparse],
+            sets: vec![Vec::new(); n_sparse],
+            h: vec![0.0; c.intermediate_size],
             first_layer: first,
             d_model: c.hidden_size,
             tick: 0,
             stats,
-            error: None,
             fallback,
+            notes,
             records_path,
             history: Vec::new(),
-            record_history: false,
+            record_sets: settings.record_sets,
+            scratch: None,
         })
+    }
+
+    /// The set rule ("soft8", "scorer").
+    pub fn rule(&self) -> String {
+        self.selector.rule()
+    }
+
+    /// How cut sets are ranked (None: the scorer, which ranks by its own score).
+    pub fn neuron_rank(&self) -> Option<NeuronRank> {
+        self.selector.neuron_rank()
     }
 
     /// Bytes read and requests so far (from the I/O thread).
     pub fn refresh_io_stats(&mut self) {
-        let s = match &self.selector {
-            Selector::Predicted(p) => *p.io_stats.lock().unwrap(),
-            Selector::Scored(r) => (r.reader.bytes_read, r.reader.requests, r.io_busy_ms),
-        };
-        self.stats.bytes_read = s.0;
-        self.stats.read_requests = s.1;
-        self.stats.io_busy_ms = s.2;
+        let c = self.io.counters();
+        self.stats.bytes_read = c.bytes_read;
+        self.stats.read_requests = c.requests;
+        self.stats.io_busy_ms = c.busy_ms;
     }
 
-    /// Plans every sparse layer's delta for the predicted ids and hands it to the I/O thread.
-    fn dispatch(&mut self) {
+    /// A new token starts.
+    pub fn begin_token(&mut self) {
         self.tick += 1;
-        let mut loads = Vec::with_capacity(self.active.len());
-        for (si, active) in self.active.iter().enumerate() {
-            let l = self.shared.layers[si].lock().unwrap().map.plan(active, self.tick);
-            self.stats.count_layer(si, active.len(), l.len());
-            loads.push(l);
-        }
-        {
-            let mut p = self.shared.progress.lock().unwrap();
-            *p = Progress { tick: self.tick, layers_done: 0, error: None };
-        }
-        let tx = match &self.selector {
-            Selector::Predicted(p) => p.tx.as_ref(),
-            Selector::Scored(_) => None,
-        };
-        if tx.is_none_or(|tx| tx.send(IoJob { tick: self.tick, loads }).is_err()) {
-            self.error = Some(RuntimeError::Input("the record I/O thread has stopped".into()));
-        }
         self.stats.tokens += 1;
     }
 
-    /// The MLP of sparse layer `si` for one token: `out = sum_j silu(g_j) u_j downT_j` over the
-    /// active neurons j, `g_j = gate_j . xn`, `u_j = up_j . xn`.
-    fn sparse_mlp_one(&self, si: usize, xn: &[f32], out: &mut [f32]) {
-        let store = self.shared.layers[si].lock().unwrap();
-        let active = &self.active[si];
-        let d = self.d_model;
-        let pb = 3 * d * 2;
-        let buf = store.buf.as_slice();
-        let row = |slot: usize, part: usize| -> &[f16] {
-            let start = slot * pb + part * d * 2;
-            bytemuck::cast_slice(&buf[start..start + d * 2])
-        };
-        let partial = active
-            .par_chunks(64)
-            .map(|chunk| {
-                let mut acc = vec![0f32; d];
-                for &j in chunk {
-                    let s = store.map.slot_of[j as usize];
-                    debug_assert_ne!(s, EMPTY);
-                    let s = s as usize;
-                    let (g, u) = dot2_f16_f32(row(s, 0), row(s, 1), xn);
-                    axpy_f16(silu(g) * u, row(s, 2), &mut acc);
-                }
-                acc
-            })
-            .reduce(|| vec![0f32; d], |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                a
-            });
-        out.copy_from_slice(&partial);
-    }
-}
-
-impl Drop for StreamingEngine {
-    fn drop(&mut self) {
-        if let Selector::Predicted(p) = &mut self.selector {
-            p.tx.take();
-            if let Some(w) = p.worker.take() {
-                let _ = w.join();
-            }
-        }
-    }
-}
-
-impl MlpHook for StreamingEngine {
-    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
-        if let (0, Selector::Predicted(p)) = (layer, &mut self.selector) {
-            let mut mask = vec![0u8; p.layer0.width];
-            crate::predictor::product_mask(&p.thresholds, 0, gate_silu, up, &mut mask);
-            p.c0 = p.layer0.best_cover(&mask);
-        }
+    /// Layer 0 ran dense: its activations `[n_ff]` (the predictor's layer-0 centroid).
+    pub fn observe_first_layer(&mut self, gate_silu: &[f32], up: &[f32]) {
+        self.selector.observe_first_layer(gate_silu, up);
     }
 
-    fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
-        let Selector::Predicted(p) = &mut self.selector else { return };
-        if layer == 0 {
-            let t0 = Instant::now();
-            let logits = p.predictor.logits(hidden, &[p.c0]);
-            let k = p.predictor.spec.k;
-            let rule = self.rule;
-            self.active = logits
-                .chunks_exact(k)
-                .enumerate()
-                .map(|(si, head)| {
-                    let (_, bits) = crate::predictor::predicted_set(head, &p.sets[si], &p.priors[si], self.plan.set_sizes[si], rule);
-                    CentroidSet { k: 1, width: bits.len(), bits }.neurons(0)
-                })
-                .collect();
-            if self.record_history {
-                self.history.push(self.active.clone());
-            }
-            self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
-            self.dispatch();
-        }
-    }
-
-    fn single_token(&self) -> bool {
-        true
-    }
-
-    fn replaces_mlp(&self, layer: usize) -> bool {
-        layer >= self.first_layer
-    }
-
-    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let si = layer - self.first_layer;
-        if matches!(self.selector, Selector::Scored(_)) {
-            return self.scored_mlp(si, layer, xn, out);
-        }
+    /// The residual stream after layer 0 `[d_model]`: a selector that predicts every sparse
+    /// layer's set now has them; their missing rows go to the reader at once, in layer order.
+    pub fn after_first_layer(&mut self, hidden: &[f32]) -> Result<()> {
         let t0 = Instant::now();
-        wait_for(&self.shared, self.tick, si).map_err(RuntimeError::Input)?;
-        let t1 = Instant::now();
-        self.stats.io_wait_ms += (t1 - t0).as_secs_f64() * 1e3;
-        self.sparse_mlp_one(si, xn, out);
-        self.stats.sparse_compute_ms += t1.elapsed().as_secs_f64() * 1e3;
+        let Some(sets) = self.selector.sets_after_first_layer(hidden, &self.plan.set_sizes) else { return Ok(()) };
+        self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
+        let mut reads = Vec::new();
+        for (si, set) in sets.iter().enumerate() {
+            let loads = self.layers[si].map.plan(set, self.tick);
+            self.stats.count_layer(si, set.len(), loads.len());
+            if !loads.is_empty() {
+                reads.push(LayerReads { si, layer: self.first_layer + si, loads: loads.clone() });
+            }
+            self.in_flight[si] = loads;
+        }
+        self.sets = sets;
+        if !reads.is_empty() {
+            self.io.submit(self.tick, reads)?;
+        }
         Ok(())
     }
-}
 
-impl StreamingEngine {
-    /// `--set-rule scorer`: score layer `layer`'s neurons from `xn` (one token), keep the
-    /// plan's set size, read the missing downT rows (io_uring, O_DIRECT, one 512-aligned span
-    /// per row, checked against the scorer's CRC32C), then `out = sum_kept h_j downT_j`.
-    fn scored_mlp(&mut self, si: usize, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
-        let Selector::Scored(r) = &mut self.selector else { unreachable!() };
-        if si == 0 {
-            self.tick += 1;
-            self.stats.tokens += 1;
-        }
-        let d = self.d_model;
+    /// The MLP of sparse layer `layer` for one token's normed input `xn` `[d_model]`, into
+    /// `out` `[d_model]`: `sum_j c_j downT_j` over the rows that count (the set, or every row
+    /// held), `c_j = silu(gate_j . xn) (up_j . xn)` from the slot or the selector's score.
+    pub fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
+        let si = layer - self.first_layer;
         let t0 = Instant::now();
-        let mut h = vec![0f32; r.scorer.file.n_ff];
-        let mut store = self.shared.layers[si].lock().unwrap();
-        let store = &mut *store;
-        let per_batch = (r.staging.len() / r.span_bytes).max(1);
-        let skip = r.down_offset - r.span_offset;
-        let ScoredReads { scorer, reader, staging, scoring, layout, span_offset, span_bytes, early_reads, landing, .. } = &mut **r;
-        // reused from token to token: a fresh allocation each layer costs its page faults
-        let mut landing = std::mem::take(landing);
-        landing.clear();
-        let crcs = scorer.file.layer_down_crc32c(layer);
-        let (span_offset, span_bytes) = (*span_offset as u64, *span_bytes);
-        let records_path = &self.records_path;
-        // The I/O thread reads each batch of rows as it arrives (checked, into `landing` in
-        // arrival order) while this thread scores the rest of the layer and then adds up the
-        // rows already held; then the read rows are copied into their slots and added.
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<Load>>();
-        let read_missing = move |mut landing: Vec<u8>| -> Result<Vec<u8>> {
-            while let Ok(mut batch) = rx.recv() {
-                while let Ok(more) = rx.try_recv() {
-                    batch.extend(more);
-                }
-                for part in batch.chunks(per_batch) {
-                    let runs: Vec<Run> = part
-                        .iter()
-                        .enumerate()
-                        .map(|(k, l)| Run { offset: layout.offset(layer, l.neuron as usize) + span_offset, bytes: span_bytes, staging_offset: k * span_bytes })
-                        .collect();
-                    reader.read_runs(&runs, staging)?;
-                    for (k, l) in part.iter().enumerate() {
-                        let row = &staging.as_slice()[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
-                        formats::scorer::check_down_row(row, crcs[l.neuron as usize], records_path, runs[k].offset + skip as u64, layer, l.neuron)?;
-                        landing.extend_from_slice(row);
-                    }
-                }
+        if let Some(choice) = self.selector.choose_at_layer(si, layer, xn, self.plan.set_sizes[si], &mut self.layers[si].map, self.tick, &mut self.h) {
+            self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
+            self.stats.count_layer(si, choice.set.len(), choice.loads.len());
+            if !choice.loads.is_empty() {
+                self.io.submit(self.tick, vec![LayerReads { si, layer, loads: choice.loads.clone() }])?;
             }
-            Ok(landing)
+            self.in_flight[si] = choice.loads;
+            self.sets[si] = choice.set;
+        }
+        let t1 = Instant::now();
+        let loads = std::mem::take(&mut self.in_flight[si]);
+        let (d, slot_row, h) = (self.d_model, self.selector.slot_row(), &self.h);
+        // 1. the rows already held, added up while the missing ones are read
+        let slots = &mut self.layers[si];
+        let held = if self.selector.every_held_row_counts() {
+            crate::scorer::held_slots(&slots.map, &loads)
+        } else {
+            let mut loading = vec![false; slots.map.capacity()];
+            loads.iter().for_each(|l| loading[l.slot as usize] = true);
+            self.sets[si].iter().map(|&j| slots.map.slot_of[j as usize]).filter(|&s| !loading[s as usize]).collect()
         };
-        let (k, bonus, tick) = (self.plan.set_sizes[si], self.resident_bonus, self.tick);
-        let (mut sent, mut early, mut first_send) = (Vec::new(), 0usize, None);
-        let map = &mut store.map;
-        let buf = store.buf.as_slice();
-        // the I/O thread starts with the first batch: a layer whose rows are all held spawns none
-        let (mut read_missing, mut landing) = (Some(read_missing), Some(landing));
-        let (kept, held_before, read, t1, t_sum) = std::thread::scope(|sc| {
-            let mut io = None;
-            let kept = crate::scorer::score_and_plan(scorer, layer, xn, k, bonus, *early_reads, map, &mut scoring[si], tick, &mut h, |loads, is_early| {
-                early += if is_early { loads.len() } else { 0 };
-                first_send.get_or_insert_with(Instant::now);
-                if io.is_none() {
-                    let (mut f, buf) = (read_missing.take().expect("spawned once"), landing.take().expect("spawned once"));
-                    io = Some(sc.spawn(move || f(buf)));
-                }
-                sent.extend_from_slice(&loads);
-                // a send fails only when the I/O thread stopped on an error, which join returns
-                let _ = tx.send(loads);
-            });
-            drop(tx);
-            let t1 = Instant::now();
-            let mut loading = vec![false; map.capacity()];
-            sent.iter().for_each(|l| loading[l.slot as usize] = true);
-            let held_before: Vec<u32> = (0..map.capacity() as u32).filter(|&s| map.neuron_of[s as usize] != EMPTY && !loading[s as usize]).collect();
-            let hs: Vec<f32> = held_before.iter().map(|&s| h[map.neuron_of[s as usize] as usize]).collect();
-            crate::scorer::down_sum(&held_before, &hs, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), out);
-            let t_sum = t1.elapsed().as_secs_f64() * 1e3;
-            let read = match io {
-                Some(j) => j.join().expect("the read thread panicked"),
-                None => Ok(landing.take().expect("not spawned")),
-            };
-            (kept, held_before, read, t1, t_sum)
-        });
-        self.stats.predictor_ms += (t1 - t0).as_secs_f64() * 1e3;
-        self.stats.count_layer(si, kept.len(), sent.len());
-        self.stats.rows_loaded_early += early as u64;
-        let t2 = Instant::now();
-        self.stats.io_wait_ms += ((t2 - t1).as_secs_f64() * 1e3 - t_sum).max(0.0);
-        r.io_busy_ms += first_send.map_or(0.0, |t| (t2 - t).as_secs_f64() * 1e3);
-        let landing = match read {
-            Err(e) => {
-                sent.iter().for_each(|l| store.map.invalidate(l.slot));
+        sum_slots(slots, slot_row, d, xn, h, &held, out);
+        let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
+        // 2. the read rows, into their slots, then added (in neuron order)
+        if !loads.is_empty() {
+            let tw = Instant::now();
+            let landed = self.io.wait(self.tick, si)?;
+            self.stats.io_wait_ms += tw.elapsed().as_secs_f64() * 1e3;
+            if let Err(e) = landed.result {
+                landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+                self.io.recycle(landed.rows);
                 return Err(e);
             }
-            Ok(v) => v,
-        };
-        let Selector::Scored(r) = &mut self.selector else { unreachable!() };
-        for (k, l) in sent.iter().enumerate() {
-            let s = l.slot as usize;
-            store.buf.as_mut_slice()[s * 2 * d..(s + 1) * 2 * d].copy_from_slice(&landing[k * 2 * d..(k + 1) * 2 * d]);
-        }
-        r.landing = landing;
-        // the loaded rows' share (in neuron order, as `ScoredSparsity` adds them), added to the
-        // held rows' sum
-        let mut loads = sent;
-        loads.sort_unstable();
-        let mut part = vec![0f32; d];
-        let load_slots: Vec<u32> = loads.iter().map(|l| l.slot).collect();
-        let hl: Vec<f32> = loads.iter().map(|l| h[l.neuron as usize]).collect();
-        let buf = store.buf.as_slice();
-        crate::scorer::down_sum(&load_slots, &hl, |s| bytemuck::cast_slice(&buf[s as usize * 2 * d..(s as usize + 1) * 2 * d]), &mut part);
-        out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
-        let held_len = held_before.len() + loads.len();
-        self.stats.computed_rows += held_len as u64;
-        self.stats.sparse_compute_ms += t_sum;
-        self.stats.sparse_compute_ms += t2.elapsed().as_secs_f64() * 1e3;
-        if self.record_history {
-            if si == 0 {
-                self.history.push(vec![vec![]; self.active.len()]);
+            let t2 = Instant::now();
+            let rb = slot_row.bytes(d);
+            let buf = slots.buf.as_mut_slice();
+            for (k, l) in landed.loads.iter().enumerate() {
+                let s = l.slot as usize;
+                buf[s * rb..(s + 1) * rb].copy_from_slice(&landed.rows[k * rb..(k + 1) * rb]);
             }
-            self.history.last_mut().unwrap()[si] = kept.clone();
+            self.io.recycle(landed.rows);
+            let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
+            let mut part = vec![0f32; d];
+            sum_slots(slots, slot_row, d, xn, h, &loaded, &mut part);
+            out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
+            compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         }
-        self.active[si] = kept;
+        self.stats.sparse_compute_ms += compute_ms;
+        self.stats.computed_rows += (held.len() + loads.len()) as u64;
+        if self.record_sets && si + 1 == self.sets.len() {
+            self.history.push(self.sets.clone());
+        }
         Ok(())
+    }
+}
+
+/// `out` = the sum over `slots` of each row's coefficient times its downT row: from the slot's
+/// own gate and up rows ([`SlotRow::GateUpDown`]) or the selector's `h` ([`SlotRow::Down`]).
+fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) {
+    let rows = layer.rows();
+    match slot_row {
+        SlotRow::GateUpDown => {
+            let row = |s: u32| &rows[s as usize * 3 * d..(s as usize + 1) * 3 * d];
+            let coef = |_, s: u32| {
+                let r = row(s);
+                let (g, u) = dot2_f16_f32(&r[..d], &r[d..2 * d], xn);
+                silu(g) * u
+            };
+            down_sum(slots, coef, |s| &row(s)[2 * d..], out);
+        }
+        SlotRow::Down => {
+            let neuron_of = &layer.map.neuron_of;
+            down_sum(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &rows[s as usize * d..(s as usize + 1) * d], out);
+        }
     }
 }

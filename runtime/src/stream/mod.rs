@@ -4,8 +4,9 @@
 pub mod aligned;
 pub mod budget;
 pub mod engine;
+pub mod io;
 pub mod reader;
 pub mod slots;
 
 pub use budget::{parse_bytes, MemoryPlan};
-pub use engine::{StreamSettings, DenseFrom, StreamStats, StreamingEngine};
+pub use engine::{DenseFrom, IoSettings, SelectorChoice, StreamSettings, StreamStats, StreamingEngine};

@@ -1,0 +1,55 @@
+//! The sparse MLP's down projection over the rows a layer holds: `out` `[d]` = `sum_i c_i x
+//! row_i`, the one summation every sparse path uses (streamed predictor and scorer, and the
+//! in-memory scorer), so streamed and in-memory runs add the same terms in the same order.
+
+use crate::ops::simd::axpy_f16;
+use half::f16;
+use rayon::prelude::*;
+
+/// Rows per rayon task; tasks are summed in order.
+pub const DOWN_SUM_CHUNK: usize = 64;
+
+/// `out` `[d]` = `sum_i coef(i, ids[i]) x row(ids[i])` over `ids` (slots or neurons), in
+/// chunks of [`DOWN_SUM_CHUNK`] summed in order. `coef` gets the index into `ids` and the id.
+pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
+    let d = out.len();
+    let partial = ids
+        .par_chunks(DOWN_SUM_CHUNK)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let mut acc = vec![0f32; d];
+            for (k, &id) in chunk.iter().enumerate() {
+                axpy_f16(coef(c * DOWN_SUM_CHUNK + k, id), row(id), &mut acc);
+            }
+            acc
+        })
+        .reduce(|| vec![0f32; d], |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            a
+        });
+    out.copy_from_slice(&partial);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sums_every_row_times_its_coefficient() {
+        use half::f16;
+        // 130 rows of width 3: row j = [j, 1, -j]; coefficient 0.5 for even indices, 2 for odd
+        let rows: Vec<Vec<f16>> = (0..130).map(|j| vec![f16::from_f32(j as f32), f16::ONE, f16::from_f32(-(j as f32))]).collect();
+        let ids: Vec<u32> = (0..130).rev().collect();
+        let coef = |i: usize, _id: u32| if i % 2 == 0 { 0.5 } else { 2.0 };
+        let mut out = [0f32; 3];
+        super::down_sum(&ids, coef, |id| &rows[id as usize], &mut out);
+        let mut want = [0f64; 3];
+        for (i, &id) in ids.iter().enumerate() {
+            let c = if i % 2 == 0 { 0.5 } else { 2.0 };
+            want[0] += c * id as f64;
+            want[1] += c;
+            want[2] -= c * id as f64;
+        }
+        for (o, w) in out.iter().zip(want) {
+            assert!((*o as f64 - w).abs() < 1e-3, "{out:?} vs {want:?}");
+        }
+    }
+}

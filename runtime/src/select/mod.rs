@@ -1,0 +1,109 @@
+//! How a token's neurons are chosen in a streamed run: the [`SetSelector`] trait, one
+//! implementation per module.
+//!
+//! - [`predicted::PredictedSelector`]: the shared predictor (NeuroPrefetcher): after layer 0 it
+//!   picks every sparse layer's set at once, so the engine reads all their missing records
+//!   while the layers before each one compute. Slots hold whole records (gate, up, downT); only
+//!   the set counts.
+//! - [`scored::ScoredSelector`]: the resident 4-bit gate/up scorer: each sparse layer scores
+//!   every neuron from its own input and keeps the largest; slots hold downT rows only, and
+//!   every row a layer holds counts.
+//!
+//! A selector says when it chooses (after layer 0, or at each layer), what a slot holds, and
+//! which held rows count; the engine (`stream::engine`) does the slots, the reads and the sums.
+
+pub mod predicted;
+pub mod scored;
+
+use crate::stream::slots::{Load, SlotMap};
+
+/// What one slot of a sparse layer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotRow {
+    /// A neuron's whole record payload: gate, up and downT rows (f16, `3 x d_model`). The
+    /// neuron's coefficient `silu(gate . x) x (up . x)` is computed exactly from the slot.
+    GateUpDown,
+    /// The neuron's downT row alone (f16, `d_model`); the coefficient comes from the selector.
+    Down,
+}
+
+impl SlotRow {
+    pub fn bytes(self, d_model: usize) -> usize {
+        match self {
+            SlotRow::GateUpDown => 3 * d_model * 2,
+            SlotRow::Down => d_model * 2,
+        }
+    }
+}
+
+/// What a selector costs the memory plan, with sparse layers from a given first layer.
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    pub predictor_bytes: u64,
+    pub centroid_bytes: u64,
+    pub scorer_bytes: u64,
+    /// Per sparse layer, the set `--set-scale` is a share of (K_max, or n_ff).
+    pub full_sets: Vec<usize>,
+    /// "K_max" or "n_ff": how set sizes are named in messages.
+    pub set_unit: &'static str,
+    /// `--dense-prefix fit` lowers the set scale no further than this.
+    pub min_set_scale: f64,
+    /// `fit` first tries dense prefixes from the manifest's default down (the predictor), or
+    /// goes straight to every layer after the prepared prefix sparse (the scorer, whose held
+    /// rows all count, so memory is worth more as slots).
+    pub fit_tries_prefixes: bool,
+}
+
+/// One sparse layer's set, chosen from the layer's own input.
+pub struct LayerChoice {
+    /// The neurons needed (ascending).
+    pub set: Vec<u32>,
+    /// Their missing rows and the slots they go to (planned in the layer's `SlotMap`).
+    pub loads: Vec<Load>,
+}
+
+pub trait SetSelector: Send {
+    /// The set rule, as reports name it ("soft8", "scorer").
+    fn rule(&self) -> String;
+
+    /// What a slot holds.
+    fn slot_row(&self) -> SlotRow;
+
+    /// Every row a layer holds counts (true), or only the set (false).
+    fn every_held_row_counts(&self) -> bool;
+
+    /// How cut sets rank neurons (None: the selector ranks by its own score).
+    fn neuron_rank(&self) -> Option<crate::predictor::NeuronRank> {
+        None
+    }
+
+    /// With [`SlotRow::Down`]: the CRC32C of every downT row, `[sparse layers from the prepared
+    /// prefix, n_ff]`, which a read of that row alone is checked against.
+    fn down_row_crc32c(&self) -> Option<std::sync::Arc<Vec<u32>>> {
+        None
+    }
+
+    /// What the plan holds for this selector with sparse layers `first_layer..`.
+    fn footprint(&self, first_layer: usize) -> Footprint;
+
+    /// Drops what layers below `first_layer` would need (called once, with the plan's).
+    fn keep_layers_from(&mut self, first_layer: usize);
+
+    /// Layer 0 ran dense: `gate_silu` and `up` `[n_ff]` are its activations.
+    fn observe_first_layer(&mut self, _gate_silu: &[f32], _up: &[f32]) {}
+
+    /// The residual stream after layer 0, `[d_model]`. A selector that predicts every sparse
+    /// layer's set from it returns them (ascending, `set_sizes[i]` neurons for sparse layer i).
+    fn sets_after_first_layer(&mut self, _hidden: &[f32], _set_sizes: &[usize]) -> Option<Vec<Vec<u32>>> {
+        None
+    }
+
+    /// Sparse layer `si` (model layer `layer`) with its normed input `xn` `[d_model]`: a selector
+    /// that chooses from the layer's own input scores every neuron's coefficient into `h`
+    /// `[n_ff]`, keeps `k`, and plans the missing ones into `map`. None: the set was chosen after
+    /// layer 0.
+    #[allow(clippy::too_many_arguments)]
+    fn choose_at_layer(&mut self, _si: usize, _layer: usize, _xn: &[f32], _k: usize, _map: &mut SlotMap, _tick: u64, _h: &mut [f32]) -> Option<LayerChoice> {
+        None
+    }
+}

@@ -1,0 +1,265 @@
+//! `IoThread`: the streaming engine's one reader thread, started once per run. The engine
+//! hands it a token's reads (per sparse layer, the missing rows and the slots they go to); it
+//! reads them with the [`RecordReader`] (io_uring, O_DIRECT), checks every row, and lands each
+//! layer's rows, in load order, in a buffer the engine collects with [`IoThread::wait`] and
+//! copies into the layer's slots. Whole records (header and payload CRC32C) or the downT row
+//! alone (one 512-aligned span inside its record, checked against the scorer's per-row CRC32C):
+//! [`RowSpan`].
+
+use super::reader::{RecordReader, Run};
+use super::slots::Load;
+use crate::error::{Result, RuntimeError};
+use formats::manifest::RecordsLayout;
+use formats::records::{check_record, RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+/// What of a record a slot holds, so what is read and how it is checked.
+#[derive(Clone)]
+pub enum RowSpan {
+    /// Whole records, coalesced into runs of consecutive neurons; each record's header and
+    /// payload CRC32C checked. A landed row is the payload: gate, up and downT rows (f16).
+    Record,
+    /// The downT row alone: one 512-aligned span per row, checked against `crc32c[(layer -
+    /// first_layer) * n_ff + neuron]` (the scorer file's). A landed row is the downT row (f16).
+    DownRow { crc32c: Arc<Vec<u32>>, first_layer: usize, n_ff: usize },
+}
+
+/// One sparse layer's share of a token's reads.
+pub struct LayerReads {
+    /// Index among the sparse layers, and the model layer.
+    pub si: usize,
+    pub layer: usize,
+    /// Sorted by neuron.
+    pub loads: Vec<Load>,
+}
+
+/// A layer's reads, done: `rows` `[loads.len(), row_bytes]` in load order. When `result` is an
+/// error the rows are incomplete and every load's slot must be forgotten.
+pub struct Landed {
+    pub loads: Vec<Load>,
+    pub rows: Vec<u8>,
+    pub result: Result<()>,
+}
+
+/// Bytes and requests read so far, and the wall time the thread spent on jobs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IoCounters {
+    pub bytes_read: u64,
+    pub requests: u64,
+    pub busy_ms: f64,
+}
+
+struct Job {
+    tick: u64,
+    layers: Vec<LayerReads>,
+}
+
+#[derive(Default)]
+struct Mailbox {
+    /// Per sparse layer, the rows of the last job that covered it (tick, rows).
+    landed: Vec<Option<(u64, Landed)>>,
+    /// Landing buffers handed back by the engine, reused so a layer's reads do not fault in
+    /// fresh pages every token.
+    free: Vec<Vec<u8>>,
+    counters: IoCounters,
+    /// The thread has ended (its receiver closed, or it panicked).
+    stopped: bool,
+}
+
+struct Shared {
+    mailbox: Mutex<Mailbox>,
+    cv: Condvar,
+}
+
+/// Sets `stopped` when the thread ends, also by a panic, so no `wait` blocks forever.
+struct StopGuard(Arc<Shared>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.0.mailbox.lock() {
+            m.stopped = true;
+        }
+        self.0.cv.notify_all();
+    }
+}
+
+pub struct IoThread {
+    tx: Option<Sender<Job>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    shared: Arc<Shared>,
+    /// Bytes of one landed row.
+    pub row_bytes: usize,
+}
+
+/// How the thread reads: the file's layout and what a row is.
+struct ReadPlan {
+    layout: RecordsLayout,
+    d_model: usize,
+    span: RowSpan,
+    /// Records per coalesced read at most (whole records).
+    max_records: usize,
+}
+
+impl IoThread {
+    /// Starts the thread over `reader` for `n_sparse` sparse layers. `max_run_bytes` bounds a
+    /// coalesced read of whole records.
+    pub fn start(reader: RecordReader, layout: RecordsLayout, d_model: usize, span: RowSpan, max_run_bytes: usize, n_sparse: usize) -> Result<Self> {
+        let rb = layout.record_bytes;
+        let row_bytes = match span {
+            RowSpan::Record => 3 * d_model * 2,
+            RowSpan::DownRow { .. } => d_model * 2,
+        };
+        let max_records = (max_run_bytes / rb).max(1).min(reader.staging_len() / rb);
+        if max_records == 0 {
+            return Err(RuntimeError::Input(format!("the staging buffer ({} bytes) is smaller than one record ({rb} bytes)", reader.staging_len())));
+        }
+        let shared = Arc::new(Shared { mailbox: Mutex::new(Mailbox { landed: (0..n_sparse).map(|_| None).collect(), ..Default::default() }), cv: Condvar::new() });
+        let (tx, rx) = channel();
+        let plan = ReadPlan { layout, d_model, span, max_records };
+        let worker = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("record-io".into())
+                .spawn(move || {
+                    let _guard = StopGuard(shared.clone());
+                    serve(rx, reader, plan, &shared);
+                })
+                .map_err(|e| RuntimeError::Input(format!("cannot start the record I/O thread: {e}")))?
+        };
+        Ok(IoThread { tx: Some(tx), worker: Some(worker), shared, row_bytes })
+    }
+
+    /// Queues a token's reads (`tick` numbers the token); they are read in order.
+    pub fn submit(&self, tick: u64, layers: Vec<LayerReads>) -> Result<()> {
+        let stopped = || RuntimeError::Input("the record I/O thread has stopped".into());
+        self.tx.as_ref().ok_or_else(stopped)?.send(Job { tick, layers }).map_err(|_| stopped())
+    }
+
+    /// Blocks until sparse layer `si`'s reads of token `tick` have landed.
+    pub fn wait(&self, tick: u64, si: usize) -> Result<Landed> {
+        let mut m = self.shared.mailbox.lock().map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?;
+        loop {
+            match m.landed[si].take() {
+                Some((t, landed)) if t == tick => return Ok(landed),
+                // rows of an earlier token nobody collected (its forward pass failed): drop them
+                Some((_, stale)) => m.free.push(stale.rows),
+                None if m.stopped => return Err(RuntimeError::Input("the record I/O thread has stopped".into())),
+                None => m = self.shared.cv.wait(m).map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?,
+            }
+        }
+    }
+
+    /// Hands a landing buffer back for reuse.
+    pub fn recycle(&self, mut rows: Vec<u8>) {
+        rows.clear();
+        if let Ok(mut m) = self.shared.mailbox.lock() {
+            m.free.push(rows);
+        }
+    }
+
+    pub fn counters(&self) -> IoCounters {
+        self.shared.mailbox.lock().map(|m| m.counters).unwrap_or_default()
+    }
+}
+
+impl Drop for IoThread {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &Shared) {
+    while let Ok(job) = rx.recv() {
+        let t0 = Instant::now();
+        for lr in job.layers {
+            let mut rows = shared.mailbox.lock().ok().and_then(|mut m| m.free.pop()).unwrap_or_default();
+            let result = match &plan.span {
+                RowSpan::Record => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows),
+                RowSpan::DownRow { crc32c, first_layer, n_ff } => read_down_rows(&mut reader, &plan, lr.layer, &lr.loads, &crc32c[(lr.layer - first_layer) * n_ff..(lr.layer - first_layer + 1) * n_ff], &mut rows),
+            };
+            let Ok(mut m) = shared.mailbox.lock() else { return };
+            m.counters.bytes_read = reader.bytes_read;
+            m.counters.requests = reader.requests;
+            m.landed[lr.si] = Some((job.tick, Landed { loads: lr.loads, rows, result }));
+            drop(m);
+            shared.cv.notify_all();
+        }
+        if let Ok(mut m) = shared.mailbox.lock() {
+            m.counters.busy_ms += t0.elapsed().as_secs_f64() * 1e3;
+        }
+    }
+}
+
+/// Groups sorted loads into runs of consecutive neurons (<= max_records each).
+fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=loads.len() {
+        if i == loads.len() || loads[i].neuron != loads[i - 1].neuron + 1 || i - start >= max_records {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
+/// Whole records of `layer`: coalesced runs, batched to fill the staging buffer; each record
+/// checked; payloads appended to `rows` in load order.
+fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], rows: &mut Vec<u8>) -> Result<()> {
+    let (rb, d) = (plan.layout.record_bytes, plan.d_model);
+    let payload = 3 * d * 2;
+    let runs = runs_of(loads, plan.max_records);
+    let mut r = 0;
+    while r < runs.len() {
+        let mut batch = Vec::new();
+        let mut used = 0usize;
+        while r < runs.len() && used + runs[r].len() * rb <= reader.staging_len() {
+            let first = &loads[runs[r].start];
+            batch.push((runs[r].clone(), Run { offset: plan.layout.offset(layer, first.neuron as usize), bytes: runs[r].len() * rb, staging_offset: used }));
+            used += runs[r].len() * rb;
+            r += 1;
+        }
+        let plain: Vec<Run> = batch.iter().map(|b| b.1).collect();
+        reader.read_runs(&plain)?;
+        let staging = reader.staging();
+        for (range, run) in &batch {
+            for (k, load) in loads[range.clone()].iter().enumerate() {
+                let src = &staging[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
+                check_record(src, &reader.path, run.offset + (k * rb) as u64, layer as u32, load.neuron, d)?;
+                rows.extend_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + payload]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The downT rows of `layer`: one 512-aligned span around each, checked against `crcs`
+/// (`[n_ff]`); rows appended to `rows` in load order.
+fn read_down_rows(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], crcs: &[u32], rows: &mut Vec<u8>) -> Result<()> {
+    let d = plan.d_model;
+    let down_offset = RECORD_HEADER_BYTES + 2 * d * 2;
+    let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
+    let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
+    let skip = down_offset - span_offset;
+    let per_batch = (reader.staging_len() / span_bytes).max(1);
+    for part in loads.chunks(per_batch) {
+        let runs: Vec<Run> = part
+            .iter()
+            .enumerate()
+            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + span_offset as u64, bytes: span_bytes, staging_offset: k * span_bytes })
+            .collect();
+        reader.read_runs(&runs)?;
+        let staging = reader.staging();
+        for (k, l) in part.iter().enumerate() {
+            let row = &staging[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
+            formats::scorer::check_down_row(row, crcs[l.neuron as usize], &reader.path, runs[k].offset + skip as u64, layer, l.neuron)?;
+            rows.extend_from_slice(row);
+        }
+    }
+    Ok(())
+}
