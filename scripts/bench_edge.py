@@ -7,7 +7,7 @@ memory.max) and a read-bandwidth throttle on the disk holding the files (v1
 blkio.throttle.read_bps_device, or v2 io.max). Page cache dropped before every run; systems
 interleaved; medians over --reps. 128 tokens generated after a held-out (LAMBADA) prompt
 (--n-confined: fewer in the confined settings, for both systems, where llama.cpp needs
-seconds to minutes per token). Ours runs with `--dense-from fit`: the most dense layers the
+seconds to minutes per token). Ours runs with `--dense-prefix fit`: the most dense layers the
 budget (90% of the limit) allows, below the all-sparse minimum the largest share of K_max per
 set that fits, and beside each setting its quality at that prefix and set scale (from
 bench/results/quality-<model>.json; `make bench-quality D=<prefix>@<scale>` when missing),
@@ -157,10 +157,32 @@ def run_llama(g, gguf, prompt_file, n, threads, timeout):
             "peak_rss_bytes": rss, "seconds": time.time() - t0}
 
 
+def mode_flags(set_rule, resident_bonus, head_q8):
+    """runtime's flags for a set rule: --strategy, and the -X research knobs it needs."""
+    if set_rule == "scorer":
+        flags = ["--strategy", "scorer"] + ([] if head_q8 else ["-X", "head=f16"])
+        return flags + (["-X", f"resident-bonus={resident_bonus}"] if resident_bonus != 1.0 else [])
+    return ["--strategy", "predictor"] + (["-X", f"set-rule={set_rule}"] if set_rule != "soft8" else []) + (["-X", "head=q8"] if head_q8 else [])
+
+
+def uses_head_q8(args, rule):
+    """Whether a quality row's runtime flags computed the logits from the Q8_0 head (old rows:
+    --head-q8; newer: the scorer's default unless -X head=f16, or -X head=q8)."""
+    if "--head-q8" in args or "head=q8" in args:
+        return True
+    return rule == "scorer" and "--strategy" in args and "head=f16" not in args
+
+
+def slot_share_of(args):
+    """The --in-memory slot share a quality row simulated (old: --slot-share C; newer: -X slot-share=C)."""
+    if "--slot-share" in args:
+        return float(args[args.index("--slot-share") + 1])
+    return next((float(x.split("=", 1)[1]) for x in args if x.startswith("slot-share=")), None)
+
+
 def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, resident_bonus, set_scale, head_q8):
-    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-from", "fit", "-n", str(n), "--prompt-file", prompt_file,
-           "--threads", str(threads), "--set-rule", set_rule, "--resident-bonus", str(resident_bonus), "--set-scale", str(set_scale),
-           *(["--head-q8"] if head_q8 else []), "--json"]
+    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-prefix", "fit", "-n", str(n), "--prompt-file", prompt_file,
+           "--threads", str(threads), *mode_flags(set_rule, resident_bonus, head_q8), "--set-scale", str(set_scale), "--json"]
     t0 = time.time()
     try:
         out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
@@ -232,8 +254,8 @@ def main():
                 return False
             if rule == "scorer":
                 args = r.get("scorer_args", "").split()
-                held = float(args[args.index("--slot-share") + 1]) if "--slot-share" in args else r.get("set_scale", 1.0)
-                return (abs(r.get("resident_bonus", 1.0) - bonus) < 1e-6 and ("--head-q8" in args) == a.head_q8
+                held = slot_share_of(args) or r.get("set_scale", 1.0)
+                return (abs(r.get("resident_bonus", 1.0) - bonus) < 1e-6 and uses_head_q8(args, rule) == a.head_q8
                         and r.get("eviction", "heat") == "heat"  # the runtime's eviction (rows measured with LRU are kept for the record)
                         and (slot_share is None or abs(min(held, 1.0) - min(slot_share, 1.0)) < 0.01))
             return (r.get("neuron_rank") or "membership") == rank

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`make bench-stream`: the streaming engine at several memory budgets, beside the same
-prepared model run dense with every row in memory (`runtime run --dense`), in one command.
+prepared model run dense with every row in memory (`runtime run --strategy dense`), in one command.
 
 Budgets: the engine's minimum (every sparse layer holds exactly K_max rows, the paper's
 sizing), then 25/50/75% of the way to every row resident, then unlimited. Per budget: decode tok/s, bytes and rows read
@@ -39,7 +39,7 @@ def main():
     rows = []
     dense = []
     for rep in range(a.reps):
-        d = sh([RT, "run", manifest, "--dense", "-p", PROMPT, "-n", str(a.n), "--ignore-eos", "--threads", str(a.threads), "--ctx", "512", "--json"])
+        d = sh([RT, "run", manifest, "--strategy", "dense", "-p", PROMPT, "-n", str(a.n), "--ignore-eos", "--threads", str(a.threads), "--ctx", "512", "--json"])
         if d.returncode != 0:
             sys.exit(d.stderr)
         dense.append(json.loads(d.stdout)["decode_tok_per_s"])

@@ -1,6 +1,6 @@
 """Chooses the mask kind by measurement: perplexity on held-out LAMBADA with oracle masks
 (perfect prediction) of both kinds at the recipe's alpha, with no dense prefix and with the
-recipe's dense prefix, against dense, all with `runtime perplexity --oracle-thresholds`.
+recipe's dense prefix, against dense, all with `runtime perplexity -X oracle-thresholds=FILE`.
 Thresholds come from `prep capture` on the calibration corpus (BoolQ + Shakespeare).
 Writes bench/results/mask-kinds-<model>.json.
 Usage: python3 scripts/mask_kinds.py [--model smollm2-135m] [--alpha 0.62] [--dense-prefix 19] [--chunks 16]
@@ -38,7 +38,7 @@ for kind in ["product", "gate-up"]:
              "data/text/shakespeare", "--mask-kind", kind, "--alpha", str(args.alpha), "--sequences", "8",
              "--threshold-sequences", "8", "--json"])
     for d in [0, args.dense_prefix]:
-        r = ppl(["--oracle-thresholds", f"{th_dir}/thresholds.json", "--dense-prefix", str(d)])
+        r = ppl(["-X", f"oracle-thresholds={th_dir}/thresholds.json", "--dense-prefix", str(d)])
         row = {"mask_kind": kind, "alpha": args.alpha, "dense_prefix": d, "perplexity": r["perplexity"],
                "ratio_to_dense": r["perplexity"] / dense["perplexity"],
                "sparse_layer_density": r["oracle_sparsity"]["sparse_layer_density"]}

@@ -3,7 +3,7 @@
 
 For a prepared model (manifest.toml): dense, then the predictor's sets at every dense prefix d
 in --d (d >= the prepared prefix: layers below d run dense, the same predictor serves the
-rest); `d@s` also cuts every set to s x K_max (`--set-scale s`, what `--dense-from fit` picks
+rest); `d@s` also cuts every set to s x K_max (`--set-scale s`, what `--dense-prefix fit` picks
 under the smallest budgets). Each point: HellaSwag acc_norm (`runtime eval`) and LAMBADA perplexity
 (`runtime perplexity`), both `--in-memory` (the same sets the streaming engine reads; tests
 check that streaming gives the same logits). Writes bench/results/quality-<name>.json and .png.
@@ -46,7 +46,7 @@ def main():
                     help="reuse the dense point and keep the other dense prefixes' rows of an existing quality-<name>.json "
                          "measured with the same items, chunks and manifest (the dense model does not change with the predictor)")
     ap.add_argument("--scorer-args", default="",
-                    help="extra runtime flags for scorer points, e.g. '--head-q8 --slot-share 0.5696' (the slots a 50%% budget gives)")
+                    help="extra runtime flags for scorer points, e.g. '-X slot-share=0.5696' (the slots a 50%% budget gives)")
     a = ap.parse_args()
     out = ROOT / f"bench/results/quality-{a.name}.json"
     old = json.loads(out.read_text()) if a.keep and out.exists() else None
@@ -61,7 +61,7 @@ def main():
         d, _, sc = x.partition("@")
         return int(d), float(sc) if sc else 1.0, rule or "soft8", float(bonus) if bonus else 1.0
     ds = [parse_point(x) for x in a.d.split(",") if x] or [(d0, 1.0, "soft8", 1.0)]
-    dense = old["dense"] if old else point(a.manifest, ["--dense"], a.limit, a.chunks, a.text)
+    dense = old["dense"] if old else point(a.manifest, ["--strategy", "dense"], a.limit, a.chunks, a.text)
     print(f"dense: acc_norm {dense['hellaswag_acc_norm']:.4f}, ppl {dense['perplexity']:.3f}", flush=True)
     import hashlib
     manifest_sha = hashlib.sha256(open(a.manifest, "rb").read()).hexdigest()
@@ -70,9 +70,12 @@ def main():
             if (r["dense_prefix"], r.get("set_scale", 1.0), r.get("set_rule", "soft8"), r.get("resident_bonus", 1.0)) not in ds
             or r.get("scorer_args", "") != a.scorer_args]
     for d, sc, rule, bonus in ds:
-        mode = ["--in-memory", "--dense-from", str(d), "--set-scale", str(sc), "--set-rule", rule]
+        mode = ["--in-memory", "--dense-prefix", str(d), "--set-scale", str(sc)]
         if rule == "scorer":
-            mode += ["--resident-bonus", str(bonus), *a.scorer_args.split()]
+            # the scorer computes the logits from the Q8_0 head unless the args say -X head=f16
+            mode += ["--strategy", "scorer", "-X", f"resident-bonus={bonus}", *a.scorer_args.split()]
+        else:
+            mode += ["--strategy", "predictor", "-X", f"set-rule={rule}"]
         p = point(a.manifest, mode, a.limit, a.chunks, a.text)
         p["dense_prefix"] = d
         p["set_scale"] = sc

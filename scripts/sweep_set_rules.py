@@ -36,7 +36,7 @@ def main():
     ap.add_argument("--chunks", type=int, default=2, help="perplexity chunks of 512")
     ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"))
     a = ap.parse_args()
-    dense = ppl(a.manifest, a.text, a.chunks, ["--dense"])
+    dense = ppl(a.manifest, a.text, a.chunks, ["--strategy", "dense"])
     print(f"dense: perplexity {dense['perplexity']:.2f}", flush=True)
     rows = []
     out = ROOT / f"bench/results/set-rules-{a.name}.json"
@@ -44,7 +44,7 @@ def main():
         d, rest = p.split("@")
         scale, rule, *rank = rest.split(":")
         rank = rank[0] if rank else "importance"
-        j = ppl(a.manifest, a.text, a.chunks, ["--in-memory", "--dense-from", d, "--set-scale", scale, "--set-rule", rule, "--neuron-rank", rank])
+        j = ppl(a.manifest, a.text, a.chunks, ["--in-memory", "--strategy", "predictor", "--dense-prefix", d, "--set-scale", scale, "-X", f"set-rule={rule}", "-X", f"neuron-rank={rank}"])
         sp = j["sparsity"]
         row = {"dense_prefix": int(d), "set_scale": float(scale), "set_rule": rule, "neuron_rank": sp["neuron_rank"], "perplexity": j["perplexity"],
                "ppl_ratio": j["perplexity"] / dense["perplexity"], "sparse_layer_density": sp["sparse_layer_density"],

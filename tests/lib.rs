@@ -87,3 +87,161 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "logit vectors of different lengths");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
 }
+
+/// GPT-2's byte-to-character map of byte-level BPE: printable bytes stand for themselves, the
+/// others for characters from U+0100 up.
+pub fn byte_level_chars() -> Vec<char> {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let mut next = 256u32;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// A small deterministic generator (xorshift64*) for synthetic weights and text.
+pub struct Xorshift(pub u64);
+
+impl Xorshift {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Shape of the synthetic model the fast tier writes.
+pub const SYNTH_LAYERS: usize = 6;
+pub const SYNTH_D: usize = 64;
+pub const SYNTH_FF: usize = 256;
+
+/// Writes a tiny synthetic llama-architecture GGUF (6 layers, d_model 64, 4 heads of 16 with 2
+/// KV heads, n_ff 256, a 261-token byte-level BPE vocabulary) with seeded random f32 weights.
+/// Nothing is downloaded: the fast test tier runs the whole pipeline on it.
+pub fn write_synthetic_gguf(path: &Path) {
+    use formats::gguf::{write_gguf, GgufTensorData, GgufValue};
+    let s = |v: &str| GgufValue::String(v.into());
+    let mut tokens: Vec<String> = byte_level_chars().iter().map(|c| c.to_string()).collect();
+    let merges = ["t h", "h e", "i n", "Ġ t", "Ġ a"];
+    for m in merges {
+        tokens.push(m.replace(' ', ""));
+    }
+    let eos = tokens.len() as u32;
+    tokens.push("<|endoftext|>".into());
+    let mut types = vec![GgufValue::I32(1); tokens.len()];
+    types[eos as usize] = GgufValue::I32(3);
+    let (d, ff, n_layers, vocab) = (SYNTH_D, SYNTH_FF, SYNTH_LAYERS, tokens.len());
+    let arch = "llama";
+    let md = vec![
+        ("general.architecture".to_string(), s(arch)),
+        (format!("{arch}.block_count"), GgufValue::U32(n_layers as u32)),
+        (format!("{arch}.context_length"), GgufValue::U32(1024)),
+        (format!("{arch}.embedding_length"), GgufValue::U32(d as u32)),
+        (format!("{arch}.feed_forward_length"), GgufValue::U32(ff as u32)),
+        (format!("{arch}.attention.head_count"), GgufValue::U32(4)),
+        (format!("{arch}.attention.head_count_kv"), GgufValue::U32(2)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5)),
+        (format!("{arch}.rope.freq_base"), GgufValue::F32(10000.0)),
+        ("tokenizer.ggml.model".to_string(), s("gpt2")),
+        ("tokenizer.ggml.pre".to_string(), s("gpt2")),
+        ("tokenizer.ggml.tokens".to_string(), GgufValue::Array(tokens.iter().map(|t| s(t)).collect())),
+        ("tokenizer.ggml.token_type".to_string(), GgufValue::Array(types)),
+        ("tokenizer.ggml.merges".to_string(), GgufValue::Array(merges.iter().map(|m| s(m)).collect())),
+        ("tokenizer.ggml.bos_token_id".to_string(), GgufValue::U32(eos)),
+        ("tokenizer.ggml.eos_token_id".to_string(), GgufValue::U32(eos)),
+    ];
+    let mut rng = Xorshift(0x5eed_1234_abcd_9876);
+    // ne = [cols, rows] as GGUF stores it; values uniform in +-scale
+    let mut tensor = |name: String, ne: Vec<u64>, scale: f32, offset: f32| {
+        let n: u64 = ne.iter().product();
+        let bytes = (0..n).flat_map(|_| (offset + scale * rng.unit()).to_le_bytes()).collect();
+        GgufTensorData { name, ne, ggml_type_id: 0, bytes }
+    };
+    let (d64, ff64, kv) = (d as u64, ff as u64, 32u64);
+    let w = 1.0 / (d as f32).sqrt();
+    let mut tensors = vec![tensor("token_embd.weight".into(), vec![d64, vocab as u64], 1.0, 0.0), tensor("output_norm.weight".into(), vec![d64], 0.1, 1.0)];
+    for l in 0..n_layers {
+        let b = |t: &str| format!("blk.{l}.{t}.weight");
+        tensors.push(tensor(b("attn_norm"), vec![d64], 0.1, 1.0));
+        tensors.push(tensor(b("attn_q"), vec![d64, d64], w, 0.0));
+        tensors.push(tensor(b("attn_k"), vec![d64, kv], w, 0.0));
+        tensors.push(tensor(b("attn_v"), vec![d64, kv], w, 0.0));
+        tensors.push(tensor(b("attn_output"), vec![d64, d64], w, 0.0));
+        tensors.push(tensor(b("ffn_norm"), vec![d64], 0.1, 1.0));
+        tensors.push(tensor(b("ffn_gate"), vec![d64, ff64], 2.0 * w, 0.0));
+        tensors.push(tensor(b("ffn_up"), vec![d64, ff64], 2.0 * w, 0.0));
+        tensors.push(tensor(b("ffn_down"), vec![ff64, d64], 1.0 / (ff as f32).sqrt(), 0.0));
+    }
+    write_gguf(path, &md, &tensors).unwrap();
+}
+
+/// Deterministic English-like text (words from a fixed list) for the synthetic model's
+/// calibration and held-out runs.
+pub fn synthetic_text(seed: u64, words: usize) -> String {
+    const WORDS: [&str; 24] = ["the", "a", "then", "thin", "tin", "hat", "in", "at", "that", "this", "heat", "neat", "ant", "tent", "hint", "it", "is", "on", "one", "note", "tone", "ten", "net", "than"];
+    let mut rng = Xorshift(seed | 1);
+    let mut out = String::new();
+    for i in 0..words {
+        out.push_str(WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]);
+        out.push(if i % 13 == 12 { '\n' } else { ' ' });
+    }
+    out
+}
+
+/// The synthetic model imported and prepared (capture, importance, cluster, train, pack,
+/// scorer) under `dir`: returns `<dir>/artifacts/manifest.toml`. Seconds on 2 cores.
+pub fn prepare_synthetic(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let gguf = dir.join("synthetic.gguf");
+    write_synthetic_gguf(&gguf);
+    let model = dir.join("model");
+    let out = run_bin("prep", &["import", gguf.to_str().unwrap(), "--out", model.to_str().unwrap()]);
+    assert!(out.status.success(), "prep import: {}", String::from_utf8_lossy(&out.stderr));
+    let corpus = dir.join("calibration.txt");
+    std::fs::write(&corpus, synthetic_text(7, 6000)).unwrap();
+    std::fs::write(dir.join("heldout.txt"), synthetic_text(99, 3000)).unwrap();
+    let recipe = format!(
+        r#"name = "synthetic"
+model_dir = "{model}"
+out = "{out}"
+[capture]
+corpus = ["{corpus}"]
+mask_kind = "product"
+alpha = 0.62
+seq_len = 64
+sequences = 16
+threshold_sequences = 8
+[importance]
+sequences = 4
+[cluster]
+k = 8
+k_max_factor = 1.5
+max_iterations = 5
+[pack]
+dense_prefix = 2
+[train]
+hidden = 16
+max_epochs = 3
+"#,
+        model = model.display(),
+        out = dir.join("artifacts").display(),
+        corpus = corpus.display(),
+    );
+    let rp = dir.join("recipe.toml");
+    std::fs::write(&rp, recipe).unwrap();
+    let out = run_bin("prep", &["prepare", rp.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "prep prepare: {}", String::from_utf8_lossy(&out.stderr));
+    dir.join("artifacts/manifest.toml")
+}

@@ -186,9 +186,6 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
     if path.is_dir() {
-        if path.join("manifest.toml").is_file() && !path.join(formats::model_dir::CONFIG_FILE).is_file() {
-            return Err(RuntimeError::Input(format!("{}: a prepared model's folder: pass {}", path.display(), path.join("manifest.toml").display())));
-        }
         let (model, tokenizer) = open_model(path)?;
         return Ok(Opened { model, tokenizer, manifest: None, sparsity: None, notes: Vec::new() });
     }
@@ -269,10 +266,19 @@ pub fn prompt_tokens(path: &Path, prompt: &str) -> Result<usize> {
         let m = formats::manifest::Manifest::load(path)?;
         (m.artifact_path_of(path, "tokenizer")?, m.model.vocab_size, m.model.bos_token_id)
     } else {
+        not_a_prepared_folder(path)?;
         let c = formats::model_dir::ModelConfig::load(path)?;
         (path.join(formats::model_dir::TOKENIZER_FILE), c.vocab_size, c.bos_token_id)
     };
     Ok(Tokenizer::load(&tok_path, vocab, bos)?.encode(prompt, true)?.len())
+}
+
+/// A prepared model's folder is not a model directory: point at its manifest.
+fn not_a_prepared_folder(dir: &Path) -> Result<()> {
+    if dir.join("manifest.toml").is_file() && !dir.join(formats::model_dir::CONFIG_FILE).is_file() {
+        return Err(RuntimeError::Input(format!("{}: a prepared model's folder, not a model directory: pass {}", dir.display(), dir.join("manifest.toml").display())));
+    }
+    Ok(())
 }
 
 /// Opens a canonical model directory.
@@ -283,6 +289,7 @@ pub fn open_model(path: &Path) -> Result<(Model, Tokenizer)> {
     if path.is_file() {
         return Err(RuntimeError::Input(format!("{}: expected a model directory (config.json, tokenizer.json, *.safetensors)", path.display())));
     }
+    not_a_prepared_folder(path)?;
     let model = Model::load(path)?;
     let tok = Tokenizer::load(&path.join(formats::model_dir::TOKENIZER_FILE), model.vocab_size(), model.config.bos_token_id)?;
     Ok((model, tok))

@@ -139,7 +139,9 @@ impl ModeArgs {
         let mut notes = Vec::new();
         if !model.is_file() {
             // a model directory runs dense in memory: a streaming flag would silently do nothing
-            let streaming = self.mem_budget.is_some() || self.in_memory || self.dense_prefix.is_some() || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer);
+            // (--dense-prefix also says where oracle masks start)
+            let prefix = self.dense_prefix.is_some() && x.oracle_thresholds.is_none();
+            let streaming = self.mem_budget.is_some() || self.in_memory || prefix || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer);
             if streaming && model.is_dir() {
                 anyhow::bail!("{}: a model directory runs dense, in memory; --mem-budget, --in-memory, --strategy, --dense-prefix and --set-scale need a prepared model's manifest.toml (make prepare)", model.display());
             }

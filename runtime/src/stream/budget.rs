@@ -167,7 +167,7 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB{}, dense layers {d0}..{dense_from} from records {} MiB, {}, KV cache for ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
+                        "resident {} MiB{}, dense layers {d0}..{dense_from} from records {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
                         resident_bytes >> 20,
                         if s.head_q8 { format!(" + Q8_0 head {} MiB", head_q8_bytes >> 20) } else { String::new() },
                         dense_from_records_bytes >> 20,

@@ -1,0 +1,264 @@
+//! The fast tier (`make test-fast`): the whole pipeline on a tiny synthetic model that the test
+//! writes itself (`tests::write_synthetic_gguf`: 6 layers, d_model 64, n_ff 256, random
+//! weights). No download, no root: import, prepare, then the streamed runtime against its
+//! in-memory twin, the rows it reads, the plans it makes, and the CLI's refusals.
+
+use runtime::stream::{DenseFrom, SelectorChoice, StreamSettings};
+use runtime::{InMemorySettings, PreparedMode, Sparsity};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use tests::*;
+
+/// Imported and prepared once per test binary.
+fn prepared() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| prepare_synthetic(&scratch("synthetic")))
+}
+
+fn model_dir() -> PathBuf {
+    prepared().parent().unwrap().parent().unwrap().join("model")
+}
+
+fn stream(settings: StreamSettings) -> runtime::Opened {
+    runtime::open(prepared(), &PreparedMode::Stream(StreamSettings { ctx: 128, ..settings })).unwrap()
+}
+
+fn logits(o: &mut runtime::Opened, text: &str) -> Vec<f32> {
+    let ids = o.tokenizer.encode(text, true).unwrap();
+    let mut cache = o.model.new_cache(128).unwrap();
+    o.runner().forward(&ids, &mut cache, 0).unwrap()
+}
+
+const TEXT: &str = "the hat is in the tent then the ant is on the net";
+
+fn engine(o: &mut runtime::Opened) -> &mut runtime::stream::StreamingEngine {
+    o.engine().expect("a streamed run")
+}
+
+#[test]
+fn prepared_dense_equals_the_model_directory() {
+    let (model, tok) = runtime::open_model(&model_dir()).unwrap();
+    let ids = tok.encode(TEXT, true).unwrap();
+    let want = model.forward(&ids, &mut model.new_cache(128).unwrap(), 0).unwrap();
+    let mut dense = runtime::open(prepared(), &PreparedMode::Dense { head_q8: false }).unwrap();
+    let got = logits(&mut dense, TEXT);
+    let diff = max_abs_diff(&want, &got);
+    assert!(diff < 1e-4, "the prepared model (records rebuilt) differs from its directory by {diff}");
+    // every neuron kept: the streamed predictor computes the dense model (sets of K_max = all
+    // neurons are not guaranteed here, so compare at full scale against the in-memory run below)
+    assert!(want.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn streamed_predictor_equals_in_memory_and_reads_the_deltas() {
+    let mut mem = runtime::open(prepared(), &PreparedMode::InMemory(InMemorySettings::default())).unwrap();
+    let want = logits(&mut mem, TEXT);
+    // unlimited: nothing is evicted, so a row is read exactly once
+    let mut s = stream(StreamSettings { record_sets: true, ..Default::default() });
+    let got = logits(&mut s, TEXT);
+    let diff = max_abs_diff(&want, &got);
+    assert!(diff < 2e-3, "streamed predictor sets differ from in-memory by {diff}");
+    let e = engine(&mut s);
+    e.refresh_io_stats();
+    assert_eq!(e.rule(), "soft8");
+    let first = e.first_layer;
+    let mut expected = 0u64;
+    for si in 0..SYNTH_LAYERS - first {
+        let mut resident = HashSet::new();
+        let loaded: u64 = e.history.iter().flat_map(|sets| sets[si].iter()).map(|&j| resident.insert(j) as u64).sum();
+        assert_eq!(e.stats.layers[si].rows_loaded, loaded, "layer {}", first + si);
+        expected += loaded;
+    }
+    assert!(expected > 0);
+    let rb = formats::manifest::Manifest::load(prepared()).unwrap().records.record_bytes as u64;
+    assert_eq!(e.stats.bytes_read, expected * rb, "bytes read = rows x record size");
+    assert!(e.stats.read_requests < expected, "adjacent records coalesce: {} requests for {expected} rows", e.stats.read_requests);
+}
+
+#[test]
+fn streamed_scorer_equals_in_memory_at_any_slot_count() {
+    let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
+    let share = 0.25;
+    let minimum = stream(StreamSettings { selector, set_scale: share, ..Default::default() }).engine().unwrap().plan.minimum_bytes;
+    for extra in [0u64, 64 << 10] {
+        let mut s = stream(StreamSettings { selector, set_scale: share, mem_budget_bytes: Some(minimum + extra), ..Default::default() });
+        let (slots, first) = {
+            let e = engine(&mut s);
+            assert_eq!(e.plan.slot_row_bytes, SYNTH_D * 2, "slots hold downT rows only");
+            if extra == 0 {
+                assert_eq!(e.plan.capacity, e.plan.set_sizes, "the smallest budget holds exactly the sets");
+            } else {
+                assert!(e.plan.capacity.iter().zip(&e.plan.set_sizes).all(|(c, k)| c > k));
+            }
+            (e.plan.capacity[0], e.first_layer)
+        };
+        let mem_settings = InMemorySettings {
+            selector,
+            dense_from: DenseFrom::Layer(first),
+            set_scale: share,
+            slot_share: Some(slots as f64 / SYNTH_FF as f64),
+            single_token: true,
+            ..Default::default()
+        };
+        let mut mem = runtime::open(prepared(), &PreparedMode::InMemory(mem_settings)).unwrap();
+        let want = logits(&mut mem, TEXT);
+        let got = logits(&mut s, TEXT);
+        let diff = max_abs_diff(&want, &got);
+        assert!(diff < 2e-3, "slots {slots}: streamed scorer differs from in-memory by {diff}");
+        let e = engine(&mut s);
+        e.refresh_io_stats();
+        let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!("not the in-memory scorer") };
+        assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read");
+        assert_eq!(e.stats.computed_rows, p.kept, "every held row counted, in both");
+        assert_eq!(e.stats.read_requests, e.stats.rows_loaded, "one read per downT row");
+    }
+}
+
+#[test]
+fn fit_trades_set_size_for_memory_and_refuses_below_its_floor() {
+    let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
+    let minimum = |scale: f64| stream(StreamSettings { selector, set_scale: scale, dense_from: DenseFrom::Fit, ..Default::default() }).engine().unwrap().plan.minimum_bytes;
+    let (at_025, at_015, at_010) = (minimum(0.25), minimum(0.15), minimum(0.10));
+    assert!(at_010 < at_015 && at_015 < at_025, "{at_010} {at_015} {at_025}");
+    let budget = (at_015 + at_025) / 2;
+    let mut s = stream(StreamSettings { selector, set_scale: 0.25, dense_from: DenseFrom::Fit, mem_budget_bytes: Some(budget), ..Default::default() });
+    let p = engine(&mut s).plan.clone();
+    assert!(p.set_scale >= 0.15 && p.set_scale < 0.25 && p.total_bytes <= budget, "fit chose {} for {budget}", p.set_scale);
+    let err = runtime::open(prepared(), &PreparedMode::Stream(StreamSettings { selector, set_scale: 0.25, dense_from: DenseFrom::Fit, mem_budget_bytes: Some(at_010 - 1), ctx: 128, ..Default::default() }))
+        .err()
+        .expect("below the floor")
+        .to_string();
+    assert!(err.contains(&at_010.to_string()) && err.contains("0.10 x n_ff") && err.contains("--ctx"), "{err}");
+}
+
+#[test]
+fn settings_are_checked_when_built() {
+    for (settings, what) in [
+        (StreamSettings { set_scale: 0.0, ..Default::default() }, "set scale"),
+        (StreamSettings { selector: SelectorChoice::Scorer { resident_bonus: f32::NAN }, ..Default::default() }, "resident bonus"),
+        (StreamSettings { ctx: 0, ..Default::default() }, "--ctx 0"),
+    ] {
+        let e = runtime::open(prepared(), &PreparedMode::Stream(settings)).err().expect("refused").to_string();
+        assert!(e.contains(what), "{e}");
+    }
+}
+
+fn runtime_cli(args: &[&str]) -> (bool, String, String) {
+    let out = run_bin("runtime", args);
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn cli_strategies() {
+    let m = prepared().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", m, "-p", "the hat", "-n", "4", "--ignore-eos", "--json"];
+        args.extend(extra);
+        let (ok, out, err) = runtime_cli(&args);
+        assert!(ok, "{extra:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+    };
+    // auto: the scorer (and its Q8_0 head) where the preparation has them
+    let auto = run(&[]);
+    assert_eq!(auto["sparsity"]["set_rule"], "scorer", "{auto}");
+    assert_eq!(auto["generated_tokens"], 4);
+    assert_eq!(run(&["--strategy", "predictor"])["sparsity"]["set_rule"], "soft8");
+    assert_eq!(run(&["--strategy", "predictor", "-X", "set-rule=top1"])["sparsity"]["set_rule"], "top1");
+    assert!(run(&["--strategy", "dense"])["sparsity"].is_null());
+    assert_eq!(run(&["--in-memory"])["sparsity"]["mode"], "in-memory");
+    // bench reports the same strategy
+    let (ok, out, err) = runtime_cli(&["bench", m, "-n", "4", "--ctx", "128", "--json"]);
+    assert!(ok, "{err}");
+    let b: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(b["set_rule"] == "scorer" && b["head_q8"] == true && b["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{b}");
+}
+
+#[test]
+fn cli_refusals_name_the_flag() {
+    let m = prepared().to_str().unwrap();
+    let dir = prepared().parent().unwrap().to_str().unwrap().to_string();
+    let model = model_dir();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["run", m, "-p", "hat", "--mem-budget", "1MiB"], vec!["--mem-budget", "at least", "--ctx"]),
+        (vec!["run", m, "-p", "hat", "-X", "warp=9"], vec!["unknown knob", "set-rule"]),
+        (vec!["run", m, "-p", "hat", "-X", "resident-bonus=0.5"], vec!["resident-bonus=0.5", ">= 1"]),
+        (vec!["run", m, "-p", "hat", "--strategy", "predictor", "-X", "resident-bonus=2"], vec!["the scorer's"]),
+        (vec!["run", m, "-p", "hat", "-X", "set-rule=oracle", "--strategy", "predictor"], vec!["--in-memory"]),
+        (vec!["run", m, "-p", "hat", "--temp", "NaN"], vec!["--temp"]),
+        (vec!["run", m, "-p", "hat", "--top-p", "1.5"], vec!["--top-p"]),
+        (vec!["run", m, "-p", "hat", "-n", "0"], vec!["-n 0"]),
+        (vec!["run", m, "-p", "hat", "--threads", "1000"], vec!["--threads 1000"]),
+        (vec!["run", m, "-p", "hat", "--in-memory", "--dense-prefix", "fit"], vec!["fit", "--mem-budget"]),
+        (vec!["run", &dir, "-p", "hat"], vec!["manifest.toml"]),
+        (vec!["run", model.to_str().unwrap(), "-p", "hat", "--mem-budget", "10MiB"], vec!["model directory", "manifest.toml"]),
+    ];
+    for (args, needles) in cases {
+        let (ok, _, err) = runtime_cli(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: stderr lacks {n:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn perplexity_streamed_equals_in_memory() {
+    let m = prepared().to_str().unwrap();
+    let text = prepared().parent().unwrap().parent().unwrap().join("heldout.txt");
+    let ppl = |extra: &[&str]| {
+        let mut args = vec!["perplexity", m, "--text", text.to_str().unwrap(), "--ctx", "64", "--chunks", "3", "--json"];
+        args.extend(extra);
+        let (ok, out, err) = runtime_cli(&args);
+        assert!(ok, "{extra:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(out.trim().lines().last().unwrap()).unwrap()["perplexity"].as_f64().unwrap()
+    };
+    let (streamed, in_memory, dense) = (ppl(&["--strategy", "predictor"]), ppl(&["--strategy", "predictor", "--in-memory"]), ppl(&["--strategy", "dense"]));
+    assert!((streamed / in_memory - 1.0).abs() < 1e-3, "streamed {streamed} vs in-memory {in_memory}");
+    assert!(dense.is_finite() && dense > 1.0, "dense {dense}");
+}
+
+/// The records the streaming engine reads are checked: a flipped byte is an error naming the
+/// file, never a wrong token.
+#[test]
+fn a_flipped_record_byte_is_an_error() {
+    let src = prepared().parent().unwrap();
+    let dir = scratch("synthetic-crc");
+    for entry in std::fs::read_dir(src).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap();
+        if name == "records.bin" {
+            std::fs::copy(&p, dir.join(name)).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&p, dir.join(name)).unwrap();
+        }
+    }
+    let manifest = formats::manifest::Manifest::load(prepared()).unwrap();
+    let layer = manifest.records.first_layer + 1;
+    let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
+    // every record's gate row (the predictor reads whole records) and downT row (the scorer's)
+    for j in 0..SYNTH_FF {
+        let off = manifest.records.offset(layer, j) as usize + 512;
+        bytes[off + 3] ^= 0x40;
+        bytes[off + 2 * 2 * SYNTH_D + 5] ^= 0x40;
+    }
+    std::fs::write(dir.join("records.bin"), bytes).unwrap();
+    let m = dir.join("manifest.toml");
+    for strategy in ["predictor", "scorer"] {
+        let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2", "--strategy", strategy]);
+        assert!(!ok, "{strategy}: a corrupt record ran");
+        assert!(err.contains("records.bin") && err.contains("CRC") && err.contains(&format!("layer {layer}")), "{strategy}: {err}");
+    }
+}
+
+/// The synthetic generator itself: deterministic, and a real byte-level vocabulary.
+#[test]
+fn synthetic_model_is_deterministic() {
+    let d = scratch("synthetic-det");
+    write_synthetic_gguf(&d.join("a.gguf"));
+    write_synthetic_gguf(&d.join("b.gguf"));
+    assert_eq!(std::fs::read(d.join("a.gguf")).unwrap(), std::fs::read(d.join("b.gguf")).unwrap());
+    assert_eq!(byte_level_chars().iter().collect::<HashSet<_>>().len(), 256);
+    let _ = Path::new(&d);
+}
