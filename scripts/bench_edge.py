@@ -195,6 +195,8 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, re
                 "stderr_tail": out.stderr[-600:], "decode_tok_per_s": None}
     j = json.loads(out.stdout.strip().splitlines()[-1])
     j.pop("text", None)
+    # runtime bench calls it dense_prefix since issue #15; this script's rows keep dense_from
+    j.setdefault("dense_from", j.get("dense_prefix"))
     j["major_faults"] = faults
     j["major_faults_per_token"] = faults / max(j["generated_tokens"] + j["prompt_tokens"], 1) if faults is not None else None
     j["seconds"] = time.time() - t0

@@ -166,7 +166,7 @@ fn scorer_streaming_equals_in_memory() {
         // flipped marginal neuron changes what is resident, and the sets drift apart)
         let mem_settings = runtime::InMemorySettings {
             selector,
-            dense_from: runtime::stream::DenseFrom::Layer(e.first_layer),
+            dense_prefix: runtime::stream::DensePrefix::Layer(e.dense_prefix),
             set_scale: share,
             slot_share: Some(slots as f64 / manifest.model.intermediate_size as f64),
             single_token: true,
@@ -266,42 +266,42 @@ fn streaming_equals_in_memory_predicted_sets() {
 /// `--dense-from fit` lowers it to the largest prefix whose plan fits the budget.
 #[test]
 fn dense_from_moves_with_the_budget() {
-    use runtime::stream::DenseFrom;
+    use runtime::stream::DensePrefix;
     let m = default_sparse();
     let mut manifest = formats::manifest::Manifest::load(m).unwrap();
     assert_eq!(manifest.sparsity.dense_prefix, 26);
     manifest.sparsity.default_dense_from = Some(28);
     let variant = m.with_file_name("manifest-default28.toml");
     manifest.save(&variant).unwrap();
-    let open = |dense_from: DenseFrom, budget: Option<u64>| {
-        let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_from, ..Default::default() };
+    let open = |dense_prefix: DensePrefix, budget: Option<u64>| {
+        let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_prefix, ..Default::default() };
         runtime::open(&variant, &PreparedMode::Stream(s))
     };
     // the default prefix: layers 26 and 27 dense from records, 28.. streamed
     let mut mem = in_memory(&variant);
     let ids = mem.tokenizer.encode("In the beginning the universe was created. This has made a lot of", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
-    let mut s = open(DenseFrom::Default, None).unwrap();
+    let mut s = open(DensePrefix::Default, None).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!("not streaming") };
-    assert_eq!((e.first_layer, e.plan.capacity.len()), (28, 2));
+    assert_eq!((e.dense_prefix, e.plan.capacity.len()), (28, 2));
     let got = forward_logits(&mut s, &ids);
     let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed at dense prefix 28 differs from in-memory by {max_diff}");
     // minimums per prefix: each dense layer costs n_ff slots more than its K_max
-    let minimum = |l: usize| match open(DenseFrom::Layer(l), None).unwrap().sparsity {
+    let minimum = |l: usize| match open(DensePrefix::Layer(l), None).unwrap().sparsity {
         Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
         _ => unreachable!(),
     };
     let (m26, m27, m28) = (minimum(26), minimum(27), minimum(28));
     assert!(m26 < m27 && m27 < m28, "{m26} {m27} {m28}");
     let budget = (m27 + m28) / 2;
-    let e = open(DenseFrom::Default, Some(budget)).err().expect("the default prefix does not fit").to_string();
+    let e = open(DensePrefix::Default, Some(budget)).err().expect("the default prefix does not fit").to_string();
     assert!(e.contains("at least") && e.contains("--dense-prefix fit"), "{e}");
-    let s = open(DenseFrom::Fit, Some(budget)).unwrap();
+    let s = open(DensePrefix::Fit, Some(budget)).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
-    assert_eq!(e.first_layer, 27, "the largest prefix within the budget");
+    assert_eq!(e.dense_prefix, 27, "the largest prefix within the budget");
     assert!(e.plan.total_bytes <= budget);
-    let e = open(DenseFrom::Layer(25), None).err().expect("no heads below 26").to_string();
+    let e = open(DensePrefix::Layer(25), None).err().expect("no heads below 26").to_string();
     assert!(e.contains("dense prefix 25") && e.contains("26..30"), "{e}");
 }
 
@@ -310,36 +310,36 @@ fn dense_from_moves_with_the_budget() {
 /// `--in-memory` with that scale (the quality figures), and each layer reads at most its set.
 #[test]
 fn sets_shrink_below_the_all_sparse_minimum() {
-    use runtime::stream::{DenseFrom, StreamSettings};
+    use runtime::stream::{DensePrefix, StreamSettings};
     let m = default_sparse();
-    let open = |dense_from: DenseFrom, budget: Option<u64>, set_scale: f64| {
-        let s = StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_from, set_scale, record_sets: true, ..Default::default() };
+    let open = |dense_prefix: DensePrefix, budget: Option<u64>, set_scale: f64| {
+        let s = StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_prefix, set_scale, record_sets: true, ..Default::default() };
         runtime::open(m, &PreparedMode::Stream(s))
     };
     let plan = |o: &runtime::Opened| match o.sparsity.as_ref() {
         Some(Sparsity::Stream(e)) => e.plan.clone(),
         _ => unreachable!(),
     };
-    let minimum = |scale: f64| plan(&open(DenseFrom::Layer(26), None, scale).unwrap()).minimum_bytes;
+    let minimum = |scale: f64| plan(&open(DensePrefix::Layer(26), None, scale).unwrap()).minimum_bytes;
     let k_max = formats::manifest::Manifest::load(m).unwrap().sparsity.k_max;
     let (full, half, sixty, quarter) = (minimum(1.0), minimum(0.5), minimum(0.6), minimum(0.25));
     assert!(quarter < half && half < sixty && sixty < full, "{quarter} {half} {sixty} {full}");
     // between the minimums at 0.5 and 0.6 of K_max: fit picks a scale in [0.5, 0.6)
     let budget = (half + sixty) / 2;
-    let p = plan(&open(DenseFrom::Fit, Some(budget), 1.0).unwrap());
-    assert_eq!(p.dense_from, 26);
+    let p = plan(&open(DensePrefix::Fit, Some(budget), 1.0).unwrap());
+    assert_eq!(p.dense_prefix, 26);
     assert!(p.set_scale >= 0.5 && p.set_scale < 0.6, "set scale {}", p.set_scale);
     assert!(p.total_bytes <= budget && minimum(p.set_scale + 0.01) > budget, "the largest scale that fits: {}", p.set_scale);
     assert_eq!(p.set_sizes, runtime::predictor::scaled_set_sizes(&k_max, p.set_scale));
     assert!(p.capacity.iter().zip(&p.set_sizes).all(|(c, s)| c >= s));
     // below the minimum at the smallest scale fit tries: refused, naming that minimum and the full one
-    let e = open(DenseFrom::Fit, Some(quarter - 1), 1.0).err().expect("nothing fits").to_string();
+    let e = open(DensePrefix::Fit, Some(quarter - 1), 1.0).err().expect("nothing fits").to_string();
     assert!(e.contains(&quarter.to_string()) && e.contains("0.25 x K_max") && e.contains(&format!("{} MiB", full >> 20)), "{e}");
     // a fixed scale streams what --in-memory computes at that scale
     let mut mem = runtime::open(m, &PreparedMode::InMemory(runtime::InMemorySettings { set_scale: 0.5, ..Default::default() })).unwrap();
     let ids = mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
-    let mut s = open(DenseFrom::Layer(26), None, 0.5).unwrap();
+    let mut s = open(DensePrefix::Layer(26), None, 0.5).unwrap();
     let got = forward_logits(&mut s, &ids);
     let max_diff = max_abs_diff(&want, &got);
     assert!(max_diff < 2e-3, "streamed at set scale 0.5 differs from in-memory by {max_diff}");

@@ -3,7 +3,7 @@
 //! weights). No download, no root: import, prepare, then the streamed runtime against its
 //! in-memory twin, the rows it reads, the plans it makes, and the CLI's refusals.
 
-use runtime::stream::{DenseFrom, SelectorChoice, StreamSettings};
+use runtime::stream::{DensePrefix, SelectorChoice, StreamSettings};
 use runtime::{InMemorySettings, PreparedMode, Sparsity};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -62,7 +62,7 @@ fn streamed_predictor_equals_in_memory_and_reads_the_deltas() {
     let e = engine(&mut s);
     e.refresh_io_stats();
     assert_eq!(e.rule(), "soft8");
-    let first = e.first_layer;
+    let first = e.dense_prefix;
     let mut expected = 0u64;
     for si in 0..SYNTH_LAYERS - first {
         let mut resident = HashSet::new();
@@ -91,11 +91,11 @@ fn streamed_scorer_equals_in_memory_at_any_slot_count() {
             } else {
                 assert!(e.plan.capacity.iter().zip(&e.plan.set_sizes).all(|(c, k)| c > k));
             }
-            (e.plan.capacity[0], e.first_layer)
+            (e.plan.capacity[0], e.dense_prefix)
         };
         let mem_settings = InMemorySettings {
             selector,
-            dense_from: DenseFrom::Layer(first),
+            dense_prefix: DensePrefix::Layer(first),
             set_scale: share,
             slot_share: Some(slots as f64 / SYNTH_FF as f64),
             single_token: true,
@@ -118,14 +118,14 @@ fn streamed_scorer_equals_in_memory_at_any_slot_count() {
 #[test]
 fn fit_trades_set_size_for_memory_and_refuses_below_its_floor() {
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
-    let minimum = |scale: f64| stream(StreamSettings { selector, set_scale: scale, dense_from: DenseFrom::Fit, ..Default::default() }).engine().unwrap().plan.minimum_bytes;
+    let minimum = |scale: f64| stream(StreamSettings { selector, set_scale: scale, dense_prefix: DensePrefix::Fit, ..Default::default() }).engine().unwrap().plan.minimum_bytes;
     let (at_025, at_015, at_010) = (minimum(0.25), minimum(0.15), minimum(0.10));
     assert!(at_010 < at_015 && at_015 < at_025, "{at_010} {at_015} {at_025}");
     let budget = (at_015 + at_025) / 2;
-    let mut s = stream(StreamSettings { selector, set_scale: 0.25, dense_from: DenseFrom::Fit, mem_budget_bytes: Some(budget), ..Default::default() });
+    let mut s = stream(StreamSettings { selector, set_scale: 0.25, dense_prefix: DensePrefix::Fit, mem_budget_bytes: Some(budget), ..Default::default() });
     let p = engine(&mut s).plan.clone();
     assert!(p.set_scale >= 0.15 && p.set_scale < 0.25 && p.total_bytes <= budget, "fit chose {} for {budget}", p.set_scale);
-    let err = runtime::open(prepared(), &PreparedMode::Stream(StreamSettings { selector, set_scale: 0.25, dense_from: DenseFrom::Fit, mem_budget_bytes: Some(at_010 - 1), ctx: 128, ..Default::default() }))
+    let err = runtime::open(prepared(), &PreparedMode::Stream(StreamSettings { selector, set_scale: 0.25, dense_prefix: DensePrefix::Fit, mem_budget_bytes: Some(at_010 - 1), ctx: 128, ..Default::default() }))
         .err()
         .expect("below the floor")
         .to_string();

@@ -33,8 +33,8 @@ pub struct BenchReport {
     pub planned_bytes: u64,
     /// The smallest budget at this dense prefix.
     pub minimum_budget_bytes: u64,
-    /// Layers `dense_from..` ran sparse (after `--dense-prefix`, `fit` resolved).
-    pub dense_from: usize,
+    /// Layers `dense_prefix..` ran sparse (after `--dense-prefix`, `fit` resolved).
+    pub dense_prefix: usize,
     /// Neurons kept per sparse layer as a share of K_max (after `--set-scale`, `fit` resolved).
     pub set_scale: f64,
     /// How cut sets ranked neurons: "importance" or "membership".
@@ -142,7 +142,7 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         mem_budget_bytes: engine.plan.budget_bytes,
         planned_bytes: engine.plan.total_bytes,
         minimum_budget_bytes: engine.plan.minimum_bytes,
-        dense_from: engine.plan.dense_from,
+        dense_prefix: engine.plan.dense_prefix,
         set_scale: engine.plan.set_scale,
         neuron_rank: engine.neuron_rank(),
         set_rule: engine.rule(),

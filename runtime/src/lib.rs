@@ -31,7 +31,7 @@ pub struct InMemorySettings {
     /// The shared predictor (also with the oracle rule, the ceiling at a set size) or the scorer.
     pub selector: stream::SelectorChoice,
     /// Layers below the resolved prefix run dense (`Fit` sizes a streamed run's plan: refused).
-    pub dense_from: stream::DenseFrom,
+    pub dense_prefix: stream::DensePrefix,
     /// Share of K_max (of n_ff with the scorer) kept per sparse layer and token.
     pub set_scale: f64,
     /// With the scorer: rows each layer holds, as a share of n_ff (default: the set size), all
@@ -45,7 +45,7 @@ pub struct InMemorySettings {
 
 impl Default for InMemorySettings {
     fn default() -> Self {
-        InMemorySettings { selector: stream::SelectorChoice::default(), dense_from: stream::DenseFrom::Default, set_scale: 1.0, slot_share: None, head_q8: false, single_token: false }
+        InMemorySettings { selector: stream::SelectorChoice::default(), dense_prefix: stream::DensePrefix::Default, set_scale: 1.0, slot_share: None, head_q8: false, single_token: false }
     }
 }
 
@@ -170,13 +170,13 @@ pub fn load_importance(manifest_path: &Path, manifest: &formats::manifest::Manif
 }
 
 /// The prefix a non-streamed sparse run uses: layers below it dense.
-fn in_memory_prefix(path: &Path, manifest: &formats::manifest::Manifest, dense_from: stream::DenseFrom) -> Result<usize> {
+fn in_memory_prefix(path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: stream::DensePrefix) -> Result<usize> {
     let (d0, n) = (manifest.sparsity.dense_prefix, manifest.model.num_hidden_layers);
-    match dense_from {
-        stream::DenseFrom::Default => Ok(manifest.sparsity.default_dense_from()),
-        stream::DenseFrom::Layer(l) if l >= d0 && l <= n => Ok(l),
-        stream::DenseFrom::Layer(l) => Err(RuntimeError::Input(format!("{}: --dense-prefix {l}: this preparation covers layers {d0}..{n} (the prepared dense prefix on)", path.display()))),
-        stream::DenseFrom::Fit => Err(RuntimeError::Input("--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory".into())),
+    match dense_prefix {
+        stream::DensePrefix::Default => Ok(manifest.sparsity.default_dense_from()),
+        stream::DensePrefix::Layer(l) if l >= d0 && l <= n => Ok(l),
+        stream::DensePrefix::Layer(l) => Err(RuntimeError::Input(format!("{}: --dense-prefix {l}: this preparation covers layers {d0}..{n} (the prepared dense prefix on)", path.display()))),
+        stream::DensePrefix::Fit => Err(RuntimeError::Input("--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory".into())),
     }
 }
 
@@ -200,7 +200,7 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
             if let Some(f) = &engine.fallback {
                 notes.push(format!("{}: {f}; reading records with pread on the thread pool", engine.records_path.display()));
             }
-            let model = Model::load_streaming(path, &manifest, engine.first_layer, settings.head_q8)?;
+            let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head_q8)?;
             (model, Some(Sparsity::Stream(Box::new(engine))), false)
         }
         PreparedMode::Dense { head_q8 } => (Model::load_prepared(path, &manifest)?, None, *head_q8),
@@ -208,7 +208,7 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
             if !(s.set_scale > 0.0 && s.set_scale <= 1.0) {
                 return Err(RuntimeError::Input(format!("set scale {}: expected a share in (0, 1]", s.set_scale)));
             }
-            let prefix = in_memory_prefix(path, &manifest, s.dense_from)?;
+            let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
             let model = Model::load_prepared(path, &manifest)?;
             let sparsity = match s.selector {
                 stream::SelectorChoice::Scorer { resident_bonus } => {
@@ -221,7 +221,7 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
                         p.set_slots((c * manifest.model.intermediate_size as f64).round() as usize);
                     }
                     p.resident_bonus = resident_bonus;
-                    p.first_layer = prefix;
+                    p.dense_prefix = prefix;
                     p.single_token = s.single_token;
                     Sparsity::Scored(Box::new(p))
                 }

@@ -161,9 +161,9 @@ enum SparseMlps<'a> {
     Resident,
     /// Rebuilt from records.bin (every row in memory).
     Records(&'a formats::records::RecordFile),
-    /// Layers `rf.first_layer..dense_from` rebuilt from records.bin; layers `>= dense_from` not
+    /// Layers `rf.first_layer..dense_prefix` rebuilt from records.bin; layers `>= dense_prefix` not
     /// loaded (computed by a streaming hook).
-    OnStorage { records: &'a formats::records::RecordFile, dense_from: usize },
+    OnStorage { records: &'a formats::records::RecordFile, dense_prefix: usize },
 }
 
 /// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
@@ -211,11 +211,11 @@ impl Model {
     }
 
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
-    /// `dense_prefix..dense_from` rebuilt once from records.bin; the MLP weights of layers
-    /// `dense_from..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
+    /// from the prepared prefix to `dense_prefix` rebuilt once from records.bin; the MLP weights of
+    /// layers `dense_prefix..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
     /// `head_q8`: the logits come from the Q8_0 head, so a tied embedding is only read a row per
     /// token too.
-    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_from: usize, head_q8: bool) -> Result<Self> {
+    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: usize, head_q8: bool) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
@@ -227,7 +227,7 @@ impl Model {
         }
         let src = TensorSource { files: vec![mapped] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_from })?;
+        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_prefix })?;
         if head_q8 {
             model.use_head_q8(manifest_path, manifest)?;
         }
@@ -252,7 +252,7 @@ impl Model {
                 };
                 let mlp = match sparse {
                     SparseMlps::Records(rf) if l >= rf.first_layer => mlp_from_records(rf, l, d, ff)?,
-                    SparseMlps::OnStorage { dense_from, .. } if l >= dense_from => Mlp::Streamed,
+                    SparseMlps::OnStorage { dense_prefix, .. } if l >= dense_prefix => Mlp::Streamed,
                     SparseMlps::OnStorage { records, .. } if l >= records.first_layer => mlp_from_records(records, l, d, ff)?,
                     _ => Mlp::Resident(DenseMlp { w_gate: src.matrix(&n.gate_proj, ff, d)?, w_up: src.matrix(&n.up_proj, ff, d)?, w_down: src.matrix(&n.down_proj, d, ff)? }),
                 };

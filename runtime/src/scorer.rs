@@ -150,7 +150,7 @@ pub struct ScoredSparsity {
     pub scorer: GateUpScorer,
     /// Per layer from the scorer's first: `[n_ff, d]` f16 downT rows (from records.bin).
     down_t: Vec<Vec<f16>>,
-    pub first_layer: usize,
+    pub dense_prefix: usize,
     /// Neurons kept per sparse layer and token.
     pub keep: usize,
     /// See [`GateUpScorer::keep`]; the rows held are simulated with one [`SlotMap`] per layer
@@ -195,7 +195,7 @@ impl ScoredSparsity {
             })
             .collect::<Result<Vec<_>>>()?;
         let n = down_t.len();
-        let mut s = ScoredSparsity { scorer, down_t, first_layer: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
+        let mut s = ScoredSparsity { scorer, down_t, dense_prefix: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
         Ok(s)
     }
@@ -230,7 +230,7 @@ impl MlpHook for ScoredSparsity {
     fn observe(&mut self, _layer: usize, _gate_silu: &[f32], _up: &[f32]) {}
 
     fn replaces_mlp(&self, layer: usize) -> bool {
-        layer >= self.first_layer
+        layer >= self.dense_prefix
     }
 
     fn single_token(&self) -> bool {

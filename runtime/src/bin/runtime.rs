@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use runtime::generate::{generate, GenerateOptions};
 use runtime::predictor::{NeuronRank, SetRule};
 use runtime::sampler::Sampler;
-use runtime::stream::{DenseFrom, SelectorChoice, StreamSettings};
+use runtime::stream::{DensePrefix, SelectorChoice, StreamSettings};
 use runtime::{PreparedMode, Sparsity};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,7 +38,7 @@ struct ModeArgs {
     /// `fit`: as many dense layers as --mem-budget allows, then smaller sets. Default: fit with
     /// the scorer, the manifest's default_dense_from with the predictor.
     #[arg(long, alias = "dense-from")]
-    dense_prefix: Option<DenseFrom>,
+    dense_prefix: Option<DensePrefix>,
     /// Share of each sparse layer's neurons needed per token: of n_ff with the scorer (default
     /// 0.25), of K_max with the predictor (default 1). With `fit`, the largest share up to this
     /// that fits --mem-budget.
@@ -149,6 +149,9 @@ impl ModeArgs {
         }
         let manifest = formats::manifest::Manifest::load(model)?;
         let has = |role: &str| manifest.artifacts.iter().any(|a| a.role == role);
+        // auto: the scorer wherever the preparation has it. It is the better choice at every
+        // budget measured, and its smallest plan is below the predictor's on both models (Qwen2.5-
+        // Coder-1.5B: 1,195 vs 1,272 MiB), so no budget runs the predictor but not the scorer.
         let strategy = match self.strategy {
             Strategy::Auto if has("scorer") => Strategy::Scorer,
             Strategy::Auto => {
@@ -190,8 +193,8 @@ impl ModeArgs {
                 anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
-            let dense_from = self.dense_prefix.unwrap_or(if scorer { DenseFrom::Layer(manifest.sparsity.dense_prefix) } else { DenseFrom::Default });
-            let s = runtime::InMemorySettings { selector, dense_from, set_scale, slot_share: x.slot_share, head_q8, single_token: x.single_token };
+            let dense_prefix = self.dense_prefix.unwrap_or(if scorer { DensePrefix::Layer(manifest.sparsity.dense_prefix) } else { DensePrefix::Default });
+            let s = runtime::InMemorySettings { selector, dense_prefix, set_scale, slot_share: x.slot_share, head_q8, single_token: x.single_token };
             return Ok((PreparedMode::InMemory(s), x, notes));
         }
         if x.set_rule == Some(SetRule::Oracle) {
@@ -211,8 +214,8 @@ impl ModeArgs {
         if let Some(q) = x.queue_depth {
             io.queue_depth = q;
         }
-        let dense_from = self.dense_prefix.unwrap_or(if scorer { DenseFrom::Fit } else { DenseFrom::Default });
-        let s = StreamSettings { mem_budget_bytes, ctx, dense_from, set_scale, selector, head_q8, io, record_sets: false };
+        let dense_prefix = self.dense_prefix.unwrap_or(if scorer { DensePrefix::Fit } else { DensePrefix::Default });
+        let s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head_q8, io, record_sets: false };
         Ok((PreparedMode::Stream(s), x, notes))
     }
 }
@@ -339,7 +342,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
         Some(Sparsity::Scored(s)) => serde_json::json!({
             "mode": "in-memory",
             "set_rule": "scorer",
-            "dense_prefix": s.first_layer,
+            "dense_prefix": s.dense_prefix,
             "keep_share": s.keep as f64 / n_ff as f64,
             "slot_share": s.slots as f64 / n_ff as f64,
             "resident_bonus": s.resident_bonus,
@@ -351,7 +354,7 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             serde_json::json!({
                 "mode": "stream",
                 "set_rule": e.rule(),
-                "dense_prefix": e.first_layer,
+                "dense_prefix": e.dense_prefix,
                 "set_scale": e.plan.set_scale,
                 "neuron_rank": e.neuron_rank(),
                 "tokens": st.tokens,
@@ -372,7 +375,7 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
         ),
         Some(Sparsity::Scored(p)) => println!(
             "scored sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, 4-bit gate/up scorer, {:.2} x n_ff needed, {:.2} held), reuse {:.3}",
-            p.density(), p.first_layer, p.keep as f64 / n_ff as f64, p.slots as f64 / n_ff as f64, p.reuse_ratio()
+            p.density(), p.dense_prefix, p.keep as f64 / n_ff as f64, p.slots as f64 / n_ff as f64, p.reuse_ratio()
         ),
         Some(Sparsity::Stream(e)) => {
             e.refresh_io_stats();
@@ -380,7 +383,7 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
             println!(
                 "streamed: {} tokens, layers {}.. sparse ({} sets of {:.2} x {}), reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
                 st.tokens,
-                e.first_layer,
+                e.dense_prefix,
                 e.rule(),
                 e.plan.set_scale,
                 if e.rule() == "scorer" { "n_ff" } else { "K_max" },
@@ -493,7 +496,7 @@ fn run(cli: Cli) -> Result<()> {
                     }
                     let prefix = match mode.dense_prefix {
                         None => 0,
-                        Some(DenseFrom::Layer(l)) => l,
+                        Some(DensePrefix::Layer(l)) => l,
                         Some(d) => anyhow::bail!("--dense-prefix {d:?}: oracle masks take a layer number"),
                     };
                     Some(runtime::oracle::OracleSparsity::new(t, prefix))
@@ -590,7 +593,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!(
                     "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, {} sets of {:.2} x {}",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_from, r.set_rule, r.set_scale,
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_prefix, r.set_rule, r.set_scale,
                     if r.set_rule == "scorer" { "n_ff" } else { "K_max" }
                 );
             }

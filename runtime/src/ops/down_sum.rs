@@ -9,11 +9,13 @@ use rayon::prelude::*;
 /// Rows per rayon task; tasks are summed in order.
 pub const DOWN_SUM_CHUNK: usize = 64;
 
-/// `out` `[d]` = `sum_i coef(i, ids[i]) x row(ids[i])` over `ids` (slots or neurons), in
-/// chunks of [`DOWN_SUM_CHUNK`] summed in order. `coef` gets the index into `ids` and the id.
+/// `out` `[d]` = `sum_i coef(i, ids[i]) x row(ids[i])` over `ids` (slots or neurons): each
+/// chunk of [`DOWN_SUM_CHUNK`] on a rayon task, the chunks' sums then added in chunk order, so
+/// the result does not depend on how the pool split the work (a reduce tree would: its
+/// rounding flips marginal neurons from run to run). `coef` gets the index into `ids` and the id.
 pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
     let d = out.len();
-    let partial = ids
+    let partial: Vec<Vec<f32>> = ids
         .par_chunks(DOWN_SUM_CHUNK)
         .enumerate()
         .map(|(c, chunk)| {
@@ -23,15 +25,35 @@ pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: i
             }
             acc
         })
-        .reduce(|| vec![0f32; d], |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
-    out.copy_from_slice(&partial);
+        .collect();
+    out.fill(0.0);
+    for p in &partial {
+        out.iter_mut().zip(p).for_each(|(o, v)| *o += v);
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_same_sum_however_the_pool_splits() {
+        use half::f16;
+        let rows: Vec<Vec<f16>> = (0..1000).map(|j| (0..16).map(|i| f16::from_f32(((j * 7 + i * 13) % 29) as f32 * 0.37 - 5.0)).collect()).collect();
+        let ids: Vec<u32> = (0..1000).collect();
+        let coef = |i: usize, _| (i as f32 * 0.013).sin();
+        let sum = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let mut out = vec![0f32; 16];
+            pool.install(|| super::down_sum(&ids, coef, |id| &rows[id as usize], &mut out));
+            out
+        };
+        let one = sum(1);
+        for threads in [2, 3, 8] {
+            for _ in 0..5 {
+                assert_eq!(sum(threads), one, "{threads} threads");
+            }
+        }
+    }
+
     #[test]
     fn sums_every_row_times_its_coefficient() {
         use half::f16;

@@ -2,13 +2,13 @@
 //! loaded, and refuses a budget it cannot meet with the minimum it would need.
 //!
 //! Counted: resident.safetensors (mapped and all of it touched: embeddings, attention, norms,
-//! head, dense-prefix MLPs), the MLPs of the layers `dense_prefix..dense_from` that run dense
+//! head, dense-prefix MLPs), the MLPs of the layers `d0..dense_prefix` (d0: the prepared prefix) that run dense
 //! from rows loaded once out of records.bin, the predictor (f16) and the centroid table, the KV
 //! cache for `--ctx`, the staging buffer, a fixed allowance for the process (code, tokenizer,
 //! activations), and the slot buffers. Each sparse layer needs at least as many slots as its
 //! set size (K_max, or K_max x `--set-scale`); what the budget leaves beyond that is spread
 //! evenly (in bytes) over the sparse layers, up to every neuron. [`MemoryPlan::fit`] picks the
-//! largest `dense_from` (up to the manifest's default) whose plan fits the budget, and when even
+//! largest `dense_prefix` (up to the manifest's default) whose plan fits the budget, and when even
 //! every layer after the dense prefix sparse does not fit, the largest set scale (down to
 //! [`MIN_SET_SCALE`]) that does.
 
@@ -39,10 +39,11 @@ pub struct MemoryPlan {
     pub resident_bytes: u64,
     /// The Q8_0 output head (`-X head=q8` (the scorer's default); else 0).
     pub head_q8_bytes: u64,
-    /// Layers `dense_from..` are sparse; `dense_prefix..dense_from` run dense from records.
-    pub dense_from: usize,
-    /// MLP weights of the layers `dense_prefix..dense_from`, loaded from records.bin.
-    pub dense_from_records_bytes: u64,
+    /// Layers `dense_prefix..` are sparse; `d0..dense_prefix` (d0: the prepared prefix) run
+    /// dense from records.
+    pub dense_prefix: usize,
+    /// MLP weights of the layers `d0..dense_prefix`, loaded from records.bin.
+    pub prefix_records_bytes: u64,
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
     /// The 4-bit gate/up scorer of the sparse layers (`--strategy scorer`; else 0).
@@ -112,11 +113,11 @@ impl MemoryPlan {
         Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown: format!("{breakdown}; {also}") })
     }
 
-    /// The plan with layers `dense_from..` sparse (`dense_prefix <= dense_from <= n_layers`).
+    /// The plan with layers `dense_prefix..` sparse (the prepared prefix <= dense_prefix <= n_layers).
     /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_from: usize, set_scale: f64) -> Result<Self> {
-        let fp = sel.footprint(dense_from.min(m.model.num_hidden_layers));
+    pub fn new(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_prefix: usize, set_scale: f64) -> Result<Self> {
+        let fp = sel.footprint(dense_prefix.min(m.model.num_hidden_layers));
         let unit = fp.set_unit;
         if !(set_scale > 0.0 && set_scale <= 1.0) {
             return Err(RuntimeError::Input(format!("set scale {set_scale}: expected a share of {unit} in (0, 1]")));
@@ -146,16 +147,16 @@ impl MemoryPlan {
         let rope_bytes = (2 * c.max_position_embeddings.min(crate::model::ROPE_MAX_POSITIONS) * (c.head_dim() / 2) * 4) as u64;
         let process_bytes = PROCESS_BASE_BYTES + 4 * size("tokenizer")? + rope_bytes;
         let (d0, n_layers) = (m.sparsity.dense_prefix, c.num_hidden_layers);
-        if dense_from < d0 || dense_from > n_layers {
+        if dense_prefix < d0 || dense_prefix > n_layers {
             return Err(RuntimeError::Input(format!(
-                "{}: dense prefix {dense_from}: this preparation has records and predictor heads for layers {d0}..{n_layers}, so it can run layers {d0}..={n_layers} sparse from",
+                "{}: dense prefix {dense_prefix}: this preparation has records and predictor heads for layers {d0}..{n_layers}, so it can run layers {d0}..={n_layers} sparse from",
                 manifest_path.display()
             )));
         }
         let full_row_bytes = crate::select::SlotRow::GateUpDown.bytes(c.hidden_size);
         let srb = sel.slot_row().bytes(c.hidden_size);
-        let dense_from_records_bytes = ((dense_from - d0) * c.intermediate_size * full_row_bytes) as u64;
-        let fixed = resident_bytes + head_q8_bytes + dense_from_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
+        let prefix_records_bytes = ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64;
+        let fixed = resident_bytes + head_q8_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
@@ -167,10 +168,10 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB{}, dense layers {d0}..{dense_from} from records {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
+                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from records {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
                         resident_bytes >> 20,
                         if s.head_q8 { format!(" + Q8_0 head {} MiB", head_q8_bytes >> 20) } else { String::new() },
-                        dense_from_records_bytes >> 20,
+                        prefix_records_bytes >> 20,
                         if scorer_bytes > 0 {
                             format!("4-bit scorer {:.1} MiB", scorer_bytes as f64 / 1048576.0)
                         } else {
@@ -191,8 +192,8 @@ impl MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
             resident_bytes,
             head_q8_bytes,
-            dense_from,
-            dense_from_records_bytes,
+            dense_prefix,
+            prefix_records_bytes,
             predictor_bytes,
             centroid_bytes,
             scorer_bytes,

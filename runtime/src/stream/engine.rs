@@ -121,9 +121,9 @@ pub struct StreamSettings {
     /// KV cache positions the plan holds.
     pub ctx: usize,
     /// Which layers run sparse (`--dense-prefix`).
-    pub dense_from: DenseFrom,
+    pub dense_prefix: DensePrefix,
     /// Neurons kept per sparse layer, as a share of K_max (`--set-scale`, 0 < s <= 1; of n_ff
-    /// with the scorer). With `DenseFrom::Fit`, the largest scale up to this one that fits once
+    /// with the scorer). With `DensePrefix::Fit`, the largest scale up to this one that fits once
     /// every layer after the prepared prefix is sparse.
     pub set_scale: f64,
     pub selector: SelectorChoice,
@@ -136,7 +136,7 @@ pub struct StreamSettings {
 
 impl Default for StreamSettings {
     fn default() -> Self {
-        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_from: DenseFrom::Default, set_scale: 1.0, selector: SelectorChoice::default(), head_q8: false, io: IoSettings::default(), record_sets: false }
+        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_prefix: DensePrefix::Default, set_scale: 1.0, selector: SelectorChoice::default(), head_q8: false, io: IoSettings::default(), record_sets: false }
     }
 }
 
@@ -167,7 +167,7 @@ impl StreamSettings {
 
 /// Where the sparse layers start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DenseFrom {
+pub enum DensePrefix {
     /// The manifest's `default_dense_from`.
     #[default]
     Default,
@@ -177,13 +177,13 @@ pub enum DenseFrom {
     Fit,
 }
 
-impl std::str::FromStr for DenseFrom {
+impl std::str::FromStr for DensePrefix {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
-            "fit" => Ok(DenseFrom::Fit),
-            "default" => Ok(DenseFrom::Default),
-            n => n.parse().map(DenseFrom::Layer).map_err(|_| format!("'{s}': expected a layer number, 'fit' or 'default'")),
+            "fit" => Ok(DensePrefix::Fit),
+            "default" => Ok(DensePrefix::Default),
+            n => n.parse().map(DensePrefix::Layer).map_err(|_| format!("'{s}': expected a layer number, 'fit' or 'default'")),
         }
     }
 }
@@ -201,8 +201,8 @@ pub struct StreamingEngine {
     sets: Vec<Vec<u32>>,
     /// `[n_ff]` coefficients from a selector that scores at the layer.
     h: Vec<f32>,
-    /// The first sparse layer (`--dense-prefix`, resolved).
-    pub first_layer: usize,
+    /// Layers below this run dense, the rest sparse (`--dense-prefix`, resolved).
+    pub dense_prefix: usize,
     d_model: usize,
     tick: u64,
     pub stats: StreamStats,
@@ -236,10 +236,10 @@ impl StreamingEngine {
             }
             SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
         };
-        let plan = match settings.dense_from {
-            DenseFrom::Fit => MemoryPlan::fit(manifest_path, manifest, selector.as_ref(), settings)?,
-            DenseFrom::Layer(l) => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, l, settings.set_scale)?,
-            DenseFrom::Default => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, default, settings.set_scale).map_err(|e| match e {
+        let plan = match settings.dense_prefix {
+            DensePrefix::Fit => MemoryPlan::fit(manifest_path, manifest, selector.as_ref(), settings)?,
+            DensePrefix::Layer(l) => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, l, settings.set_scale)?,
+            DensePrefix::Default => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, default, settings.set_scale).map_err(|e| match e {
                 RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
                     budget,
                     minimum,
@@ -248,7 +248,7 @@ impl StreamingEngine {
                 e => e,
             })?,
         };
-        let first = plan.dense_from;
+        let first = plan.dense_prefix;
         let rb = manifest.records.record_bytes;
         let len = std::fs::metadata(&records_path).map_err(|source| RuntimeError::Io { path: records_path.clone(), offset: None, source })?.len();
         if len != (manifest.records.count * rb) as u64 {
@@ -281,7 +281,7 @@ impl StreamingEngine {
             in_flight: vec![Vec::new(); n_sparse],
             sets: vec![Vec::new(); n_sparse],
             h: vec![0.0; c.intermediate_size],
-            first_layer: first,
+            dense_prefix: first,
             d_model: c.hidden_size,
             tick: 0,
             stats,
@@ -334,7 +334,7 @@ impl StreamingEngine {
             let loads = self.layers[si].map.plan(set, self.tick);
             self.stats.count_layer(si, set.len(), loads.len());
             if !loads.is_empty() {
-                reads.push(LayerReads { si, layer: self.first_layer + si, loads: loads.clone() });
+                reads.push(LayerReads { si, layer: self.dense_prefix + si, loads: loads.clone() });
             }
             self.in_flight[si] = loads;
         }
@@ -349,7 +349,7 @@ impl StreamingEngine {
     /// `out` `[d_model]`: `sum_j c_j downT_j` over the rows that count (the set, or every row
     /// held), `c_j = silu(gate_j . xn) (up_j . xn)` from the slot or the selector's score.
     pub fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
-        let si = layer - self.first_layer;
+        let si = layer - self.dense_prefix;
         let t0 = Instant::now();
         if let Some(choice) = self.selector.choose_at_layer(si, layer, xn, self.plan.set_sizes[si], &mut self.layers[si].map, self.tick, &mut self.h) {
             self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;

@@ -9,4 +9,4 @@ pub mod reader;
 pub mod slots;
 
 pub use budget::{parse_bytes, MemoryPlan};
-pub use engine::{DenseFrom, IoSettings, SelectorChoice, StreamSettings, StreamStats, StreamingEngine};
+pub use engine::{DensePrefix, IoSettings, SelectorChoice, StreamSettings, StreamStats, StreamingEngine};
