@@ -167,6 +167,8 @@ fn cli_strategies() {
     assert_eq!(run(&["--strategy", "predictor", "-X", "set-rule=top1"])["sparsity"]["set_rule"], "top1");
     assert!(run(&["--strategy", "dense"])["sparsity"].is_null());
     assert_eq!(run(&["--in-memory"])["sparsity"]["mode"], "in-memory");
+    let (ok, out, _) = runtime_cli(&["run", m, "-p", "x", "-X", "help"]);
+    assert!(ok && out.contains("set-rule=") && out.contains("slot-share="), "{out}");
     // bench reports the same strategy
     let (ok, out, err) = runtime_cli(&["bench", m, "-n", "4", "--ctx", "128", "--json"]);
     assert!(ok, "{err}");

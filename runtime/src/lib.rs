@@ -262,6 +262,9 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
 /// Tokens of `prompt` as a run of `path` (a model directory or a manifest) sees them, with BOS:
 /// what sizes a run's KV cache before the model is loaded.
 pub fn prompt_tokens(path: &Path, prompt: &str) -> Result<usize> {
+    if !path.exists() {
+        return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
+    }
     let (tok_path, vocab, bos) = if path.is_file() {
         let m = formats::manifest::Manifest::load(path)?;
         (m.artifact_path_of(path, "tokenizer")?, m.model.vocab_size, m.model.bos_token_id)

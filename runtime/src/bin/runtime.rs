@@ -94,9 +94,6 @@ impl Experiment {
         let mut seen = std::collections::HashSet::new();
         for item in items {
             let (key, value) = item.split_once('=').unwrap_or((item.as_str(), ""));
-            if key == "help" {
-                anyhow::bail!("{EXPERIMENT_HELP}");
-            }
             if !seen.insert(key.to_string()) {
                 anyhow::bail!("--experiment {key} given twice");
             }
@@ -236,6 +233,7 @@ enum Command {
     Run {
         /// Model directory, or a prepared model's manifest.toml (streamed by default).
         model: PathBuf,
+        /// The prompt, raw text (tokenized with the model's BOS where it adds one).
         #[arg(long, short = 'p')]
         prompt: String,
         /// Tokens to generate.
@@ -410,6 +408,13 @@ fn pool_threads(threads: Option<usize>) -> std::result::Result<usize, String> {
 
 fn main() {
     let cli = Cli::parse();
+    let experiment = match &cli.command {
+        Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } => &mode.experiment,
+    };
+    if experiment.iter().any(|x| x == "help") {
+        println!("{EXPERIMENT_HELP}");
+        return;
+    }
     let threads = match &cli.command {
         Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } => *threads,
     };
@@ -448,6 +453,7 @@ fn run(cli: Cli) -> Result<()> {
             if n == 0 {
                 anyhow::bail!("-n 0: nothing to generate");
             }
+            Experiment::parse(&mode.experiment)?;
             // the KV cache holds the prompt and the new tokens unless --ctx says otherwise
             let ctx = match ctx {
                 Some(c) => c,
