@@ -185,7 +185,7 @@ impl std::str::FromStr for SetRule {
 }
 
 impl std::fmt::Display for SetRule {
-    /// The `--set-rule` spelling.
+    /// The `-X set-rule=` spelling.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SetRule::Top1 => write!(f, "top1"),
@@ -494,7 +494,7 @@ impl MlpHook for PredictedSparsity {
             let k = self.predictor.spec.k;
             let n_sparse = self.sparse.len();
             let logits = self.predictor.logits(hidden, &self.c0);
-            // heads of layers below dense_prefix (after --dense-from) are never read: no set
+            // heads of layers below dense_prefix (after --dense-prefix) are never read: no set
             let skipped = self.dense_prefix - self.predictor.spec.first_layer;
             self.current = logits
                 .chunks_exact(k)
