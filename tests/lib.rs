@@ -131,6 +131,12 @@ pub const SYNTH_FF: usize = 256;
 /// KV heads, n_ff 256, a 261-token byte-level BPE vocabulary) with seeded random f32 weights.
 /// Nothing is downloaded: the fast test tier runs the whole pipeline on it.
 pub fn write_synthetic_gguf(path: &Path) {
+    write_synthetic_gguf_with_nan(path, None)
+}
+
+/// [`write_synthetic_gguf`], with the first value of tensor `nan_in` (a GGUF name such as
+/// `blk.3.ffn_down.weight`) set to NaN: a corrupt weight.
+pub fn write_synthetic_gguf_with_nan(path: &Path, nan_in: Option<&str>) {
     use formats::gguf::{write_gguf, GgufTensorData, GgufValue};
     let s = |v: &str| GgufValue::String(v.into());
     let mut tokens: Vec<String> = byte_level_chars().iter().map(|c| c.to_string()).collect();
@@ -166,7 +172,10 @@ pub fn write_synthetic_gguf(path: &Path) {
     // ne = [cols, rows] as GGUF stores it; values uniform in +-scale
     let mut tensor = |name: String, ne: Vec<u64>, scale: f32, offset: f32| {
         let n: u64 = ne.iter().product();
-        let bytes = (0..n).flat_map(|_| (offset + scale * rng.unit()).to_le_bytes()).collect();
+        let mut bytes: Vec<u8> = (0..n).flat_map(|_| (offset + scale * rng.unit()).to_le_bytes()).collect();
+        if nan_in == Some(name.as_str()) {
+            bytes[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        }
         GgufTensorData { name, ne, ggml_type_id: 0, bytes }
     };
     let (d64, ff64, kv) = (d as u64, ff as u64, 32u64);

@@ -254,6 +254,27 @@ fn a_flipped_record_byte_is_an_error() {
     }
 }
 
+/// A NaN weight is an error naming the layer where the hidden state stopped being finite, never
+/// a sampled token (before this check argmax fell to token 0 and the run exited 0).
+#[test]
+fn a_nan_weight_is_an_error_naming_the_layer() {
+    let d = scratch("synthetic-nan");
+    write_synthetic_gguf_with_nan(&d.join("nan.gguf"), Some("blk.3.ffn_down.weight"));
+    let out = run_bin("prep", &["import", d.join("nan.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, _, err) = runtime_cli(&["run", d.join("m").to_str().unwrap(), "-p", "the hat", "-n", "3"]);
+    assert!(!ok && err.contains("not finite") && err.contains("after layer 3"), "{err}");
+}
+
+#[test]
+fn bad_sizes_are_refused() {
+    let m = prepared().to_str().unwrap();
+    for bad in ["-5", "NaN", "lots", "5XB"] {
+        let (ok, _, err) = runtime_cli(&["run", m, "-p", "hat", &format!("--mem-budget={bad}")]);
+        assert!(!ok && err.contains("--mem-budget") && err.contains(bad), "{bad}: {err}");
+    }
+}
+
 /// The synthetic generator itself: deterministic, and a real byte-level vocabulary.
 #[test]
 fn synthetic_model_is_deterministic() {

@@ -37,6 +37,11 @@ pub enum RuntimeError {
     #[error("--mem-budget {budget} bytes is too small: this model needs at least {minimum} bytes ({:.1} MiB): {breakdown}", *minimum as f64 / 1048576.0)]
     BudgetTooSmall { budget: u64, minimum: u64, breakdown: String },
 
+    /// A NaN or infinity in a layer's output or the logits: the weights or the input are broken,
+    /// and nothing computed from them can be trusted.
+    #[error("{what} is not finite (NaN or infinity) after {place}: a corrupt weight or an overflow; refusing to sample from it")]
+    NonFinite { what: &'static str, place: String },
+
     #[error("{0}")]
     Input(String),
 }

@@ -360,12 +360,15 @@ impl Model {
                 matmul(&s.gate, n, &w.w_down, &mut s.proj);
             }
             s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+            check_finite(&s.x, "the hidden state", Some(l))?;
             if let Some(obs) = observer.as_mut() {
                 obs.after_layer(l, &s.x);
             }
         }
         cache.len = pos0 + n;
-        Ok(self.head(&s.x[logits_from.min(n) * c.hidden_size..], n.saturating_sub(logits_from)))
+        let logits = self.head(&s.x[logits_from.min(n) * c.hidden_size..], n.saturating_sub(logits_from));
+        check_finite(&logits, "the logits", None)?;
+        Ok(logits)
     }
 
     /// One token through the streaming engine, from token to logits `[vocab]`: the per-token
@@ -380,7 +383,7 @@ impl Model {
         let mut s = engine.scratch.take().unwrap_or_else(|| DecodeState::new(c, 1));
         engine.begin_token();
         self.embed(&[token], &mut s.x);
-        let result = (|| -> Result<()> {
+        let logits = (|| -> Result<Vec<f32>> {
             for (l, lw) in self.weights.layers.iter().enumerate() {
                 self.attention_block(l, lw, 1, pos, cache, &mut s);
                 rmsnorm(&s.x, &lw.mlp_norm, c.rms_norm_eps as f32, &mut s.xn);
@@ -396,13 +399,15 @@ impl Model {
                     Mlp::Streamed => engine.mlp(l, &s.xn, &mut s.proj)?,
                 }
                 s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
+                check_finite(&s.x, "the hidden state", Some(l))?;
                 if l == 0 {
                     engine.after_first_layer(&s.x)?;
                 }
             }
-            Ok(())
+            let logits = self.head(&s.x, 1);
+            check_finite(&logits, "the logits", None)?;
+            Ok(logits)
         })();
-        let logits = result.map(|()| self.head(&s.x, 1));
         engine.scratch = Some(s);
         cache.len = pos + 1;
         logits
@@ -479,6 +484,15 @@ impl Model {
         matmul(&xf, n_out, head, &mut logits);
         logits
     }
+}
+
+/// One finite check per layer output (and on the logits): a NaN or infinity is an error naming
+/// where it appeared (a layer, or None: the output head), never a sampled token.
+fn check_finite(v: &[f32], what: &'static str, layer: Option<usize>) -> Result<()> {
+    if v.iter().all(|x| x.is_finite()) {
+        return Ok(());
+    }
+    Err(RuntimeError::NonFinite { what, place: layer.map_or("the output head".into(), |l| format!("layer {l}")) })
 }
 
 /// `gate` = silu(xn W_gate^T), `up` = xn W_up^T, both `[n, ff]`.

@@ -217,7 +217,7 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().map_err(|_| format!("'{s}': expected a size like 155MiB, 1.5GiB or 500MB"))?;
+    let v: f64 = num.trim().parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| format!("'{s}': expected a size like 155MiB, 1.5GiB or 500MB"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -239,5 +239,8 @@ mod tests {
         assert_eq!(super::parse_bytes("1.5GiB").unwrap(), 3 << 29);
         assert_eq!(super::parse_bytes("500MB").unwrap(), 500_000_000);
         assert!(super::parse_bytes("lots").is_err());
+        for bad in ["-5", "-1MiB", "NaN", "inf", "1e400GiB"] {
+            assert!(super::parse_bytes(bad).is_err(), "{bad}");
+        }
     }
 }
