@@ -100,7 +100,7 @@ fn flipped_byte_is_a_crc_error() {
     let m = all_neurons();
     let src = m.parent().unwrap();
     let dir = scratch("stream-crc");
-    for f in ["manifest.toml", "records.bin", "resident.safetensors"] {
+    for f in ["manifest.toml", "records.bin", "resident.safetensors", "tokenizer.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     // the other artifacts are referenced relative to the manifest: link their folders
@@ -108,8 +108,9 @@ fn flipped_byte_is_a_crc_error() {
         std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
     }
     let manifest = formats::manifest::Manifest::load(m).unwrap();
+    // every artifact, the tokenizer too, lies inside the folder (it is what goes to a device)
     let tok_rel = &manifest.artifacts.iter().find(|a| a.role == "tokenizer").unwrap().path;
-    assert!(Path::new(tok_rel).is_absolute(), "tokenizer path {tok_rel}");
+    assert_eq!(tok_rel, "tokenizer.json", "tokenizer path {tok_rel}");
     // flip one payload byte of layer 27, neuron 100 (every neuron is read: K_max = n_ff)
     let off = manifest.records.offset(27, 100) + 512 + 77;
     let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
@@ -368,7 +369,7 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
     // drop the two [[artifacts]] blocks
     let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !b.contains("role = \"scorer\"") && !b.contains("role = \"head_q8\"")).collect();
     std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
-    for f in ["records.bin", "resident.safetensors", "cluster", "predictor", "capture", "importance"] {
+    for f in ["records.bin", "resident.safetensors", "tokenizer.json", "cluster", "predictor", "capture", "importance"] {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
     }
     let mpath = dir.join("manifest.toml");

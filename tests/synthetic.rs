@@ -275,6 +275,36 @@ fn bad_sizes_are_refused() {
     }
 }
 
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+/// The user's workflow: prepare on a workstation, copy the artifacts folder to the device, run
+/// it there. Every artifact (the tokenizer too) lives in the folder, under a relative path.
+#[test]
+fn the_artifacts_folder_runs_where_it_is_copied() {
+    let manifest = formats::manifest::Manifest::load(prepared()).unwrap();
+    assert!(manifest.artifacts.iter().all(|a| !Path::new(&a.path).is_absolute() && !a.path.contains("..")), "{:?}", manifest.artifacts);
+    let device = scratch("synthetic-device").join("copied");
+    copy_dir(prepared().parent().unwrap(), &device);
+    let m = device.join("manifest.toml");
+    let run = |m: &Path| {
+        let (ok, out, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "4", "--ignore-eos", "--json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["token_ids"].clone()
+    };
+    assert_eq!(run(&m), run(prepared()), "the copy generates what the original does");
+}
+
 /// The synthetic generator itself: deterministic, and a real byte-level vocabulary.
 #[test]
 fn synthetic_model_is_deterministic() {

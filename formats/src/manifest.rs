@@ -141,7 +141,29 @@ impl Manifest {
         if !(0.0..1.0).contains(&s.alpha) {
             return bad(format!("alpha {} is outside [0, 1)", s.alpha));
         }
+        let mut roles = std::collections::BTreeSet::new();
+        for a in &self.artifacts {
+            if !roles.insert(a.role.as_str()) {
+                return bad(format!("two artifacts with role '{}'", a.role));
+            }
+            // relative and inside the folder: the folder is what is copied to the device
+            let rel = Path::new(&a.path);
+            if a.path.is_empty() || rel.is_absolute() || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+                return bad(format!(
+                    "artifact '{}' at '{}': paths must be relative and inside the manifest's folder, so the folder can be copied to a device (rerun make prepare)",
+                    a.role, a.path
+                ));
+            }
+            if a.sha256.len() != 64 || !a.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad(format!("artifact '{}': sha256 '{}' is not 64 hex digits", a.role, a.sha256));
+            }
+        }
         let r = &self.records;
+        match self.artifacts.iter().find(|a| a.role == "records") {
+            Some(a) if a.path != r.path => return bad(format!("[records] path '{}' but the records artifact is '{}'", r.path, a.path)),
+            None => return bad("no artifact with role 'records'".into()),
+            _ => {}
+        }
         if r.record_bytes != record_bytes(self.model.hidden_size) {
             return bad(format!("record_bytes {} but hidden_size {} implies {}", r.record_bytes, self.model.hidden_size, record_bytes(self.model.hidden_size)));
         }
@@ -162,7 +184,13 @@ impl Manifest {
     /// (sha256 is checked by [`Manifest::verify_checksums`], which reads every byte).
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-        let m: Manifest = toml::from_str(&text).map_err(|e| FormatError::invalid(path, format!("not a valid manifest: {e}")))?;
+        // a misspelled key would otherwise fall back to a default (an eos_token_id typo: no stop)
+        let mut unknown = Vec::new();
+        let m: Manifest = serde_ignored::deserialize(toml::Deserializer::new(&text), |key| unknown.push(key.to_string()))
+            .map_err(|e| FormatError::invalid(path, format!("not a valid manifest: {e}")))?;
+        if !unknown.is_empty() {
+            return Err(FormatError::invalid(path, format!("unknown key{} {} (misspelled?)", if unknown.len() > 1 { "s" } else { "" }, unknown.join(", "))));
+        }
         m.validate(path)?;
         for a in &m.artifacts {
             let p = m.artifact_path(path, a);
@@ -221,13 +249,17 @@ mod tests {
         .unwrap();
         let art = dir.join("thresholds.bin");
         std::fs::write(&art, b"0123456789").unwrap();
+        std::fs::write(dir.join("records.bin"), b"0123456789").unwrap();
         Manifest {
             format_version: MANIFEST_FORMAT_VERSION,
             model_name: "smollm2-135m".into(),
             model,
             sparsity: SparsitySettings { mask_kind: "product".into(), alpha: 0.62, dense_prefix: 20, default_dense_from: None, centroids: 512, k_max: vec![900; 10] },
             records: RecordsLayout { path: "records.bin".into(), record_bytes: 4096, first_layer: 20, neurons_per_layer: 1536, count: 15360 },
-            artifacts: vec![Artifact { role: "thresholds".into(), path: "thresholds.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() }],
+            artifacts: vec![
+                Artifact { role: "records".into(), path: "records.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() },
+                Artifact { role: "thresholds".into(), path: "thresholds.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() },
+            ],
             provenance: Provenance { prep_version: "0.1.0".into(), ..Default::default() },
         }
     }
@@ -276,5 +308,37 @@ mod tests {
         assert!(m.save(&p).unwrap_err().to_string().contains("record_bytes 4608"));
         std::fs::write(&p, "format_version = 1\nmodel_name = 3\n").unwrap();
         assert!(Manifest::load(&p).unwrap_err().to_string().contains("not a valid manifest"));
+        let mut m = sample(&d);
+        m.artifacts.push(m.artifacts[1].clone());
+        assert!(m.save(&p).unwrap_err().to_string().contains("two artifacts with role 'thresholds'"));
+        for escaping in ["/abs/tokenizer.json", "../models/tokenizer.json", "a/../../b"] {
+            let mut m = sample(&d);
+            m.artifacts[1].path = escaping.into();
+            let e = m.save(&p).unwrap_err().to_string();
+            assert!(e.contains("relative and inside") && e.contains(escaping), "{e}");
+        }
+        let mut m = sample(&d);
+        m.records.path = "other.bin".into();
+        assert!(m.save(&p).unwrap_err().to_string().contains("[records] path 'other.bin'"));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let d = dir("unknown");
+        let p = d.join("manifest.toml");
+        sample(&d).save(&p).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        // an optional key misspelled (its default would apply silently), an extra key in a table
+        // and at the top
+        for (from, to, key) in [
+            ("tie_word_embeddings =", "tie_word_embedding =", "model.tie_word_embedding"),
+            ("[sparsity]\n", "[sparsity]\ndefault_dense_fom = 25\n", "sparsity.default_dense_fom"),
+            ("format_version = 1", "format_version = 1\nextra = 2", "extra"),
+        ] {
+            assert!(text.contains(from), "{from}");
+            std::fs::write(&p, text.replacen(from, to, 1)).unwrap();
+            let e = Manifest::load(&p).unwrap_err().to_string();
+            assert!(e.contains("unknown key") && e.contains(key) && e.contains("manifest.toml"), "{e}");
+        }
     }
 }

@@ -251,6 +251,12 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
             k_max[layer - d] = k_max[layer - d].max(l["k_max"].as_u64().unwrap_or(0) as usize);
         }
     }
+    // the tokenizer travels with the artifacts: the folder alone is what goes to the device
+    let tok_path = out.join("tokenizer.json");
+    let tok_bytes = std::fs::read(model_dir.join("tokenizer.json"))?;
+    if std::fs::read(&tok_path).ok().as_deref() != Some(&tok_bytes[..]) {
+        formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&tok_path), &tok_path, &tok_bytes)?;
+    }
     let mut artifacts = Vec::new();
     for (role, path) in [
         ("records", out.join("records.bin")),
@@ -261,7 +267,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("importance", imp_path.clone()),
         ("scorer", scorer_path.clone()),
         ("head_q8", head_path.clone()),
-        ("tokenizer", model_dir.join("tokenizer.json")),
+        ("tokenizer", tok_path.clone()),
     ] {
         let rel = pathdiff(&path, &out);
         artifacts.push(Artifact { role: role.into(), path: rel, bytes: std::fs::metadata(&path)?.len(), sha256: sha256_file(&path)? });
