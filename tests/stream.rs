@@ -117,7 +117,13 @@ fn flipped_byte_is_a_crc_error() {
     bytes[off as usize] ^= 0x10;
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
     let mpath = dir.join("manifest.toml");
+    // at load the artifacts' sha256 catches it, naming the file
     let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "predictor"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("records.bin") && e.contains("sha256") && e.contains("differs"), "{e}");
+    // unverified (--no-verify, or a record changed after the check), each record's CRC catches it
+    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "predictor", "--no-verify"]);
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     let record_off = manifest.records.offset(27, 100);
@@ -129,7 +135,7 @@ fn flipped_byte_is_a_crc_error() {
     let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
     bytes[row_off as usize + 10] ^= 0x01;
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
-    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "scorer", "--set-scale", "1"]);
+    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "scorer", "--set-scale", "1", "--no-verify"]);
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("records.bin") && e.contains("downT row of layer 28, neuron 200") && e.contains("CRC32C mismatch") && e.contains(&row_off.to_string()), "{e}");

@@ -222,7 +222,8 @@ fn perplexity_streamed_equals_in_memory() {
 }
 
 /// The records the streaming engine reads are checked: a flipped byte is an error naming the
-/// file, never a wrong token.
+/// file, never a wrong token; at load by the artifacts' sha256, and at every read by the record's
+/// (or the downT row's) CRC32C.
 #[test]
 fn a_flipped_record_byte_is_an_error() {
     let src = prepared().parent().unwrap();
@@ -247,8 +248,10 @@ fn a_flipped_record_byte_is_an_error() {
     }
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
     let m = dir.join("manifest.toml");
+    let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2"]);
+    assert!(!ok && err.contains("records.bin") && err.contains("sha256") && err.contains("differs"), "checked at load: {err}");
     for strategy in ["predictor", "scorer"] {
-        let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2", "--strategy", strategy]);
+        let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2", "--strategy", strategy, "--no-verify"]);
         assert!(!ok, "{strategy}: a corrupt record ran");
         assert!(err.contains("records.bin") && err.contains("CRC") && err.contains(&format!("layer {layer}")), "{strategy}: {err}");
     }
@@ -303,6 +306,33 @@ fn the_artifacts_folder_runs_where_it_is_copied() {
         serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["token_ids"].clone()
     };
     assert_eq!(run(&m), run(prepared()), "the copy generates what the original does");
+}
+
+/// Integrity at load: every artifact's sha256 is checked on first use and the result cached, so
+/// a flipped byte in resident.safetensors (which no record CRC covers) is refused, not run.
+#[test]
+fn artifacts_are_verified_once_and_a_flipped_byte_is_refused() {
+    let device = scratch("synthetic-verify").join("copied");
+    copy_dir(prepared().parent().unwrap(), &device);
+    let m = device.join("manifest.toml");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2"];
+        args.extend(extra);
+        runtime_cli(&args)
+    };
+    let (ok, _, err) = run(&[]);
+    assert!(ok && err.contains("verified the sha256"), "first use verifies: {err}");
+    let (ok, _, err) = run(&[]);
+    assert!(ok && !err.contains("verified the sha256"), "the second run is cached: {err}");
+    let resident = device.join("resident.safetensors");
+    let mut bytes = std::fs::read(&resident).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 0x01;
+    std::fs::write(&resident, bytes).unwrap();
+    let (ok, _, err) = run(&[]);
+    assert!(!ok && err.contains("resident.safetensors") && err.contains("sha256") && err.contains("differs"), "{err}");
+    let (ok, _, err) = run(&["--no-verify"]);
+    assert!(ok, "--no-verify skips the check: {err}");
 }
 
 /// The synthetic generator itself: deterministic, and a real byte-level vocabulary.

@@ -92,6 +92,16 @@ pub struct Provenance {
     pub settings: BTreeMap<String, String>,
 }
 
+/// What [`Manifest::verify_checksums_cached`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verification {
+    /// Every artifact was verified before and is unchanged since (size, mtime).
+    Cached,
+    /// Every artifact's sha256 was computed now and matched; `stamp_written` false: the folder
+    /// is not writable, so the next run verifies again.
+    Verified { bytes: u64, seconds: f64, stamp_written: bool },
+}
+
 /// sha256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
@@ -228,6 +238,39 @@ impl Manifest {
         Ok(())
     }
 
+    /// [`Manifest::verify_checksums`] once per artifact set: the stamp `.<manifest>.verified.json` beside the
+    /// manifest records the manifest's sha256 and every artifact's size and mtime after a
+    /// successful check; while they all match, the check is skipped. A folder that cannot be
+    /// written (a read-only device) is verified on every run.
+    pub fn verify_checksums_cached(&self, manifest_path: &Path) -> Result<Verification> {
+        let name = manifest_path.file_name().map_or("manifest.toml".into(), |n| n.to_string_lossy().into_owned());
+        let stamp_path = manifest_path.with_file_name(format!(".{name}.verified.json"));
+        let stamp = |m: &Manifest| -> Result<serde_json::Value> {
+            let files = m
+                .artifacts
+                .iter()
+                .map(|a| {
+                    let p = m.artifact_path(manifest_path, a);
+                    let md = std::fs::metadata(&p).map_err(|e| FormatError::io(&p, e))?;
+                    let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64);
+                    Ok(serde_json::json!({"path": a.path, "bytes": md.len(), "mtime_ns": mtime_ns}))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(serde_json::json!({"manifest_sha256": sha256_file(manifest_path)?, "artifacts": files}))
+        };
+        let now = stamp(self)?;
+        let old = std::fs::read_to_string(&stamp_path).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        if old.as_ref() == Some(&now) {
+            return Ok(Verification::Cached);
+        }
+        let t0 = std::time::Instant::now();
+        self.verify_checksums(manifest_path)?;
+        let bytes = self.artifacts.iter().map(|a| a.bytes).sum();
+        let seconds = t0.elapsed().as_secs_f64();
+        let written = crate::safetensors_io::write_atomic(&crate::safetensors_io::tmp_path(&stamp_path), &stamp_path, now.to_string().as_bytes()).is_ok();
+        Ok(Verification::Verified { bytes, seconds, stamp_written: written })
+    }
+
     /// Writes the manifest atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         self.validate(path)?;
@@ -320,6 +363,23 @@ mod tests {
         let mut m = sample(&d);
         m.records.path = "other.bin".into();
         assert!(m.save(&p).unwrap_err().to_string().contains("[records] path 'other.bin'"));
+    }
+
+    #[test]
+    fn checksums_are_verified_once_per_artifact_set() {
+        let d = dir("verify");
+        let p = d.join("manifest.toml");
+        let m = sample(&d);
+        m.save(&p).unwrap();
+        assert!(matches!(m.verify_checksums_cached(&p).unwrap(), Verification::Verified { stamp_written: true, .. }));
+        assert_eq!(m.verify_checksums_cached(&p).unwrap(), Verification::Cached);
+        // same size, other bytes, new mtime: verified again, and refused
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.join("thresholds.bin"), b"0123456780").unwrap();
+        let e = m.verify_checksums_cached(&p).unwrap_err().to_string();
+        assert!(e.contains("thresholds.bin") && e.contains("differs"), "{e}");
+        std::fs::write(d.join("thresholds.bin"), b"0123456789").unwrap();
+        assert!(matches!(m.verify_checksums_cached(&p).unwrap(), Verification::Verified { .. }));
     }
 
     #[test]

@@ -180,8 +180,15 @@ fn in_memory_prefix(path: &Path, manifest: &formats::manifest::Manifest, dense_p
     }
 }
 
-/// Opens a model directory (dense; `mode` is ignored) or a prepared model's `manifest.toml`.
+/// Opens a model directory (dense; `mode` is ignored) or a prepared model's `manifest.toml`,
+/// whose artifacts' sha256 are checked on first use ([`open_with`]).
 pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
+    open_with(path, mode, true)
+}
+
+/// [`open`]; `verify`: check every artifact's sha256 against the manifest once per artifact set
+/// (cached by a stamp beside the manifest; false: `--no-verify`, sizes only).
+pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opened> {
     if !path.exists() {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
@@ -192,6 +199,17 @@ pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
     let manifest = formats::manifest::Manifest::load(path)?;
     let tok_path = manifest.artifact_path_of(path, "tokenizer")?;
     let mut notes = Vec::new();
+    if verify {
+        match manifest.verify_checksums_cached(path)? {
+            formats::manifest::Verification::Cached => {}
+            formats::manifest::Verification::Verified { bytes, seconds, stamp_written } => notes.push(format!(
+                "verified the sha256 of {} artifacts ({:.1} MiB) in {seconds:.1} s{}",
+                manifest.artifacts.len(),
+                bytes as f64 / 1048576.0,
+                if stamp_written { "; later runs skip this while they are unchanged" } else { "; the folder is not writable, so every run verifies (--no-verify skips it)" }
+            )),
+        }
+    }
     let (mut model, sparsity, head_q8) = match mode {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything

@@ -49,6 +49,10 @@ struct ModeArgs {
     /// oracle-thresholds.
     #[arg(long = "experiment", short = 'X', value_name = "KEY=VALUE")]
     experiment: Vec<String>,
+    /// Skip the sha256 check of a preparation's artifacts (done once per artifact set and
+    /// cached beside the manifest); sizes and every record's CRC32C are still checked.
+    #[arg(long)]
+    no_verify: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -220,7 +224,7 @@ impl ModeArgs {
 /// Opens `model` as the flags ask and prints the notes of the run on stderr.
 fn open(model: &Path, mode: &ModeArgs, ctx: usize) -> Result<(runtime::Opened, Experiment)> {
     let (m, x, notes) = mode.mode(model, ctx)?;
-    let opened = runtime::open(model, &m)?;
+    let opened = runtime::open_with(model, &m, !mode.no_verify)?;
     for n in notes.iter().chain(&opened.notes) {
         eprintln!("note: {n}");
     }
