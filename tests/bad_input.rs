@@ -38,8 +38,9 @@ fn tiny_gguf(path: &Path, arch: &str, embed_type: u32) {
         GgufTensorData { name: name.into(), ne, ggml_type_id: 0, bytes: vec![0u8; n as usize * 4] }
     };
     let embed = if embed_type == 10 {
-        // Q2_K: 84 bytes per 256 values; 8 x 32 = 256 values
-        GgufTensorData { name: "token_embd.weight".into(), ne: vec![32, 8], ggml_type_id: 10, bytes: vec![0u8; 84] }
+        // Q2_K: 84 bytes per block of 256 values; a row must be whole blocks (llama.cpp's rule,
+        // checked when the file is opened), so one row of 256: valid GGUF, a type we do not compute
+        GgufTensorData { name: "token_embd.weight".into(), ne: vec![256, 1], ggml_type_id: 10, bytes: vec![0u8; 84] }
     } else {
         f32_tensor("token_embd.weight", vec![32, 8])
     };
@@ -237,4 +238,111 @@ fn disk_full_mid_pack() {
     let _ = std::process::Command::new("umount").arg(&mnt).status();
     assert_clean_error(&out, &["records.bin", "No space left on device"]);
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Byte offset, in a GGUF file, of tensor `name`'s table entry fields after its name:
+/// (n_dims, offset of ne[0], offset of the type id, offset of the data offset).
+fn tensor_entry(bytes: &[u8], name: &str) -> (u32, usize, usize, usize) {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("tensor in the table") + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let ne = at + 4;
+    let ty = ne + 8 * n_dims as usize;
+    (n_dims, ne, ty, ty + 4)
+}
+
+/// Writes the tiny GGUF with `patch` applied to its bytes, imports it, and returns the result.
+fn import_patched(name: &str, patch: impl FnOnce(&mut Vec<u8>)) -> (std::process::Output, std::path::PathBuf) {
+    let d = scratch(name);
+    let g = d.join("bad.gguf");
+    tiny_gguf(&g, "llama", 0);
+    let mut bytes = std::fs::read(&g).unwrap();
+    patch(&mut bytes);
+    std::fs::write(&g, bytes).unwrap();
+    (run_bin("prep", &["import", g.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]), g)
+}
+
+#[test]
+fn gguf_tensor_table_is_checked() {
+    // a data offset that overflows data_start + offset (imported garbage before)
+    let (out, g) = import_patched("gguf-overflow", |b| {
+        let (_, _, _, off) = tensor_entry(b, "blk.0.attn_q.weight");
+        b[off..off + 8].copy_from_slice(&(u64::MAX - 31).to_le_bytes());
+    });
+    assert_clean_error(&out, &[g.to_str().unwrap(), "blk.0.attn_q.weight", "overflows"]);
+    // two tensors at the same bytes
+    let (out, g) = import_patched("gguf-overlap", |b| {
+        let (_, _, _, q) = tensor_entry(b, "blk.0.attn_q.weight");
+        let (_, _, _, k) = tensor_entry(b, "blk.0.attn_k.weight");
+        let q_off: [u8; 8] = b[q..q + 8].try_into().unwrap();
+        b[k..k + 8].copy_from_slice(&q_off);
+    });
+    assert_clean_error(&out, &[g.to_str().unwrap(), "overlap", "blk.0.attn_k.weight"]);
+    // Q4_0 rows of 16 elements (the tensor's 1,024 elements are a whole number of blocks of 32,
+    // its rows are not): llama.cpp refuses it, and so do we
+    let (out, g) = import_patched("gguf-rows", |b| {
+        let (_, ne, ty, _) = tensor_entry(b, "blk.0.attn_q.weight");
+        b[ne..ne + 8].copy_from_slice(&16u64.to_le_bytes());
+        b[ne + 8..ne + 16].copy_from_slice(&64u64.to_le_bytes());
+        b[ty..ty + 4].copy_from_slice(&2u32.to_le_bytes());
+    });
+    assert_clean_error(&out, &[g.to_str().unwrap(), "blk.0.attn_q.weight", "not a whole number of Q4_0 blocks"]);
+    // a misaligned data offset
+    let (out, _) = import_patched("gguf-misaligned", |b| {
+        let (_, _, _, off) = tensor_entry(b, "blk.0.ffn_norm.weight");
+        let v = u64::from_le_bytes(b[off..off + 8].try_into().unwrap()) + 4;
+        b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    });
+    assert_clean_error(&out, &["blk.0.ffn_norm.weight", "not a multiple of the alignment"]);
+}
+
+/// Hyperparameters no model can have are refused on import, naming the key; nothing is written.
+#[test]
+fn impossible_hyperparameters_are_refused_on_import() {
+    let cases: [(&str, f32, &str); 4] = [
+        ("llama.rope.freq_base", f32::NAN, "rope_theta NaN"),
+        ("llama.attention.layer_norm_rms_epsilon", 0.0, "rms_norm_eps 0"),
+        ("llama.attention.layer_norm_rms_epsilon", -1e-5, "rms_norm_eps -0.00000999"),
+        ("llama.rope.freq_base", f32::INFINITY, "rope_theta inf"),
+    ];
+    for (i, (key, value, needle)) in cases.into_iter().enumerate() {
+        let d = scratch(&format!("hyper-{i}"));
+        let g = d.join("bad.gguf");
+        tiny_gguf(&g, "llama", 0);
+        let mut f = formats::gguf::GgufFile::open(&g).unwrap();
+        let mut md: Vec<(String, GgufValue)> = std::mem::take(&mut f.metadata).into_iter().collect();
+        md.retain(|(k, _)| k != key);
+        md.push((key.to_string(), GgufValue::F32(value)));
+        let tensors: Vec<GgufTensorData> = f.tensors.iter().map(|t| GgufTensorData { name: t.name.clone(), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: f.tensor_bytes(t).to_vec() }).collect();
+        drop(f);
+        write_gguf(&g, &md, &tensors).unwrap();
+        let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+        assert_clean_error(&out, &[needle]);
+        assert!(!d.join("m/config.json").exists(), "{needle}: a config was written");
+    }
+    // block_count smaller than the layers present: the model would be imported truncated
+    let d = scratch("hyper-blocks");
+    let g = d.join("bad.gguf");
+    tiny_gguf(&g, "llama", 0);
+    let mut f = formats::gguf::GgufFile::open(&g).unwrap();
+    let mut md: Vec<(String, GgufValue)> = std::mem::take(&mut f.metadata).into_iter().collect();
+    let mut tensors: Vec<GgufTensorData> = f.tensors.iter().map(|t| GgufTensorData { name: t.name.clone(), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: f.tensor_bytes(t).to_vec() }).collect();
+    drop(f);
+    let layer1: Vec<GgufTensorData> = tensors.iter().filter(|t| t.name.starts_with("blk.0.")).map(|t| GgufTensorData { name: t.name.replace("blk.0.", "blk.1."), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: t.bytes.clone() }).collect();
+    tensors.extend(layer1);
+    md.retain(|(k, _)| k != "llama.block_count");
+    md.push(("llama.block_count".into(), GgufValue::U32(1)));
+    write_gguf(&g, &md, &tensors).unwrap();
+    let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert_clean_error(&out, &["model.layers.1.", "not part of a 1-layer"]);
+}
+
+#[test]
+fn a_gguf_passed_as_a_manifest_says_what_to_do() {
+    let d = scratch("gguf-as-manifest");
+    tiny_gguf(&d.join("tiny.gguf"), "llama", 0);
+    let out = run_bin("runtime", &["run", d.join("tiny.gguf").to_str().unwrap(), "-p", "ab", "-n", "1"]);
+    assert_clean_error(&out, &["tiny.gguf", "a GGUF model file", "prep import"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("UTF-8"));
 }

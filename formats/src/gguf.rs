@@ -239,25 +239,33 @@ impl GgufFile {
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
         let file_bytes = mmap.len() as u64;
         let mut tensors = Vec::with_capacity(raw.len());
+        let mut names = std::collections::HashSet::new();
         for (name, ne, ggml_type_id, offset) in raw {
-            let n_elements: u64 = ne.iter().product();
+            let corrupt = |what: String| FormatError::Corrupt { path: path.to_path_buf(), offset: data_start.saturating_add(offset), what: format!("tensor '{name}': {what}") };
+            if !names.insert(name.clone()) {
+                return Err(corrupt("appears twice in the tensor table".into()));
+            }
+            if ne.contains(&0) {
+                return Err(corrupt(format!("a dimension of 0 in {ne:?}")));
+            }
+            let n_elements = ne.iter().try_fold(1u64, |a, &b| a.checked_mul(b)).filter(|&n| n <= 1 << 40).ok_or_else(|| corrupt(format!("implausible shape {ne:?}")))?;
+            if offset % alignment != 0 {
+                return Err(corrupt(format!("data offset {offset} is not a multiple of the alignment {alignment}")));
+            }
             // Unknown types are kept in the table (a model may carry tensors we never read);
             // reading one reports UnsupportedTensorType.
             let n_bytes = match GgmlType::from_id(ggml_type_id) {
                 Some(t) => {
-                    if !n_elements.is_multiple_of(t.block_elements() as u64) {
-                        return Err(FormatError::Corrupt {
-                            path: path.to_path_buf(),
-                            offset: data_start + offset,
-                            what: format!("tensor '{name}': {n_elements} elements is not a whole number of {:?} blocks", t),
-                        });
+                    // as llama.cpp: a row (ne[0]) is a whole number of blocks
+                    if !ne[0].is_multiple_of(t.block_elements() as u64) {
+                        return Err(corrupt(format!("rows of {} elements are not a whole number of {} blocks of {}", ne[0], crate::ggml_quants::type_name(ggml_type_id), t.block_elements())));
                     }
                     n_elements / t.block_elements() as u64 * t.block_bytes() as u64
                 }
                 None => 0,
             };
-            let file_offset = data_start + offset;
-            if file_offset + n_bytes > file_bytes {
+            let file_offset = data_start.checked_add(offset).ok_or_else(|| corrupt(format!("data offset {offset} overflows")))?;
+            if file_offset.checked_add(n_bytes).is_none_or(|end| end > file_bytes) {
                 return Err(FormatError::Truncated {
                     path: path.to_path_buf(),
                     offset: file_offset,
@@ -267,6 +275,18 @@ impl GgufFile {
                 });
             }
             tensors.push(GgufTensorInfo { name, ne, ggml_type_id, file_offset, n_bytes });
+        }
+        // no two tensors share bytes
+        let mut by_offset: Vec<&GgufTensorInfo> = tensors.iter().filter(|t| t.n_bytes > 0).collect();
+        by_offset.sort_by_key(|t| t.file_offset);
+        for w in by_offset.windows(2) {
+            if w[0].file_offset + w[0].n_bytes > w[1].file_offset {
+                return Err(FormatError::Corrupt {
+                    path: path.to_path_buf(),
+                    offset: w[1].file_offset,
+                    what: format!("tensors '{}' and '{}' overlap", w[0].name, w[1].name),
+                });
+            }
         }
         Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, mmap })
     }

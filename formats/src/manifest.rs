@@ -193,7 +193,11 @@ impl Manifest {
     /// Reads and validates a manifest, and checks every artifact exists with its recorded size
     /// (sha256 is checked by [`Manifest::verify_checksums`], which reads every byte).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
+        let raw = std::fs::read(path).map_err(|e| FormatError::io(path, e))?;
+        if raw.starts_with(b"GGUF") {
+            return Err(FormatError::invalid(path, "a GGUF model file, not a prepared model's manifest.toml: `prep import` it into a model directory (or `make prepare` it) first"));
+        }
+        let text = String::from_utf8(raw).map_err(|e| FormatError::invalid(path, format!("not a manifest: byte {} is not UTF-8 text", e.utf8_error().valid_up_to())))?;
         // a misspelled key would otherwise fall back to a default (an eos_token_id typo: no stop)
         let mut unknown = Vec::new();
         let m: Manifest = serde_ignored::deserialize(toml::Deserializer::new(&text), |key| unknown.push(key.to_string()))

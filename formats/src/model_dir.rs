@@ -100,8 +100,21 @@ impl ModelConfig {
             arch: self.model_type.clone(),
         })?;
         let bad = |what: String| Err(FormatError::invalid(path, what));
-        if self.hidden_size == 0 || self.num_attention_heads == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
-            return bad("hidden_size, num_attention_heads, num_hidden_layers and vocab_size must be positive".into());
+        if self.hidden_size == 0 || self.intermediate_size == 0 || self.num_attention_heads == 0 || self.n_kv_heads() == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
+            return bad("hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, num_hidden_layers and vocab_size must be positive".into());
+        }
+        if self.head_dim() == 0 || self.max_position_embeddings == 0 {
+            return bad(format!("head_dim {} and max_position_embeddings {} must be positive", self.head_dim(), self.max_position_embeddings));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return bad(format!("rms_norm_eps {} must be finite and positive", self.rms_norm_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad(format!("rope_theta {} must be finite and positive", self.rope_theta));
+        }
+        let ids = self.bos_token_id.into_iter().chain(self.eos_token_ids());
+        if let Some(id) = ids.into_iter().find(|&id| id as usize >= self.vocab_size) {
+            return bad(format!("special token id {id} is outside the vocabulary of {}", self.vocab_size));
         }
         if !self.num_attention_heads.is_multiple_of(self.n_kv_heads()) {
             return bad(format!(

@@ -207,7 +207,9 @@ fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
 /// Every tensor the runtime needs is present with the shape the config implies.
 fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors: &[F16Tensor]) -> Result<()> {
     let find = |name: &str| tensors.iter().find(|t| t.name == name);
+    let expected = std::cell::RefCell::new(std::collections::HashSet::new());
     let expect = |name: &str, shape: Vec<usize>| -> Result<()> {
+        expected.borrow_mut().insert(name.to_string());
         let t = find(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.to_string() })?;
         if t.shape != shape {
             return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.to_string(), expected: shape, actual: t.shape.clone() }.into());
@@ -219,6 +221,9 @@ fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors:
     expect(model_dir::EMBED_TOKENS, vec![cfg.vocab_size, d])?;
     expect(model_dir::FINAL_NORM, vec![d])?;
     if !cfg.tie_word_embeddings {
+        expect(model_dir::LM_HEAD, vec![cfg.vocab_size, d])?;
+    } else if find(model_dir::LM_HEAD).is_some() {
+        // some tied Hugging Face checkpoints also ship the (equal) head
         expect(model_dir::LM_HEAD, vec![cfg.vocab_size, d])?;
     }
     for l in 0..cfg.num_hidden_layers {
@@ -237,6 +242,11 @@ fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors:
         expect(&n.gate_proj, vec![ff, d])?;
         expect(&n.up_proj, vec![ff, d])?;
         expect(&n.down_proj, vec![d, ff])?;
+    }
+    // a tensor the config does not account for (e.g. layers past block_count): the model would be
+    // imported truncated
+    if let Some(t) = tensors.iter().find(|t| !expected.borrow().contains(&t.name)) {
+        bail!("{}: tensor '{}' is not part of a {}-layer {} model as configured (block_count / num_hidden_layers too small?)", path.display(), t.name, cfg.num_hidden_layers, cfg.model_type);
     }
     Ok(())
 }

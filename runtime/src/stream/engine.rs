@@ -251,8 +251,12 @@ impl StreamingEngine {
         let first = plan.dense_prefix;
         let rb = manifest.records.record_bytes;
         let len = std::fs::metadata(&records_path).map_err(|source| RuntimeError::Io { path: records_path.clone(), offset: None, source })?.len();
-        if len != (manifest.records.count * rb) as u64 {
-            return Err(formats::FormatError::Truncated { path: records_path.clone(), offset: len, what: format!("{} records of {rb} bytes", manifest.records.count), needed: (manifest.records.count * rb) as u64, file_bytes: len }.into());
+        let want = (manifest.records.count * rb) as u64;
+        if len < want {
+            return Err(formats::FormatError::Truncated { path: records_path.clone(), offset: len, what: format!("{} records of {rb} bytes", manifest.records.count), needed: want, file_bytes: len }.into());
+        }
+        if len > want {
+            return Err(RuntimeError::Corrupt { path: records_path.clone(), offset: want, what: format!("{} bytes after the {} records of {rb} bytes the manifest describes (not this preparation's records.bin?)", len - want, manifest.records.count) });
         }
         let span = match selector.slot_row() {
             SlotRow::GateUpDown => RowSpan::Record,
