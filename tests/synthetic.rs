@@ -335,6 +335,23 @@ fn artifacts_are_verified_once_and_a_flipped_byte_is_refused() {
     assert!(ok, "--no-verify skips the check: {err}");
 }
 
+/// A non-finite predictor weight is refused at load, naming the file and the tensor (past the
+/// artifacts' sha256, which `--no-verify` skips, a changed file must still not rank sets).
+#[test]
+fn a_nan_predictor_weight_is_refused() {
+    let device = scratch("synthetic-nan-predictor").join("copied");
+    copy_dir(prepared().parent().unwrap(), &device);
+    let p = device.join("predictor/predictor.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let start = header["heads.weight"]["data_offsets"][0].as_u64().unwrap() as usize + 8 + header_len;
+    bytes[start..start + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+    std::fs::write(&p, bytes).unwrap();
+    let (ok, _, err) = runtime_cli(&["run", device.join("manifest.toml").to_str().unwrap(), "-p", "the hat", "-n", "2", "--strategy", "predictor", "--no-verify"]);
+    assert!(!ok && err.contains("predictor.safetensors") && err.contains("heads.weight") && err.contains("not finite"), "{err}");
+}
+
 /// The synthetic generator itself: deterministic, and a real byte-level vocabulary.
 #[test]
 fn synthetic_model_is_deterministic() {

@@ -53,7 +53,12 @@ impl Predictor {
             if e.shape != shapes[name] {
                 return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.into(), expected: shapes[name].clone(), actual: e.shape.clone() }.into());
             }
-            Ok(safetensors_io::to_f16_vec(path, name, e.dtype, f.bytes(e))?)
+            let v = safetensors_io::to_f16_vec(path, name, e.dtype, f.bytes(e))?;
+            // a NaN or infinite weight poisons every set it ranks: refused, naming where it is
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: (e.byte_range.start + i * (f.bytes(e).len() / v.len())) as u64, what: format!("tensor '{name}': value {} at index {i} is not finite", v[i]) }.into());
+            }
+            Ok(v)
         };
         let vecf = |name: &str| -> Result<Vec<f32>> { Ok(get(name)?.iter().map(|v| v.to_f32()).collect()) };
         let mat = |name: &str| -> Result<F16Matrix> {
