@@ -522,7 +522,6 @@ fn run(cli: Cli) -> Result<()> {
                     eprint!("\r[{i}/{n}] perplexity so far {ppl:.4}");
                 }
             })?;
-            drop(runner);
             let oracle_json = oracle.as_ref().map(|o| {
                 serde_json::json!({"mask_kind": o.thresholds.mask_kind, "alpha": o.thresholds.alpha,
                     "dense_prefix": o.dense_prefix, "sparse_layer_density": o.density()})

@@ -60,12 +60,12 @@ mod tests {
         // 130 rows of width 3: row j = [j, 1, -j]; coefficient 0.5 for even indices, 2 for odd
         let rows: Vec<Vec<f16>> = (0..130).map(|j| vec![f16::from_f32(j as f32), f16::ONE, f16::from_f32(-(j as f32))]).collect();
         let ids: Vec<u32> = (0..130).rev().collect();
-        let coef = |i: usize, _id: u32| if i % 2 == 0 { 0.5 } else { 2.0 };
+        let coef = |i: usize, _id: u32| if i.is_multiple_of(2) { 0.5 } else { 2.0 };
         let mut out = [0f32; 3];
         super::down_sum(&ids, coef, |id| &rows[id as usize], &mut out);
         let mut want = [0f64; 3];
         for (i, &id) in ids.iter().enumerate() {
-            let c = if i % 2 == 0 { 0.5 } else { 2.0 };
+            let c = if i.is_multiple_of(2) { 0.5 } else { 2.0 };
             want[0] += c * id as f64;
             want[1] += c;
             want[2] -= c * id as f64;

@@ -116,7 +116,7 @@ pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
 pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> Option<(f32, f32)> {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
     {
-        assert!(p0.len() == p1.len() && p0.len() * 2 == xq.len() && s0.len() == xs.len() && s1.len() == xs.len() && xq.len() % 32 == 0);
+        assert!(p0.len() == p1.len() && p0.len() * 2 == xq.len() && s0.len() == xs.len() && s1.len() == xs.len() && xq.len().is_multiple_of(32));
         // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
         // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them; the
         // lengths are checked above, and every load stays inside them.
