@@ -47,7 +47,7 @@ fn mutate(seed: &[u8], rng: &mut Xorshift) -> Vec<u8> {
                 // an extreme integer over 4 or 8 bytes (counts, lengths, offsets)
                 const EXTREMES: [u64; 8] = [0, 1, 0x7fff_ffff, 0xffff_ffff, 1 << 32, 1 << 40, u64::MAX, u64::MAX - 31];
                 let v = EXTREMES[(rng.next_u64() % 8) as usize].to_le_bytes();
-                let w = if rng.next_u64() % 2 == 0 { 4 } else { 8 };
+                let w = if rng.next_u64().is_multiple_of(2) { 4 } else { 8 };
                 for (k, x) in v.iter().take(w).enumerate() {
                     if let Some(y) = b.get_mut(at + k) {
                         *y = *x;
