@@ -212,6 +212,15 @@ pub fn synthetic_text(seed: u64, words: usize) -> String {
 /// The synthetic model imported and prepared (capture, importance, cluster, train, pack,
 /// scorer) under `dir`: returns `<dir>/artifacts/manifest.toml`. Seconds on 2 cores.
 pub fn prepare_synthetic(dir: &Path) -> PathBuf {
+    let recipe = synthetic_recipe(dir);
+    let out = run_bin("prep", &["prepare", recipe.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "prep prepare: {}", String::from_utf8_lossy(&out.stderr));
+    dir.join("artifacts/manifest.toml")
+}
+
+/// The synthetic model imported under `dir`, its texts, and `<dir>/recipe.toml` (output in
+/// `<dir>/artifacts`), not yet prepared.
+pub fn synthetic_recipe(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let gguf = dir.join("synthetic.gguf");
     write_synthetic_gguf(&gguf);
@@ -250,7 +259,5 @@ max_epochs = 3
     );
     let rp = dir.join("recipe.toml");
     std::fs::write(&rp, recipe).unwrap();
-    let out = run_bin("prep", &["prepare", rp.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "prep prepare: {}", String::from_utf8_lossy(&out.stderr));
-    dir.join("artifacts/manifest.toml")
+    rp
 }

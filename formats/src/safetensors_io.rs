@@ -139,9 +139,37 @@ pub fn write_f16_safetensors(path: &Path, tensors: &[F16Tensor], metadata: Optio
 }
 
 fn write_views(path: &Path, views: Vec<(String, safetensors::tensor::TensorView<'_>)>, metadata: Option<HashMap<String, String>>) -> Result<()> {
-    let bytes = safetensors::serialize(views, metadata)
+    let mut bytes = safetensors::serialize(views, metadata)
         .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
+    canonical_header(path, &mut bytes)?;
     write_atomic(&tmp_path(path), path, &bytes)
+}
+
+/// Rewrites the JSON header of a serialized safetensors file with its keys (tensor names, and
+/// those of `__metadata__`) sorted, padded with spaces to the same length: the serializer walks
+/// HashMaps, so the same tensors gave different bytes from run to run, and a preparation could
+/// not be compared with another byte for byte.
+fn canonical_header(path: &Path, bytes: &mut [u8]) -> Result<()> {
+    let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason };
+    let n = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| bad("no header".into()))?) as usize;
+    let header: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| bad(e.to_string()))?;
+    let sorted: std::collections::BTreeMap<&String, serde_json::Value> = header
+        .iter()
+        .map(|(k, v)| {
+            let v = match (k.as_str(), v) {
+                ("__metadata__", serde_json::Value::Object(m)) => serde_json::to_value(m.iter().collect::<std::collections::BTreeMap<_, _>>()).unwrap_or_else(|_| v.clone()),
+                _ => v.clone(),
+            };
+            (k, v)
+        })
+        .collect();
+    let text = serde_json::to_string(&sorted).map_err(|e| bad(e.to_string()))?;
+    if text.len() > n {
+        return Err(bad(format!("canonical header of {} bytes exceeds the serialized {n}", text.len())));
+    }
+    bytes[8..8 + text.len()].copy_from_slice(text.as_bytes());
+    bytes[8 + text.len()..8 + n].fill(b' ');
+    Ok(())
 }
 
 /// `<path>.tmp` beside the destination.
