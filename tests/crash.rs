@@ -86,3 +86,46 @@ fn sigkill_at_random_points_then_rerun_equals_a_clean_run() {
     }
     eprintln!("{seeds} seeds, {kills} SIGKILLs within a {clean_ms} ms prepare: every rerun equals the clean run");
 }
+
+/// The disk filling up in any stage of `prep prepare` is one clear error (exit 1, the file and
+/// "No space left on device", no panic) and leaves nothing taken for good: once there is room,
+/// the rerun equals a clean run. The artifacts folder is a small tmpfs (root), swept through
+/// sizes that run out in different stages.
+#[test]
+fn disk_full_in_each_stage_is_one_clear_error_and_the_rerun_recovers() {
+    let clean_dir = scratch("enospc-clean");
+    let recipe = synthetic_recipe(&clean_dir);
+    let out = run_bin("prep", &["prepare", recipe.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let clean = files(&clean_dir.join("artifacts"));
+    let mut stages = std::collections::BTreeSet::new();
+    for size_kb in [48, 200, 360, 364, 368, 372, 380, 400, 440, 800, 1500, 1900, 1960, 1970, 1980, 1990, 2000] {
+        let dir = scratch(&format!("enospc-{size_kb}"));
+        let recipe = synthetic_recipe(&dir);
+        let mnt = dir.join("artifacts");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size_kb}k"), "tmpfs", mnt.to_str().unwrap()]).status().unwrap();
+        assert!(mounted.success(), "cannot mount a tmpfs (the test needs root)");
+        let out = run_bin("prep", &["prepare", recipe.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let grow = std::process::Command::new("mount").args(["-o", "remount,size=16m", mnt.to_str().unwrap()]).status().unwrap();
+        let rerun = run_bin("prep", &["prepare", recipe.to_str().unwrap()]);
+        let got = files(&mnt);
+        let _ = std::process::Command::new("umount").arg(&mnt).status();
+        if !out.status.success() {
+            assert_eq!(out.status.code(), Some(1), "{size_kb} KiB: {err}");
+            assert!(err.contains("No space left on device") && !err.contains("panicked"), "{size_kb} KiB: {err}");
+            if let Some(stage) = err.split("stage ").nth(1).and_then(|s| s.split(':').next()) {
+                stages.insert(stage.to_string());
+            }
+        }
+        assert!(grow.success() && rerun.status.success(), "{size_kb} KiB: the rerun failed: {}", String::from_utf8_lossy(&rerun.stderr));
+        let names = |v: &[(PathBuf, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&got), names(&clean), "{size_kb} KiB: other files after the rerun");
+        for ((rel, a), (_, b)) in got.iter().zip(&clean) {
+            assert!(comparable(rel, a) == comparable(rel, b), "{size_kb} KiB: {} differs from a clean run", rel.display());
+        }
+    }
+    eprintln!("disk full in stages {stages:?}: each one clear error, each rerun equal to a clean run");
+    assert!(stages.len() >= 5, "the sweep should run out of space in several stages, got {stages:?}");
+}
