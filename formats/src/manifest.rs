@@ -107,12 +107,14 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| FormatError::io(path, e))?;
+        let n = f.read(&mut buf).map_err(|e| FormatError::invalid(path, format!("cannot read at byte offset {pos} (checking its sha256): {e}")))?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
+        pos += n as u64;
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
