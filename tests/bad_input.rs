@@ -346,3 +346,17 @@ fn a_gguf_passed_as_a_manifest_says_what_to_do() {
     assert_clean_error(&out, &["tiny.gguf", "a GGUF model file", "prep import"]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("UTF-8"));
 }
+
+/// The OS's and the JSON parser's words appear once in a message (the chain used to repeat them).
+#[test]
+fn error_causes_are_printed_once() {
+    let d = scratch("chain-once");
+    std::fs::write(d.join("config.json"), "{}").unwrap();
+    std::fs::write(d.join("model.safetensors"), "x").unwrap();
+    let out = run_bin("prep", &["import", d.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    assert_clean_error(&out, &["config.json", "missing field"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("missing field").count(), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_bin("runtime", &["perplexity", fixture_model().to_str().unwrap(), "--text", "/nonexistent/text.txt"]);
+    assert_clean_error(&out, &["/nonexistent/text.txt"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("No such file").count(), 1, "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -60,3 +60,31 @@ impl FormatError {
 }
 
 pub type Result<T> = std::result::Result<T, FormatError>;
+
+/// An error and its causes on one line for a user: each cause is appended unless the message so
+/// far already says it (most of our messages embed their OS or JSON cause, which a plain
+/// chain would print twice).
+pub fn display_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !msg.contains(&text) {
+            msg = format!("{msg}: {text}");
+        }
+        cause = c.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_the_message_already_says_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let e = super::FormatError::io(std::path::Path::new("/x/model.gguf"), io);
+        let text = super::display_chain(&e);
+        assert_eq!(text.matches("No such file").count(), 1, "{text}");
+        assert!(text.contains("/x/model.gguf"), "{text}");
+    }
+}

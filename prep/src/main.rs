@@ -208,7 +208,7 @@ enum Command {
 
 fn main() {
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("prep: error: {e:#}");
+        eprintln!("prep: error: {}", formats::error::display_chain(e.as_ref()));
         std::process::exit(1);
     }
 }

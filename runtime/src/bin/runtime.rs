@@ -440,7 +440,7 @@ fn main() {
         }
     };
     if let Err(e) = pool.install(|| run(cli)) {
-        eprintln!("runtime: error: {e}");
+        eprintln!("runtime: error: {}", formats::error::display_chain(e.as_ref()));
         std::process::exit(1);
     }
 }
