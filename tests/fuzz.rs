@@ -7,7 +7,8 @@
 //! `HANG_S` fails). An input that breaks a reader is saved under target/fuzz-crashes/.
 //!
 //! Iterations per target: `FUZZ_ITERS` (default 300, the pass `make test` runs); `make fuzz`
-//! runs 1,000,000 per target. The same seed gives the same inputs.
+//! runs 1,000,000 per target. The same seed gives the same inputs. The corpus lives in
+//! tests/fuzz-corpus/<target>/: replayed first, then mutated with the generated seed.
 //! Why not cargo-fuzz: it needs a nightly toolchain, and this project builds with the one stable
 //! toolchain the machines have. Stable coverage-guided options fall back to this same random
 //! mutation without nightly, so a dependency would add nothing.
@@ -78,17 +79,35 @@ fn mutate(seed: &[u8], rng: &mut Xorshift) -> Vec<u8> {
     b
 }
 
-/// Mutates `seed` `iterations()` times into `file` and calls `read` on it each time.
+/// The corpus kept in the repo for `target`: tests/fuzz-corpus/<target>/* (the seeds, written
+/// by `FUZZ_SAVE_SEEDS=1`, and any input that once broke a reader, kept as a regression).
+fn corpus(target: &str, generated: &[u8]) -> Vec<Vec<u8>> {
+    let dir = repo_root().join("tests/fuzz-corpus").join(target);
+    if std::env::var_os("FUZZ_SAVE_SEEDS").is_some() {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("seed"), generated).unwrap();
+    }
+    let mut inputs: Vec<Vec<u8>> = std::fs::read_dir(&dir).map(|d| d.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect()).unwrap_or_default();
+    if !inputs.iter().any(|i| i == generated) {
+        inputs.push(generated.to_vec());
+    }
+    inputs
+}
+
+/// Replays the corpus, then mutates its inputs `iterations()` times into `file`, calling `read`
+/// on each.
 fn fuzz(target: &str, seed: &[u8], file: &Path, read: impl Fn(&Path)) {
     let mut rng = Xorshift(0x00f0_220d ^ target.bytes().fold(0u64, |h, c| h.wrapping_mul(31).wrapping_add(c as u64)));
     let n = iterations();
     let t0 = Instant::now();
     let mut slowest = Duration::ZERO;
-    // the seed itself first: the readers must accept it
-    std::fs::write(file, seed).unwrap();
-    read(file);
+    let seeds = corpus(target, seed);
+    for s in &seeds {
+        std::fs::write(file, s).unwrap();
+        read(file);
+    }
     for i in 0..n {
-        let input = mutate(seed, &mut rng);
+        let input = mutate(&seeds[(rng.next_u64() % seeds.len() as u64) as usize], &mut rng);
         std::fs::write(file, &input).unwrap();
         let t = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| read(file)));
@@ -102,7 +121,7 @@ fn fuzz(target: &str, seed: &[u8], file: &Path, read: impl Fn(&Path)) {
             panic!("{target}: input {i} {} (saved to {})", if outcome.is_err() { "panicked" } else { "hung" }, saved.display());
         }
     }
-    eprintln!("{target}: {n} inputs in {:.1} s, no panic, slowest {:.1} ms", t0.elapsed().as_secs_f64(), slowest.as_secs_f64() * 1e3);
+    eprintln!("{target}: {} corpus inputs and {n} mutations in {:.1} s, no panic, slowest {:.1} ms", seeds.len(), t0.elapsed().as_secs_f64(), slowest.as_secs_f64() * 1e3);
 }
 
 fn work(name: &str) -> PathBuf {
