@@ -121,10 +121,21 @@ fn fuzz(target: &str, seed: &[u8], file: &Path, read: impl Fn(&Path)) {
             panic!("{target}: input {i} {} (saved to {})", if outcome.is_err() { "panicked" } else { "hung" }, saved.display());
         }
     }
+    let _ = std::fs::remove_file(file);
+    if file.starts_with("/dev/shm") {
+        let _ = std::fs::remove_dir(file.parent().unwrap());
+    }
     eprintln!("{target}: {} corpus inputs and {n} mutations in {:.1} s, no panic, slowest {:.1} ms", seeds.len(), t0.elapsed().as_secs_f64(), slowest.as_secs_f64() * 1e3);
 }
 
+/// Where the mutated inputs are written: a tmpfs when there is one (each input is a file).
 fn work(name: &str) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        let d = shm.join(format!("np-fuzz-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        return d;
+    }
     scratch(&format!("fuzz-{name}"))
 }
 
@@ -195,37 +206,69 @@ fn fuzz_manifest() {
     });
 }
 
+/// The synthetic preparation's shape, for the loaders that check it.
+fn shape() -> (usize, usize, usize, usize, usize) {
+    let m = formats::manifest::Manifest::load(&synthetic().join("manifest.toml")).unwrap();
+    let c = &m.model;
+    (m.sparsity.dense_prefix, c.num_hidden_layers - m.sparsity.dense_prefix, c.intermediate_size, c.hidden_size, c.vocab_size)
+}
+
+fn seed_of(rel: &str) -> Vec<u8> {
+    std::fs::read(synthetic().join(rel)).unwrap()
+}
+
 #[test]
-fn fuzz_safetensors_and_artifact_loaders() {
-    let dir = synthetic();
-    let m = formats::manifest::Manifest::load(&dir.join("manifest.toml")).unwrap();
-    let c = m.model.clone();
-    let (d0, n_sparse) = (m.sparsity.dense_prefix, c.num_hidden_layers - m.sparsity.dense_prefix);
-    let work_dir = work("loaders");
-    let seed = |rel: &str| std::fs::read(dir.join(rel)).unwrap();
-    fuzz("safetensors-header", &seed("importance/importance.safetensors"), &work_dir.join("st.safetensors"), |p| {
+fn fuzz_safetensors_header() {
+    fuzz("safetensors-header", &seed_of("importance/importance.safetensors"), &work("st").join("st.safetensors"), |p| {
         if let Ok(f) = formats::safetensors_io::MappedSafetensors::open(p) {
             for e in f.tensors.values() {
                 let _ = f.bytes(e).len();
             }
         }
     });
-    fuzz("importance", &seed("importance/importance.safetensors"), &work_dir.join("importance.safetensors"), |p| {
-        let _ = formats::importance::NeuronImportance::load(p, c.num_hidden_layers, c.intermediate_size);
+}
+
+#[test]
+fn fuzz_importance() {
+    let (d0, n_sparse, n_ff, _, _) = shape();
+    fuzz("importance", &seed_of("importance/importance.safetensors"), &work("importance").join("importance.safetensors"), |p| {
+        let _ = formats::importance::NeuronImportance::load(p, d0 + n_sparse, n_ff);
     });
-    fuzz("scorer", &seed("scorer/scorer.safetensors"), &work_dir.join("scorer.safetensors"), |p| {
-        let _ = formats::scorer::GateUpScorerFile::load(p, d0, n_sparse, c.intermediate_size, c.hidden_size);
+}
+
+#[test]
+fn fuzz_scorer() {
+    let (d0, n_sparse, n_ff, d, _) = shape();
+    fuzz("scorer", &seed_of("scorer/scorer.safetensors"), &work("scorer").join("scorer.safetensors"), |p| {
+        let _ = formats::scorer::GateUpScorerFile::load(p, d0, n_sparse, n_ff, d);
     });
-    fuzz("head-q8", &seed("scorer/head_q8.safetensors"), &work_dir.join("head_q8.safetensors"), |p| {
-        let _ = formats::head_q8::Q8Head::load(p, c.vocab_size, c.hidden_size);
+}
+
+#[test]
+fn fuzz_head_q8() {
+    let (_, _, _, d, vocab) = shape();
+    fuzz("head-q8", &seed_of("scorer/head_q8.safetensors"), &work("head-q8").join("head_q8.safetensors"), |p| {
+        let _ = formats::head_q8::Q8Head::load(p, vocab, d);
     });
-    fuzz("predictor", &seed("predictor/predictor.safetensors"), &work_dir.join("predictor.safetensors"), |p| {
+}
+
+#[test]
+fn fuzz_predictor() {
+    fuzz("predictor", &seed_of("predictor/predictor.safetensors"), &work("predictor").join("predictor.safetensors"), |p| {
         let _ = runtime::predictor::Predictor::load(p);
     });
-    fuzz("centroids", &seed("cluster/centroids.safetensors"), &work_dir.join("centroids.safetensors"), |p| {
+}
+
+#[test]
+fn fuzz_centroids() {
+    fuzz("centroids", &seed_of("cluster/centroids.safetensors"), &work("centroids").join("centroids.safetensors"), |p| {
         let _ = formats::centroids::CentroidTable::load(p);
     });
-    fuzz("thresholds", &seed("capture/thresholds.json"), &work_dir.join("thresholds.json"), |p| {
+}
+
+#[test]
+fn fuzz_thresholds() {
+    fuzz("thresholds", &seed_of("capture/thresholds.json"), &work("thresholds").join("thresholds.json"), |p| {
         let _ = formats::thresholds::Thresholds::load(p);
     });
 }
