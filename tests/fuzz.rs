@@ -123,7 +123,7 @@ fn fuzz(target: &str, seed: &[u8], file: &Path, read: impl Fn(&Path)) {
     }
     let _ = std::fs::remove_file(file);
     if file.starts_with("/dev/shm") {
-        let _ = std::fs::remove_dir(file.parent().unwrap());
+        let _ = std::fs::remove_dir_all(file.parent().unwrap());
     }
     eprintln!("{target}: {} corpus inputs and {n} mutations in {:.1} s, no panic, slowest {:.1} ms", seeds.len(), t0.elapsed().as_secs_f64(), slowest.as_secs_f64() * 1e3);
 }
