@@ -352,6 +352,27 @@ fn a_nan_predictor_weight_is_refused() {
     assert!(!ok && err.contains("predictor.safetensors") && err.contains("heads.weight") && err.contains("not finite"), "{err}");
 }
 
+/// A records.bin longer than the manifest says is another file, not a truncated one.
+#[test]
+fn a_longer_records_file_is_not_called_truncated() {
+    let device = scratch("synthetic-long-records").join("copied");
+    copy_dir(prepared().parent().unwrap(), &device);
+    let mut f = std::fs::OpenOptions::new().append(true).open(device.join("records.bin")).unwrap();
+    std::io::Write::write_all(&mut f, &[0u8; 4096]).unwrap();
+    drop(f);
+    // the manifest's size check names it at load; past it (a manifest edited to match), the
+    // engine's own check says what is wrong
+    let (ok, _, err) = runtime_cli(&["run", device.join("manifest.toml").to_str().unwrap(), "-p", "hat", "-n", "1"]);
+    assert!(!ok && err.contains("records.bin") && !err.contains("truncated"), "{err}");
+    let m = device.join("manifest.toml");
+    let text = std::fs::read_to_string(&m).unwrap();
+    let len = std::fs::metadata(device.join("records.bin")).unwrap().len();
+    let old = formats::manifest::Manifest::load(prepared()).unwrap().artifacts.iter().find(|a| a.role == "records").unwrap().bytes;
+    std::fs::write(&m, text.replace(&format!("bytes = {old}\n"), &format!("bytes = {len}\n"))).unwrap();
+    let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "hat", "-n", "1", "--no-verify"]);
+    assert!(!ok && err.contains("records.bin") && err.contains("4096 bytes after") && !err.contains("truncated"), "{err}");
+}
+
 /// The synthetic generator itself: deterministic, and a real byte-level vocabulary.
 #[test]
 fn synthetic_model_is_deterministic() {
