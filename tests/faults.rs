@@ -112,14 +112,8 @@ fn short_reads_are_retried_or_refused_never_computed_from() {
 
 #[test]
 fn a_vanished_records_file_is_an_error_naming_it() {
-    let src = prepared().parent().unwrap();
     let dir = scratch("faults-vanished");
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().unwrap() != "records.bin" {
-            std::os::unix::fs::symlink(&p, dir.join(p.file_name().unwrap())).unwrap();
-        }
-    }
+    link_all_but(prepared().parent().unwrap(), &dir, "records.bin");
     let (ok, _, err) = run(&dir.join("manifest.toml"), &["--no-verify"]);
     assert!(!ok && err.contains("records.bin") && err.contains("No such file"), "{err}");
 }

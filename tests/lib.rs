@@ -82,6 +82,18 @@ max_epochs = {max_epochs}
     p
 }
 
+/// `dst` filled with symbolic links to every entry of the prepared folder `src` except `except`
+/// (which the caller copies, changes or leaves out).
+pub fn link_all_but(src: &Path, dst: &Path, except: &str) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap() != except {
+            std::os::unix::fs::symlink(&p, dst.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
 /// Largest absolute difference between two logit vectors of the same length.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "logit vectors of different lengths");
