@@ -366,6 +366,40 @@ fn a_longer_records_file_is_not_called_truncated() {
     assert!(!ok && err.contains("records.bin") && err.contains("4096 bytes after") && !err.contains("truncated"), "{err}");
 }
 
+/// A token that fails part-way leaves no stale rows behind: the later layers' slots planned
+/// for rows that never landed are forgotten, so once the file is good again the same engine
+/// computes what a fresh one does (a server answers the next request on it).
+#[test]
+fn a_failed_token_leaves_no_stale_rows() {
+    let src = prepared().parent().unwrap();
+    let dir = scratch("synthetic-abandon");
+    link_all_but(src, &dir, "records.bin");
+    let good = std::fs::read(src.join("records.bin")).unwrap();
+    let manifest = formats::manifest::Manifest::load(prepared()).unwrap();
+    // every record of the first sparse layer fails its CRC, so the token fails there while the
+    // later layers' reads are planned and in flight
+    let mut bad = good.clone();
+    for j in 0..SYNTH_FF {
+        bad[manifest.records.offset(manifest.records.first_layer, j) as usize + 600] ^= 0x08;
+    }
+    std::fs::write(dir.join("records.bin"), &bad).unwrap();
+    let m = dir.join("manifest.toml");
+    let settings = PreparedMode::Stream(StreamSettings { ctx: 128, dense_prefix: DensePrefix::Layer(manifest.records.first_layer), ..Default::default() });
+    let mut s = runtime::open_with(&m, &settings, false).unwrap();
+    let ids = s.tokenizer.encode(TEXT, true).unwrap();
+    let mut cache = s.model.new_cache(128).unwrap();
+    let e = s.runner().forward(&ids, &mut cache, 0).err().expect("the corrupt layer fails the token").to_string();
+    assert!(e.contains("CRC32C mismatch"), "{e}");
+    std::fs::write(dir.join("records.bin"), &good).unwrap();
+    let mut cache = s.model.new_cache(128).unwrap();
+    let again = s.runner().forward(&ids, &mut cache, 0).unwrap();
+    let mut fresh = runtime::open_with(&m, &settings, false).unwrap();
+    let mut cache = fresh.model.new_cache(128).unwrap();
+    let want = fresh.runner().forward(&ids, &mut cache, 0).unwrap();
+    let diff = max_abs_diff(&want, &again);
+    assert!(diff < 2e-3, "after a failed token the engine differs from a fresh one by {diff}");
+}
+
 /// The synthetic generator itself: deterministic, and a real byte-level vocabulary.
 #[test]
 fn synthetic_model_is_deterministic() {

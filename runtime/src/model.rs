@@ -409,6 +409,10 @@ impl Model {
             Ok(logits)
         })();
         engine.scratch = Some(s);
+        if logits.is_err() {
+            engine.abandon_token();
+            return logits;
+        }
         cache.len = pos + 1;
         logits
     }

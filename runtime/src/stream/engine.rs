@@ -316,6 +316,18 @@ impl StreamingEngine {
         self.stats.io_busy_ms = c.busy_ms;
     }
 
+    /// The current token failed part-way (a read, a check, a non-finite value): the slots planned
+    /// for rows that have not landed are forgotten, so a later token reads them again instead of
+    /// computing from whatever the slot held. The reader's late results for this token are
+    /// dropped by [`IoThread::wait`] (their tick is stale).
+    pub fn abandon_token(&mut self) {
+        for (si, loads) in self.in_flight.iter_mut().enumerate() {
+            for l in loads.drain(..) {
+                self.layers[si].map.invalidate(l.slot);
+            }
+        }
+    }
+
     /// A new token starts.
     pub fn begin_token(&mut self) {
         self.tick += 1;
