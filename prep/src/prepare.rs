@@ -306,7 +306,16 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         },
     };
     let manifest_path = out.join("manifest.toml");
-    manifest.save(&manifest_path)?;
+    // unchanged but for its creation time: keep the file, so the runtime's sha256 stamp of the
+    // artifact set (keyed by the manifest's bytes) stays valid
+    let unchanged = Manifest::load(&manifest_path).ok().is_some_and(|old| {
+        let mut old = old;
+        old.provenance.created_unix_s = manifest.provenance.created_unix_s;
+        old == manifest
+    });
+    if !unchanged {
+        manifest.save(&manifest_path)?;
+    }
     Ok(PrepareReport {
         recipe: recipe_path.display().to_string(),
         manifest: manifest_path.display().to_string(),
