@@ -19,7 +19,7 @@ use crate::model::MlpHook;
 use crate::ops::down_sum::down_sum;
 use crate::ops::qmatvec::{matvec_q4, Q8Vector};
 use crate::ops::swiglu::silu;
-use crate::stream::slots::{Load, SlotMap, EMPTY};
+use crate::stream::slots::{Load, SlotMap};
 use formats::manifest::Manifest;
 use formats::scorer::GateUpScorerFile;
 use half::f16;
@@ -136,14 +136,6 @@ pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize,
     (kept, loads)
 }
 
-/// The slots of `map` that hold a row and are not being loaded now (`loads`), ascending: the
-/// rows a layer adds up while its missing ones are read.
-pub fn held_slots(map: &SlotMap, loads: &[Load]) -> Vec<u32> {
-    let mut loading = vec![false; map.capacity()];
-    loads.iter().for_each(|l| loading[l.slot as usize] = true);
-    (0..map.capacity() as u32).filter(|&s| map.neuron_of[s as usize] != EMPTY && !loading[s as usize]).collect()
-}
-
 /// Runs layers `first_layer..` on the scorer's kept neurons with every downT row in memory (the
 /// quality of `--strategy scorer` without storage).
 pub struct ScoredSparsity {
@@ -251,7 +243,7 @@ impl MlpHook for ScoredSparsity {
             // every row in memory counts: those held before (slot order), then the loaded ones
             // (neuron order), the streaming engine's order of summation
             let map = &self.resident[li];
-            let held: Vec<u32> = held_slots(map, &loads).iter().map(|&s| map.neuron_of[s as usize]).collect();
+            let held: Vec<u32> = map.held_slots(&loads).iter().map(|&s| map.neuron_of[s as usize]).collect();
             let row = |j: u32| &rows[j as usize * d..(j as usize + 1) * d];
             down_sum(&held, |_, j| h[j as usize], row, o);
             let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();

@@ -266,8 +266,7 @@ impl StreamingEngine {
             }
         };
         selector.keep_layers_from(first);
-        let slot_row = selector.slot_row();
-        let layers = plan.capacity.iter().map(|&cap| LayerSlots { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * slot_row.bytes(c.hidden_size)) }).collect();
+        let layers = plan.capacity.iter().map(|&cap| LayerSlots { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) }).collect();
         let reader = RecordReader::open(&records_path, &ReaderOptions { queue_depth: settings.io.queue_depth, force_pread: settings.io.force_pread, staging_bytes: plan.staging_bytes, register_staging: true })?;
         let fallback = reader.fallback.clone();
         let n_sparse = c.num_hidden_layers - first;
@@ -381,13 +380,7 @@ impl StreamingEngine {
         let (d, slot_row, h) = (self.d_model, self.selector.slot_row(), &self.h);
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
-        let held = if self.selector.every_held_row_counts() {
-            crate::scorer::held_slots(&slots.map, &loads)
-        } else {
-            let mut loading = vec![false; slots.map.capacity()];
-            loads.iter().for_each(|l| loading[l.slot as usize] = true);
-            self.sets[si].iter().map(|&j| slots.map.slot_of[j as usize]).filter(|&s| !loading[s as usize]).collect()
-        };
+        let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
         sum_slots(slots, slot_row, d, xn, h, &held, out);
         let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
         // 2. the read rows, into their slots, then added (in neuron order)
@@ -401,7 +394,7 @@ impl StreamingEngine {
                 return Err(e);
             }
             let t2 = Instant::now();
-            let rb = slot_row.bytes(d);
+            let rb = self.plan.slot_row_bytes;
             let buf = slots.buf.as_mut_slice();
             for (k, l) in landed.loads.iter().enumerate() {
                 let s = l.slot as usize;

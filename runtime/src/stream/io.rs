@@ -89,8 +89,6 @@ pub struct IoThread {
     tx: Option<Sender<Job>>,
     worker: Option<std::thread::JoinHandle<()>>,
     shared: Arc<Shared>,
-    /// Bytes of one landed row.
-    pub row_bytes: usize,
 }
 
 /// How the thread reads: the file's layout and what a row is.
@@ -107,10 +105,6 @@ impl IoThread {
     /// coalesced read of whole records.
     pub fn start(reader: RecordReader, layout: RecordsLayout, d_model: usize, span: RowSpan, max_run_bytes: usize, n_sparse: usize) -> Result<Self> {
         let rb = layout.record_bytes;
-        let row_bytes = match span {
-            RowSpan::Record => 3 * d_model * 2,
-            RowSpan::DownRow { .. } => d_model * 2,
-        };
         let max_records = (max_run_bytes / rb).max(1).min(reader.staging_len() / rb);
         if max_records == 0 {
             return Err(RuntimeError::Input(format!("the staging buffer ({} bytes) is smaller than one record ({rb} bytes)", reader.staging_len())));
@@ -128,7 +122,7 @@ impl IoThread {
                 })
                 .map_err(|e| RuntimeError::Input(format!("cannot start the record I/O thread: {e}")))?
         };
-        Ok(IoThread { tx: Some(tx), worker: Some(worker), shared, row_bytes })
+        Ok(IoThread { tx: Some(tx), worker: Some(worker), shared })
     }
 
     /// Queues a token's reads (`tick` numbers the token); they are read in order.

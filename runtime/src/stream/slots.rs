@@ -87,6 +87,25 @@ impl SlotMap {
         loads
     }
 
+    /// The slots holding a row that is not being loaded now (`loading`), ascending: every row a
+    /// layer can add up while its missing ones are read.
+    pub fn held_slots(&self, loading: &[Load]) -> Vec<u32> {
+        let busy = self.loading_mask(loading);
+        (0..self.capacity() as u32).filter(|&s| self.neuron_of[s as usize] != EMPTY && !busy[s as usize]).collect()
+    }
+
+    /// The slots of `neurons` (each held) whose row is not being loaded now, in `neurons`' order.
+    pub fn held_slots_of(&self, neurons: &[u32], loading: &[Load]) -> Vec<u32> {
+        let busy = self.loading_mask(loading);
+        neurons.iter().map(|&j| self.slot_of[j as usize]).filter(|&s| !busy[s as usize]).collect()
+    }
+
+    fn loading_mask(&self, loading: &[Load]) -> Vec<bool> {
+        let mut busy = vec![false; self.capacity()];
+        loading.iter().for_each(|l| busy[l.slot as usize] = true);
+        busy
+    }
+
     /// Forgets a slot's row (its load failed).
     pub fn invalidate(&mut self, slot: u32) {
         let old = self.neuron_of[slot as usize];
@@ -123,6 +142,20 @@ mod tests {
                 assert_eq!(m.slot_of[n as usize], s as u32);
             }
         }
+    }
+
+    #[test]
+    fn held_slots_leave_out_the_rows_being_loaded() {
+        let mut m = SlotMap::new(10, 4);
+        m.plan(&[1, 2, 3], 1);
+        let loads = m.plan(&[2, 3, 7], 2); // 7 goes to the free slot
+        assert_eq!(loads.len(), 1);
+        let (s1, s2, s3, s7) = (m.slot_of[1], m.slot_of[2], m.slot_of[3], m.slot_of[7]);
+        let mut want = vec![s1, s2, s3];
+        want.sort_unstable();
+        assert_eq!(m.held_slots(&loads), want, "every held row but 7's, ascending");
+        assert!(!m.held_slots(&loads).contains(&s7));
+        assert_eq!(m.held_slots_of(&[3, 7, 2], &loads), vec![s3, s2], "the set's held rows, in its order");
     }
 
     #[test]
