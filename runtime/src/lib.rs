@@ -244,22 +244,9 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     Sparsity::Scored(Box::new(p))
                 }
                 stream::SelectorChoice::Predictor { rule, neuron_rank } => {
-                    let predictor = predictor::Predictor::load(&manifest.artifact_path_of(path, "predictor")?)?;
-                    let centroids = formats::centroids::CentroidTable::load(&manifest.artifact_path_of(path, "centroids")?)?;
-                    let thresholds = formats::thresholds::Thresholds::load(&manifest.artifact_path_of(path, "thresholds")?)?;
-                    if predictor.spec.first_layer != manifest.sparsity.dense_prefix || predictor.spec.d_model != manifest.model.hidden_size {
-                        return Err(RuntimeError::Input(format!(
-                            "{}: the predictor is for dense prefix {} and width {}, the manifest says {} and {}",
-                            path.display(),
-                            predictor.spec.first_layer,
-                            predictor.spec.d_model,
-                            manifest.sparsity.dense_prefix,
-                            manifest.model.hidden_size
-                        )));
-                    }
-                    let (importance, note) = load_importance(path, &manifest)?;
+                    let (a, note) = predictor::PredictorArtifacts::load(path, &manifest)?;
                     notes.extend(note);
-                    let mut p = predictor::PredictedSparsity::new(predictor, &centroids, thresholds, importance.as_ref())?;
+                    let mut p = predictor::PredictedSparsity::new(a.predictor, &a.centroids, a.thresholds, a.importance.as_ref())?;
                     p.dense_prefix = prefix;
                     p.rule = rule;
                     p.set_set_scale(s.set_scale);

@@ -145,6 +145,42 @@ impl Predictor {
     }
 }
 
+/// The preparation's shared predictor and what it works with (the centroid sets, the activation
+/// thresholds, and the per-neuron importance where the preparation has it), checked against the
+/// manifest: what a streamed run (`select::predicted`) and an in-memory run both load.
+pub struct PredictorArtifacts {
+    pub predictor: Predictor,
+    pub centroids: CentroidTable,
+    pub thresholds: Thresholds,
+    pub importance: Option<formats::importance::NeuronImportance>,
+}
+
+impl PredictorArtifacts {
+    /// Returns a note when the preparation has no importance artifact (cut sets then rank by
+    /// membership).
+    pub fn load(manifest_path: &Path, m: &formats::manifest::Manifest) -> Result<(Self, Option<String>)> {
+        let c = &m.model;
+        let d0 = m.sparsity.dense_prefix;
+        let predictor = Predictor::load(&m.artifact_path_of(manifest_path, "predictor")?)?;
+        let s = &predictor.spec;
+        if s.first_layer != d0 || s.n_sparse_layers != c.num_hidden_layers - d0 || s.d_model != c.hidden_size {
+            return Err(crate::RuntimeError::Input(format!(
+                "{}: the predictor covers layers {}.. ({}, width {}), the manifest's sparse layers are {d0}..{} (width {})",
+                manifest_path.display(),
+                s.first_layer,
+                s.n_sparse_layers,
+                s.d_model,
+                c.num_hidden_layers,
+                c.hidden_size
+            )));
+        }
+        let centroids = CentroidTable::load(&m.artifact_path_of(manifest_path, "centroids")?)?;
+        let thresholds = Thresholds::load(&m.artifact_path_of(manifest_path, "thresholds")?)?;
+        let (importance, note) = crate::load_importance(manifest_path, m)?;
+        Ok((PredictorArtifacts { predictor, centroids, thresholds, importance }, note))
+    }
+}
+
 /// How a head's K logits become a layer's set of K_max neurons.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SetRule {

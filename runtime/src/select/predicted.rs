@@ -6,8 +6,8 @@
 
 use super::{Footprint, SetSelector, SlotRow};
 use crate::error::{Result, RuntimeError};
-use crate::predictor::{predicted_set, product_mask, NeuronPrior, NeuronRank, Predictor, SetRule};
-use formats::centroids::{CentroidSet, CentroidTable};
+use crate::predictor::{predicted_set, product_mask, NeuronPrior, NeuronRank, Predictor, PredictorArtifacts, SetRule};
+use formats::centroids::CentroidSet;
 use formats::manifest::Manifest;
 use formats::thresholds::Thresholds;
 use std::path::Path;
@@ -38,24 +38,10 @@ impl PredictedSelector {
         }
         let c = &m.model;
         let d0 = m.sparsity.dense_prefix;
-        let predictor = Predictor::load(&m.artifact_path_of(manifest_path, "predictor")?)?;
-        let centroids = CentroidTable::load(&m.artifact_path_of(manifest_path, "centroids")?)?;
-        if predictor.spec.first_layer != d0 || predictor.spec.n_sparse_layers != c.num_hidden_layers - d0 || predictor.spec.d_model != c.hidden_size {
-            return Err(RuntimeError::Input(format!(
-                "{}: the predictor covers layers {}.. ({}, width {}), the manifest's sparse layers are {d0}..{} (width {})",
-                manifest_path.display(),
-                predictor.spec.first_layer,
-                predictor.spec.n_sparse_layers,
-                predictor.spec.d_model,
-                c.num_hidden_layers,
-                c.hidden_size
-            )));
-        }
+        let (PredictorArtifacts { predictor, centroids, thresholds, importance }, note) = PredictorArtifacts::load(manifest_path, m)?;
         let sets = (d0..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
-        let (importance, note) = crate::load_importance(manifest_path, m)?;
         let mut priors = NeuronPrior::for_layers(&sets, d0, importance.as_ref());
         crate::predictor::apply_neuron_rank(&mut priors, rank);
-        let thresholds = Thresholds::load(&m.artifact_path_of(manifest_path, "thresholds")?)?;
         // the sets, plus per neuron its membership count (u16) and importance (f32)
         let centroid_bytes = centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64 + c.width as u64 * 8 * 6).sum();
         let selector = PredictedSelector {
