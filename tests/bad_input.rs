@@ -297,6 +297,16 @@ fn gguf_tensor_table_is_checked() {
     assert_clean_error(&out, &["blk.0.ffn_norm.weight", "not a multiple of the alignment"]);
 }
 
+/// Rewrites the GGUF at `path` after `edit` changes its metadata and tensors.
+fn rewrite_gguf(path: &Path, edit: impl FnOnce(&mut Vec<(String, GgufValue)>, &mut Vec<GgufTensorData>)) {
+    let f = formats::gguf::GgufFile::open(path).unwrap();
+    let mut md: Vec<(String, GgufValue)> = f.metadata.clone().into_iter().collect();
+    let mut tensors: Vec<GgufTensorData> = f.tensors.iter().map(|t| GgufTensorData { name: t.name.clone(), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: f.tensor_bytes(t).to_vec() }).collect();
+    drop(f);
+    edit(&mut md, &mut tensors);
+    write_gguf(path, &md, &tensors).unwrap();
+}
+
 /// Hyperparameters no model can have are refused on import, naming the key; nothing is written.
 #[test]
 fn impossible_hyperparameters_are_refused_on_import() {
@@ -310,13 +320,10 @@ fn impossible_hyperparameters_are_refused_on_import() {
         let d = scratch(&format!("hyper-{i}"));
         let g = d.join("bad.gguf");
         tiny_gguf(&g, "llama", 0);
-        let mut f = formats::gguf::GgufFile::open(&g).unwrap();
-        let mut md: Vec<(String, GgufValue)> = std::mem::take(&mut f.metadata).into_iter().collect();
-        md.retain(|(k, _)| k != key);
-        md.push((key.to_string(), GgufValue::F32(value)));
-        let tensors: Vec<GgufTensorData> = f.tensors.iter().map(|t| GgufTensorData { name: t.name.clone(), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: f.tensor_bytes(t).to_vec() }).collect();
-        drop(f);
-        write_gguf(&g, &md, &tensors).unwrap();
+        rewrite_gguf(&g, |md, _| {
+            md.retain(|(k, _)| k != key);
+            md.push((key.to_string(), GgufValue::F32(value)));
+        });
         let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
         assert_clean_error(&out, &[needle]);
         assert!(!d.join("m/config.json").exists(), "{needle}: a config was written");
@@ -325,15 +332,12 @@ fn impossible_hyperparameters_are_refused_on_import() {
     let d = scratch("hyper-blocks");
     let g = d.join("bad.gguf");
     tiny_gguf(&g, "llama", 0);
-    let mut f = formats::gguf::GgufFile::open(&g).unwrap();
-    let mut md: Vec<(String, GgufValue)> = std::mem::take(&mut f.metadata).into_iter().collect();
-    let mut tensors: Vec<GgufTensorData> = f.tensors.iter().map(|t| GgufTensorData { name: t.name.clone(), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: f.tensor_bytes(t).to_vec() }).collect();
-    drop(f);
-    let layer1: Vec<GgufTensorData> = tensors.iter().filter(|t| t.name.starts_with("blk.0.")).map(|t| GgufTensorData { name: t.name.replace("blk.0.", "blk.1."), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: t.bytes.clone() }).collect();
-    tensors.extend(layer1);
-    md.retain(|(k, _)| k != "llama.block_count");
-    md.push(("llama.block_count".into(), GgufValue::U32(1)));
-    write_gguf(&g, &md, &tensors).unwrap();
+    rewrite_gguf(&g, |md, tensors| {
+        let layer1: Vec<GgufTensorData> = tensors.iter().filter(|t| t.name.starts_with("blk.0.")).map(|t| GgufTensorData { name: t.name.replace("blk.0.", "blk.1."), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: t.bytes.clone() }).collect();
+        tensors.extend(layer1);
+        md.retain(|(k, _)| k != "llama.block_count");
+        md.push(("llama.block_count".into(), GgufValue::U32(1)));
+    });
     let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
     assert_clean_error(&out, &["model.layers.1.", "not part of a 1-layer"]);
 }

@@ -54,8 +54,7 @@ impl Drop for FaultMount {
 fn run(manifest: &Path, extra: &[&str]) -> (bool, String, String) {
     let mut args = vec!["run", manifest.to_str().unwrap(), "-p", "the hat is in the tent", "-n", "6", "--ignore-eos", "--json"];
     args.extend(extra);
-    let out = run_bin("runtime", &args);
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    runtime_cli(&args)
 }
 
 /// The record of (layer, neuron) in the synthetic preparation: (byte offset, bytes).

@@ -46,6 +46,12 @@ pub fn run_bin(name: &str, args: &[&str]) -> Output {
     Command::new(&bin).args(args).output().expect("spawn binary")
 }
 
+/// Runs the `runtime` binary: (success, stdout, stderr).
+pub fn runtime_cli(args: &[&str]) -> (bool, String, String) {
+    let out = run_bin("runtime", args);
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// Writes `<dir>/recipe.toml`: a CI-sized `prep prepare` recipe for the fixture (8 sequences of
 /// 64 tokens, K = 16, a 64-wide predictor) with output in `<dir>/artifacts`.
 pub fn fixture_recipe(dir: &Path, name: &str, dense_prefix: usize, k_max_factor: f64, max_epochs: usize) -> PathBuf {

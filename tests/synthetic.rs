@@ -144,11 +144,6 @@ fn settings_are_checked_when_built() {
     }
 }
 
-fn runtime_cli(args: &[&str]) -> (bool, String, String) {
-    let out = run_bin("runtime", args);
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 #[test]
 fn cli_strategies() {
     let m = prepared().to_str().unwrap();
@@ -388,7 +383,7 @@ fn a_failed_token_leaves_no_stale_rows() {
     let mut s = runtime::open_with(&m, &settings, false).unwrap();
     let ids = s.tokenizer.encode(TEXT, true).unwrap();
     let mut cache = s.model.new_cache(128).unwrap();
-    let e = s.runner().forward(&ids, &mut cache, 0).err().expect("the corrupt layer fails the token").to_string();
+    let e = s.runner().forward(&ids, &mut cache, 0).expect_err("the corrupt layer fails the token").to_string();
     assert!(e.contains("CRC32C mismatch"), "{e}");
     std::fs::write(dir.join("records.bin"), &good).unwrap();
     let mut cache = s.model.new_cache(128).unwrap();
