@@ -49,6 +49,17 @@ impl Default for InMemorySettings {
     }
 }
 
+impl InMemorySettings {
+    /// Refuses values no run can use, naming the setting (as `StreamSettings::validate`).
+    pub fn validate(&self) -> Result<()> {
+        stream::engine::check_share("set scale", self.set_scale)?;
+        if let Some(c) = self.slot_share {
+            stream::engine::check_share("slot share", c)?;
+        }
+        Ok(())
+    }
+}
+
 /// How a prepared model (a manifest) runs.
 #[derive(Debug, Clone)]
 pub enum PreparedMode {
@@ -223,9 +234,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
         }
         PreparedMode::Dense { head_q8 } => (Model::load_prepared(path, &manifest)?, None, *head_q8),
         PreparedMode::InMemory(s) => {
-            if !(s.set_scale > 0.0 && s.set_scale <= 1.0) {
-                return Err(RuntimeError::Input(format!("set scale {}: expected a share in (0, 1]", s.set_scale)));
-            }
+            s.validate()?;
             let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
             let model = Model::load_prepared(path, &manifest)?;
             let sparsity = match s.selector {
@@ -233,9 +242,6 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     let mut p = scorer::ScoredSparsity::new(path, &manifest)?;
                     p.set_keep_share(s.set_scale);
                     if let Some(c) = s.slot_share {
-                        if !(c > 0.0 && c <= 1.0) {
-                            return Err(RuntimeError::Input(format!("slot share {c}: expected a share of n_ff in (0, 1]")));
-                        }
                         p.set_slots((c * manifest.model.intermediate_size as f64).round() as usize);
                     }
                     p.resident_bonus = resident_bonus;

@@ -144,9 +144,7 @@ impl StreamSettings {
     /// Refuses values no run can use, naming the setting.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(RuntimeError::Input(what));
-        if !(self.set_scale > 0.0 && self.set_scale <= 1.0) {
-            return bad(format!("set scale {}: expected a share in (0, 1]", self.set_scale));
-        }
+        check_share("set scale", self.set_scale)?;
         if self.ctx == 0 {
             return bad("--ctx 0: the KV cache needs at least one position".into());
         }
@@ -163,6 +161,14 @@ impl StreamSettings {
         }
         Ok(())
     }
+}
+
+/// A share of a layer's neurons (set scale, slot share) must lie in (0, 1].
+pub fn check_share(what: &str, v: f64) -> Result<()> {
+    if v > 0.0 && v <= 1.0 {
+        return Ok(());
+    }
+    Err(RuntimeError::Input(format!("{what} {v}: expected a share in (0, 1]")))
 }
 
 /// Where the sparse layers start.
