@@ -223,16 +223,21 @@ def main():
     ap.add_argument("--set-scale", type=float, default=1.0, help="ours: the largest set scale fit may pick (with the scorer: the share "
                     "of n_ff each layer must hold per token; the rest of the budget becomes slots that also count)")
     ap.add_argument("--head-q8", action="store_true", help="ours: logits from the Q8_0 head (half the f16 head's memory goes to slots)")
+    ap.add_argument("--gguf", default=None,
+                    help="llama.cpp's GGUF (default baseline/<model>-f16.gguf), e.g. the shipped 4-bit one; limits stay fractions of the F16 size")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as timed out")
     a = ap.parse_args()
-    gguf = str(ROOT / f"baseline/{a.model}-f16.gguf")
+    f16_gguf = str(ROOT / f"baseline/{a.model}-f16.gguf")
+    gguf = a.gguf or f16_gguf
     manifest = str(ROOT / f"artifacts/{a.model}/manifest.toml")
-    prerequisites(gguf, manifest)
+    prerequisites(f16_gguf, manifest)
+    if not Path(gguf).exists():
+        sys.exit(f"bench-edge: {gguf} missing")
     n_ff = tomllib.loads(Path(manifest).read_text())["model"]["intermediate_size"]
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, on_signal)
     atexit.register(cleanup)
-    model_bytes = Path(gguf).stat().st_size
+    model_bytes = Path(f16_gguf).stat().st_size
     dev = device_of(ROOT / "artifacts")
     if device_of(gguf) != dev:
         print(f"note: the GGUF and the records are on different devices; throttling {dev} and {device_of(gguf)}")
@@ -349,7 +354,7 @@ def main():
     for row in table:
         row["where_the_time_goes"] = explain(row)
     res = {"model": a.model, "f16_model_bytes": model_bytes, "device": dev, "generated_tokens": a.n, "generated_tokens_confined": a.n_confined or a.n,
-           "threads": a.threads, "reps": a.reps, "set_rule": a.set_rule, "resident_bonus": a.resident_bonus, "set_scale": a.set_scale, "head_q8": a.head_q8,
+           "llama_cpp_gguf": os.path.relpath(gguf, ROOT), "threads": a.threads, "reps": a.reps, "set_rule": a.set_rule, "resident_bonus": a.resident_bonus, "set_scale": a.set_scale, "head_q8": a.head_q8,
            "goal": goal(table), "settings": table, "runs": runs}
     out.write_text(json.dumps(res, indent=2))
     try:
@@ -417,7 +422,7 @@ def tps(v):
 
 
 def markdown(res):
-    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s (major faults/token; MiB read in the run) | ours tok/s | speedup | "
+    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s on {Path(res.get('llama_cpp_gguf', 'the F16 GGUF')).name} (major faults/token; MiB read in the run) | ours tok/s | speedup | "
              f"ours: layers sparse from (set size x {'n_ff' if res.get('set_rule') == 'scorer' else 'K_max'}), MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
              "|---|---|---|---|---|---|---|"]
     for r in res["settings"]:
