@@ -401,6 +401,12 @@ impl StreamingEngine {
             }
             let t2 = Instant::now();
             let rb = self.plan.slot_row_bytes;
+            if landed.rows.len() != landed.loads.len() * rb || landed.loads.len() != loads.len() {
+                landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+                let what = format!("layer {layer}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)", landed.rows.len(), landed.loads.len(), loads.len());
+                self.io.recycle(landed.rows);
+                return Err(RuntimeError::Input(what));
+            }
             let buf = slots.buf.as_mut_slice();
             for (k, l) in landed.loads.iter().enumerate() {
                 let s = l.slot as usize;

@@ -68,6 +68,15 @@ struct Mailbox {
     stopped: bool,
 }
 
+impl Mailbox {
+    /// A landing buffer back on the free list, emptied: the thread appends a layer's rows to it,
+    /// so whatever it held would come first.
+    fn give_back(&mut self, mut rows: Vec<u8>) {
+        rows.clear();
+        self.free.push(rows);
+    }
+}
+
 struct Shared {
     mailbox: Mutex<Mailbox>,
     cv: Condvar,
@@ -138,7 +147,7 @@ impl IoThread {
             match m.landed[si].take() {
                 Some((t, landed)) if t == tick => return Ok(landed),
                 // rows of an earlier token nobody collected (its forward pass failed): drop them
-                Some((_, stale)) => m.free.push(stale.rows),
+                Some((_, stale)) => m.give_back(stale.rows),
                 None if m.stopped => return Err(RuntimeError::Input("the record I/O thread has stopped".into())),
                 None => m = self.shared.cv.wait(m).map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?,
             }
@@ -146,10 +155,9 @@ impl IoThread {
     }
 
     /// Hands a landing buffer back for reuse.
-    pub fn recycle(&self, mut rows: Vec<u8>) {
-        rows.clear();
+    pub fn recycle(&self, rows: Vec<u8>) {
         if let Ok(mut m) = self.shared.mailbox.lock() {
-            m.free.push(rows);
+            m.give_back(rows);
         }
     }
 
@@ -179,7 +187,9 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
             let Ok(mut m) = shared.mailbox.lock() else { return };
             m.counters.bytes_read = reader.bytes_read;
             m.counters.requests = reader.requests;
-            m.landed[lr.si] = Some((job.tick, Landed { loads: lr.loads, rows, result }));
+            if let Some((_, uncollected)) = m.landed[lr.si].replace((job.tick, Landed { loads: lr.loads, rows, result })) {
+                m.give_back(uncollected.rows);
+            }
             drop(m);
             shared.cv.notify_all();
         }
@@ -256,4 +266,73 @@ fn read_down_rows(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, load
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::reader::ReaderOptions;
+    use formats::records::{encode_record, record_bytes};
+    use half::f16;
+
+    const D: usize = 64;
+    const N_FF: usize = 8;
+
+    /// A real records.bin of one layer (layer 1): neuron j's rows are all `j`.
+    fn records_file(dir: &std::path::Path) -> (std::path::PathBuf, RecordsLayout) {
+        let rb = record_bytes(D);
+        let mut bytes = vec![0u8; rb * N_FF];
+        for j in 0..N_FF {
+            let row = vec![f16::from_f32(j as f32); D];
+            encode_record(1, j as u32, &row, &row, &row, &mut bytes[j * rb..(j + 1) * rb]);
+        }
+        let path = dir.join("records.bin");
+        std::fs::write(&path, &bytes).unwrap();
+        (path.clone(), RecordsLayout { path: "records.bin".into(), record_bytes: rb, first_layer: 1, neurons_per_layer: N_FF, count: N_FF })
+    }
+
+    fn loads(neurons: &[u32]) -> Vec<Load> {
+        neurons.iter().enumerate().map(|(k, &n)| Load { neuron: n, slot: k as u32 }).collect()
+    }
+
+    fn payload_neurons(rows: &[u8]) -> Vec<u32> {
+        rows.chunks(3 * D * 2).map(|r| f16::from_le_bytes([r[0], r[1]]).to_f32() as u32).collect()
+    }
+
+    /// Rows of a token nobody collected (its forward pass failed) never leak into a later
+    /// token's landing buffer: not when `wait` drops them, not when the next job replaces them.
+    #[test]
+    fn uncollected_rows_do_not_leak_into_the_next_token() {
+        let dir = std::env::temp_dir().join(format!("io-thread-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (path, layout) = records_file(&dir);
+        let reader = RecordReader::open(&path, &ReaderOptions { staging_bytes: 1 << 16, ..Default::default() }).unwrap();
+        let io = IoThread::start(reader, layout, D, RowSpan::Record, 1 << 20, 1).unwrap();
+        let reads = |neurons: &[u32]| vec![LayerReads { si: 0, layer: 1, loads: loads(neurons) }];
+        // token 1 lands and is never collected; token 2 is submitted while `wait` holds the stale rows
+        io.submit(1, reads(&[0, 1, 2])).unwrap();
+        while io.counters().requests == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let landed = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                io.submit(2, reads(&[5, 6])).unwrap();
+            });
+            io.wait(2, 0).unwrap()
+        });
+        landed.result.unwrap();
+        assert_eq!(payload_neurons(&landed.rows), vec![5, 6]);
+        io.recycle(landed.rows);
+        // tokens 3 and 4 queued back to back: 4's rows replace 3's uncollected ones
+        io.submit(3, reads(&[1, 2, 3, 4])).unwrap();
+        io.submit(4, reads(&[7])).unwrap();
+        let landed = io.wait(4, 0).unwrap();
+        assert_eq!(payload_neurons(&landed.rows), vec![7]);
+        io.recycle(landed.rows);
+        io.submit(5, reads(&[3])).unwrap();
+        assert_eq!(payload_neurons(&io.wait(5, 0).unwrap().rows), vec![3]);
+        drop(io);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
