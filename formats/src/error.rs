@@ -22,6 +22,9 @@ pub enum FormatError {
     #[error("{path}: tensor '{tensor}' has GGML type {type_name} ({type_id}), which is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
     UnsupportedTensorType { path: PathBuf, tensor: String, type_id: u32, type_name: String },
 
+    #[error("{path}: tensor '{tensor}' is stored as GGML type '{type_name}', which is not computed (supported: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")]
+    UnsupportedStoredType { path: PathBuf, tensor: String, type_name: String },
+
     #[error("{path}: architecture '{arch}' is not supported (supported: llama, mistral, qwen2)")]
     UnsupportedArchitecture { path: PathBuf, arch: String },
 

@@ -34,6 +34,24 @@ pub enum GgmlType {
     BF16,
 }
 
+const ALL_TYPES: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q8_1,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8K,
+    GgmlType::BF16,
+];
+
 /// The name llama.cpp gives a type id (for error messages), "unknown" otherwise.
 pub fn type_name(id: u32) -> &'static str {
     match id {
@@ -83,6 +101,37 @@ impl GgmlType {
             30 => GgmlType::BF16,
             _ => return None,
         })
+    }
+
+    /// The name llama.cpp gives the type ("Q4_K").
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::BF16 => "BF16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q8_1 => "Q8_1",
+            GgmlType::Q2K => "Q2_K",
+            GgmlType::Q3K => "Q3_K",
+            GgmlType::Q4K => "Q4_K",
+            GgmlType::Q5K => "Q5_K",
+            GgmlType::Q6K => "Q6_K",
+            GgmlType::Q8K => "Q8_K",
+        }
+    }
+
+    /// The type llama.cpp calls `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        ALL_TYPES.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Blocks of several weights with shared scales (not a plain float).
+    pub fn is_block_quantized(self) -> bool {
+        self.block_elements() > 1
     }
 
     /// Types this crate can dequantize.

@@ -1,6 +1,14 @@
 //! Memory-mapped safetensors reading (validated up front) and atomic f16 writing.
+//!
+//! GGML-quantized tensors (a model directory that keeps a GGUF's own blocks, `prep import
+//! --dtype native`) are stored as U8 `[rows, row_bytes]`, each row the blocks of one matrix
+//! row exactly as the GGUF holds them, with their type named in the header's metadata:
+//! `"ggml_types": {"<tensor name>": "Q4_K", ...}` ([`GGML_TYPES_KEY`]). safetensors has no
+//! quantized dtypes; this keeps the file readable by any safetensors reader and the blocks
+//! byte-equal to llama.cpp's, so its kernels' results carry over.
 
 use crate::error::{FormatError, Result};
+use crate::ggml_quants::{self, GgmlType};
 use half::f16;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -10,12 +18,28 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The metadata key naming the GGML type of each quantized tensor (a JSON object).
+pub const GGML_TYPES_KEY: &str = "ggml_types";
+
 /// Where one tensor lives inside a mapped file.
 #[derive(Debug, Clone)]
 pub struct TensorEntry {
     pub dtype: Dtype,
+    /// The stored shape (`[rows, row_bytes]` for a quantized tensor).
     pub shape: Vec<usize>,
     pub byte_range: Range<usize>,
+    /// The GGML block type of a quantized tensor (U8 rows of blocks); None for a plain dtype.
+    pub ggml: Option<GgmlType>,
+}
+
+impl TensorEntry {
+    /// The tensor's shape in elements: `[rows, cols]` for a quantized one.
+    pub fn logical_shape(&self) -> Vec<usize> {
+        match self.ggml {
+            Some(t) => vec![self.shape[0], self.shape[1] / t.block_bytes() * t.block_elements()],
+            None => self.shape.clone(),
+        }
+    }
 }
 
 /// A safetensors file mapped into memory; tensor bytes are borrowed from the map.
@@ -38,17 +62,36 @@ impl MappedSafetensors {
         let (_, header) = SafeTensors::read_metadata(&mmap)
             .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
         let metadata = header.metadata().clone();
+        let ggml_types = ggml_types_of(path, metadata.as_ref())?;
         let base = mmap.as_ptr() as usize;
         let mut tensors = HashMap::new();
         for (name, view) in st.tensors() {
             let start = view.data().as_ptr() as usize - base;
-            tensors.insert(
-                name,
-                TensorEntry { dtype: view.dtype(), shape: view.shape().to_vec(), byte_range: start..start + view.data().len() },
-            );
+            let ggml = ggml_types.get(&name).copied();
+            let e = TensorEntry { dtype: view.dtype(), shape: view.shape().to_vec(), byte_range: start..start + view.data().len(), ggml };
+            if let Some(t) = ggml {
+                check_quantized(path, &name, &e, t)?;
+            }
+            tensors.insert(name, e);
+        }
+        if let Some(name) = ggml_types.keys().find(|n| !tensors.contains_key(*n)) {
+            return Err(FormatError::Safetensors { path: path.to_path_buf(), reason: format!("metadata '{GGML_TYPES_KEY}' names tensor '{name}', which the file does not hold") });
         }
         drop(st);
         Ok(MappedSafetensors { path: path.to_path_buf(), mmap: Arc::new(mmap), tensors, metadata })
+    }
+
+    /// Tensor `name`'s values as f16 (F16, BF16, F32, or GGML blocks dequantized), with its
+    /// logical shape.
+    pub fn f16_values(&self, name: &str, e: &TensorEntry) -> Result<Vec<f16>> {
+        match e.ggml {
+            Some(t) => {
+                let mut out = vec![0f32; e.logical_shape().iter().product()];
+                ggml_quants::dequantize(t, self.bytes(e), &mut out);
+                Ok(out.into_iter().map(f16::from_f32).collect())
+            }
+            None => to_f16_vec(&self.path, name, e.dtype, self.bytes(e)),
+        }
     }
 
     pub fn bytes(&self, e: &TensorEntry) -> &[u8] {
@@ -74,6 +117,33 @@ impl MappedSafetensors {
         let e = self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
         self.mmap.advise_range(memmap2::Advice::Random, e.byte_range.start, e.byte_range.len()).map_err(|err| FormatError::io(&self.path, err))
     }
+}
+
+/// The `ggml_types` metadata: tensor name -> type (an unknown or uncomputed type is an error
+/// naming the tensor).
+fn ggml_types_of(path: &Path, metadata: Option<&HashMap<String, String>>) -> Result<HashMap<String, GgmlType>> {
+    let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason };
+    let Some(text) = metadata.and_then(|m| m.get(GGML_TYPES_KEY)) else { return Ok(HashMap::new()) };
+    let names: HashMap<String, String> = serde_json::from_str(text).map_err(|e| bad(format!("metadata '{GGML_TYPES_KEY}' is not a JSON object of type names: {e}")))?;
+    names
+        .into_iter()
+        .map(|(tensor, ty)| match GgmlType::from_name(&ty) {
+            Some(t) if t.is_block_quantized() && t.is_supported() => Ok((tensor, t)),
+            _ => Err(FormatError::UnsupportedStoredType { path: path.to_path_buf(), tensor, type_name: ty }),
+        })
+        .collect()
+}
+
+/// A quantized tensor is U8 `[rows, row_bytes]` with whole blocks per row.
+fn check_quantized(path: &Path, name: &str, e: &TensorEntry, t: GgmlType) -> Result<()> {
+    let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{name}' ({}): {reason}", t.name()) };
+    if e.dtype != Dtype::U8 || e.shape.len() != 2 {
+        return Err(bad(format!("a quantized tensor is U8 [rows, row_bytes], not {:?} {:?}", e.dtype, e.shape)));
+    }
+    if e.shape[1] == 0 || !e.shape[1].is_multiple_of(t.block_bytes()) {
+        return Err(bad(format!("a row of {} bytes is not a whole number of {}-byte blocks", e.shape[1], t.block_bytes())));
+    }
+    Ok(())
 }
 
 /// A dtype's name as safetensors spells it.

@@ -78,7 +78,7 @@ fn kmeans(bits: &[u8], n: usize, width: usize, n_ff: usize, k: usize, max_iter: 
         iterations = it + 1;
         let cm = F16Matrix::owned(k, n_ff, cent.iter().map(|&v| f16::from_f32(v)).collect());
         let norms: Vec<f32> = cent.chunks_exact(n_ff).map(|c| c.iter().map(|v| v * v).sum()).collect();
-        runtime::ops::matmul::matmul(&x, n, &cm, &mut dots); // dots[i, c] = x_i . c
+        runtime::ops::matmul::matmul_f16(&x, n, &cm, &mut dots); // dots[i, c] = x_i . c
         let assign: Vec<(u32, f32)> = dots
             .par_chunks(k)
             .map(|d| {

@@ -1,12 +1,20 @@
 //! `prep import`: a GGUF file or a Hugging Face directory -> the canonical model directory
-//! (`config.json`, `tokenizer.json`, f16 `model.safetensors` with Hugging Face tensor names).
+//! (`config.json`, `tokenizer.json`, `model.safetensors` with Hugging Face tensor names).
+//!
+//! `--dtype f16` (the default today) dequantizes every tensor to f16: the reference the
+//! preparation stages read. `--dtype native` keeps a GGUF's own blocks (Q4_0, Q4_1, Q5_0, Q8_0,
+//! Q4_K, Q6_K) byte for byte, as U8 rows named in the `ggml_types` metadata
+//! (`formats::safetensors_io`), and its F32/F16 tensors as they are: no f16 copy.
 
 use anyhow::{bail, Context, Result};
-use formats::gguf::GgufFile;
+use formats::ggml_quants::GgmlType;
+use formats::gguf::{GgufFile, GgufTensorInfo};
 use formats::model_dir::{self, Architecture, ModelConfig};
-use formats::safetensors_io::{self, F16Tensor, MappedSafetensors};
+use formats::safetensors_io::{self, MappedSafetensors, RawTensor};
 use formats::FormatError;
 use half::f16;
+use safetensors::Dtype;
+use std::collections::HashMap;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -22,21 +30,52 @@ pub struct ImportSummary {
     pub safetensors_bytes: u64,
 }
 
-pub fn import(input: &Path, out: &Path, show_progress: bool) -> Result<ImportSummary> {
+/// What the imported weights are stored as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImportDtype {
+    /// Every tensor dequantized to f16.
+    F16,
+    /// A GGUF's own types, blocks byte-equal to the file's.
+    Native,
+}
+
+/// One imported tensor: its bytes as stored, its logical shape, and its GGML block type when
+/// quantized (then `raw` is U8 `[rows, row_bytes]`).
+struct Imported1 {
+    raw: RawTensor,
+    shape: Vec<usize>,
+    ggml: Option<GgmlType>,
+}
+
+impl Imported1 {
+    fn f16(name: String, shape: Vec<usize>, data: &[f16]) -> Self {
+        Imported1 { raw: RawTensor { name, dtype: Dtype::F16, shape: shape.clone(), bytes: bytemuck::cast_slice(data).to_vec() }, shape, ggml: None }
+    }
+}
+
+pub fn import(input: &Path, out: &Path, dtype: ImportDtype, show_progress: bool) -> Result<ImportSummary> {
     if !input.exists() {
         bail!("{}: no such file or directory", input.display());
     }
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create output directory", out.display()))?;
     let (config, tokenizer, tensors) = if input.is_dir() {
+        if dtype == ImportDtype::Native {
+            bail!("{}: --dtype native keeps a GGUF's own blocks; a Hugging Face directory is imported as f16 (--dtype f16)", input.display());
+        }
         import_hf_dir(input, show_progress)?
     } else {
-        import_gguf(input, show_progress)?
+        import_gguf(input, dtype, show_progress)?
     };
     // The tokenizer must cover the embedding rows the model has.
     let tok_path = out.join(model_dir::TOKENIZER_FILE);
-    let parameters: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+    let parameters: u64 = tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
     let st_path = out.join("model.safetensors");
-    safetensors_io::write_f16_safetensors(&st_path, &tensors, None)?;
+    let types: std::collections::BTreeMap<&str, &str> = tensors.iter().filter_map(|t| t.ggml.map(|g| (t.raw.name.as_str(), g.name()))).collect();
+    let metadata = (!types.is_empty()).then(|| HashMap::from([(safetensors_io::GGML_TYPES_KEY.to_string(), serde_json::to_string(&types).unwrap())]));
+    let raws: Vec<RawTensor> = tensors.into_iter().map(|t| t.raw).collect();
+    let n_tensors = raws.len();
+    safetensors_io::write_raw_safetensors(&st_path, &raws, metadata)?;
     safetensors_io::write_atomic(&safetensors_io::tmp_path(&tok_path), &tok_path, tokenizer.as_bytes())?;
     let cfg_path = out.join(model_dir::CONFIG_FILE);
     let cfg_text = serde_json::to_string_pretty(&config)?;
@@ -45,7 +84,7 @@ pub fn import(input: &Path, out: &Path, show_progress: bool) -> Result<ImportSum
         source: input.display().to_string(),
         out: out.display().to_string(),
         architecture: config.model_type.clone(),
-        tensors: tensors.len(),
+        tensors: n_tensors,
         parameters,
         safetensors_bytes: std::fs::metadata(&st_path)?.len(),
     })
@@ -59,6 +98,22 @@ fn progress(n: usize, show: bool, msg: &'static str) -> ProgressBar {
     pb.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tensors ({elapsed})").unwrap());
     pb.set_message(msg);
     pb
+}
+
+/// The rows of `rows` x `row_bytes` bytes in the order [`unpermute_rope_rows`] gives them.
+fn unpermute_rope_row_bytes(w: &[u8], n_heads: usize, rows: usize) -> Vec<u8> {
+    let rb = w.len() / rows;
+    let (head_dim, half) = (rows / n_heads, rows / n_heads / 2);
+    let mut out = vec![0u8; w.len()];
+    for h in 0..n_heads {
+        for a in 0..2 {
+            for b in 0..half {
+                let (hf_row, gguf_row) = (h * head_dim + a * half + b, h * head_dim + b * 2 + a);
+                out[hf_row * rb..(hf_row + 1) * rb].copy_from_slice(&w[gguf_row * rb..(gguf_row + 1) * rb]);
+            }
+        }
+    }
+    out
 }
 
 /// llama.cpp's converter permutes the rows of q_proj/k_proj of llama-family models so that
@@ -146,14 +201,17 @@ fn gguf_config(g: &GgufFile) -> Result<(ModelConfig, Architecture)> {
     Ok((cfg, arch))
 }
 
-type Imported = (ModelConfig, String, Vec<F16Tensor>);
+type Imported = (ModelConfig, String, Vec<Imported1>);
 
-fn import_gguf(path: &Path, show_progress: bool) -> Result<Imported> {
+fn import_gguf(path: &Path, dtype: ImportDtype, show_progress: bool) -> Result<Imported> {
     let g = GgufFile::open(path)?;
-    let (cfg, arch) = gguf_config(&g)?;
+    let (mut cfg, arch) = gguf_config(&g)?;
+    if dtype == ImportDtype::Native {
+        cfg.torch_dtype = None;
+    }
     let tokenizer = crate::tokenizer_json::tokenizer_json_from_gguf(&g)?;
-    let pb = progress(g.tensors.len(), show_progress, "dequantizing");
-    let tensors: Vec<F16Tensor> = g
+    let pb = progress(g.tensors.len(), show_progress, if dtype == ImportDtype::F16 { "dequantizing" } else { "copying" });
+    let tensors: Vec<Imported1> = g
         .tensors
         .par_iter()
         .map(|info| {
@@ -161,18 +219,55 @@ fn import_gguf(path: &Path, show_progress: bool) -> Result<Imported> {
                 format!("{}: tensor '{}' has no Hugging Face counterpart in a {} model", path.display(), info.name, cfg.model_type)
             })?;
             let shape = info.shape_row_major();
-            let mut values = g.dequantize_f32(&info.name)?;
-            if arch == Architecture::Llama && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")) {
-                let n_heads = if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() };
-                values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
-            }
+            let rope_heads = (arch == Architecture::Llama && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")))
+                .then(|| if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() });
+            let t = match dtype {
+                ImportDtype::F16 => {
+                    let mut values = g.dequantize_f32(&info.name)?;
+                    if let Some(n_heads) = rope_heads {
+                        values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
+                    }
+                    let data: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
+                    Imported1::f16(name, shape, &data)
+                }
+                ImportDtype::Native => native_tensor(path, &g, info, name, shape, rope_heads)?,
+            };
             pb.inc(1);
-            Ok(F16Tensor { name, shape, data: values.iter().map(|&x| f16::from_f32(x)).collect() })
+            Ok(t)
         })
         .collect::<Result<_>>()?;
     pb.finish_and_clear();
     check_tensor_set(path, &cfg, arch, &tensors)?;
     Ok((cfg, serde_json::to_string(&tokenizer)?, tensors))
+}
+
+/// A GGUF tensor as it is: blocks (rows un-permuted for RoPE where llama.cpp permuted them),
+/// or its F32/F16/BF16 values.
+fn native_tensor(path: &Path, g: &GgufFile, info: &GgufTensorInfo, name: String, shape: Vec<usize>, rope_heads: Option<usize>) -> Result<Imported1> {
+    let ty = GgmlType::from_id(info.ggml_type_id).filter(|t| t.is_supported()).ok_or_else(|| FormatError::UnsupportedTensorType {
+        path: path.to_path_buf(),
+        tensor: info.name.clone(),
+        type_id: info.ggml_type_id,
+        type_name: formats::ggml_quants::type_name(info.ggml_type_id).into(),
+    })?;
+    let bytes = g.tensor_bytes(info);
+    let rows = if shape.len() == 2 { shape[0] } else { 1 };
+    let bytes = match rope_heads {
+        Some(n_heads) => unpermute_rope_row_bytes(bytes, n_heads, rows),
+        None => bytes.to_vec(),
+    };
+    Ok(match ty {
+        GgmlType::F32 => Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes }, shape, ggml: None },
+        GgmlType::F16 => Imported1 { raw: RawTensor { name, dtype: Dtype::F16, shape: shape.clone(), bytes }, shape, ggml: None },
+        GgmlType::BF16 => Imported1 { raw: RawTensor { name, dtype: Dtype::BF16, shape: shape.clone(), bytes }, shape, ggml: None },
+        t => {
+            if shape.len() != 2 {
+                bail!("{}: tensor '{}' is {} with shape {shape:?}: only matrices are kept quantized", path.display(), info.name, t.name());
+            }
+            let row_bytes = bytes.len() / rows;
+            Imported1 { raw: RawTensor { name, dtype: Dtype::U8, shape: vec![rows, row_bytes], bytes }, shape, ggml: Some(t) }
+        }
+    })
 }
 
 fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
@@ -191,11 +286,7 @@ fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
             if name.ends_with("rotary_emb.inv_freq") {
                 continue;
             }
-            tensors.push(F16Tensor {
-                name: name.clone(),
-                shape: e.shape.clone(),
-                data: safetensors_io::to_f16_vec(&file, name, e.dtype, st.bytes(e))?,
-            });
+            tensors.push(Imported1::f16(name.clone(), e.logical_shape(), &st.f16_values(name, e)?));
             pb.inc(1);
         }
         pb.finish_and_clear();
@@ -205,8 +296,8 @@ fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
 }
 
 /// Every tensor the runtime needs is present with the shape the config implies.
-fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors: &[F16Tensor]) -> Result<()> {
-    let find = |name: &str| tensors.iter().find(|t| t.name == name);
+fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors: &[Imported1]) -> Result<()> {
+    let find = |name: &str| tensors.iter().find(|t| t.raw.name == name);
     let expected = std::cell::RefCell::new(std::collections::HashSet::new());
     let expect = |name: &str, shape: Vec<usize>| -> Result<()> {
         expected.borrow_mut().insert(name.to_string());
@@ -245,8 +336,8 @@ fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors:
     }
     // a tensor the config does not account for (e.g. layers past block_count): the model would be
     // imported truncated
-    if let Some(t) = tensors.iter().find(|t| !expected.borrow().contains(&t.name)) {
-        bail!("{}: tensor '{}' is not part of a {}-layer {} model as configured (block_count / num_hidden_layers too small?)", path.display(), t.name, cfg.num_hidden_layers, cfg.model_type);
+    if let Some(t) = tensors.iter().find(|t| !expected.borrow().contains(&t.raw.name)) {
+        bail!("{}: tensor '{}' is not part of a {}-layer {} model as configured (block_count / num_hidden_layers too small?)", path.display(), t.raw.name, cfg.num_hidden_layers, cfg.model_type);
     }
     Ok(())
 }

@@ -69,7 +69,7 @@ pub fn importance(model_dir: &Path, corpus: &[PathBuf], seq_len: usize, sequence
         let mut norm_sq = vec![0f64; n_ff];
         let w = lw.mlp.resident(l)?;
         for r in 0..d {
-            norm_sq.iter_mut().zip(w.w_down.row(r)).for_each(|(s, w)| *s += (w.to_f32() as f64).powi(2));
+            norm_sq.iter_mut().zip(w.w_down.row_f16(r).iter()).for_each(|(s, w)| *s += (w.to_f32() as f64).powi(2));
         }
         for j in 0..n_ff {
             values[l * n_ff + j] = (sums.sums[l * n_ff + j] / sums.tokens as f64 * norm_sq[j].sqrt()) as f32;

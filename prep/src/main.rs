@@ -27,13 +27,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Import a GGUF file or a Hugging Face directory into a canonical model directory
-    /// (config.json, tokenizer.json, f16 model.safetensors with Hugging Face names).
+    /// (config.json, tokenizer.json, model.safetensors with Hugging Face names).
     Import {
         /// A .gguf file, or a directory with config.json, tokenizer.json and *.safetensors.
         input: PathBuf,
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
+        /// f16: every tensor dequantized to f16 (what the preparation stages read today);
+        /// native: a GGUF's own blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), byte-equal.
+        #[arg(long, value_enum, default_value = "f16")]
+        dtype: import::ImportDtype,
         /// Print one JSON object with the summary.
         #[arg(long)]
         json: bool,
@@ -215,14 +219,14 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Import { input, out, json } => {
+        Command::Import { input, out, dtype, json } => {
             let t0 = std::time::Instant::now();
-            let s = import::import(&input, &out, !json)?;
+            let s = import::import(&input, &out, dtype, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 println!(
-                    "imported {} ({}): {} tensors, {:.1} M parameters, {:.1} MiB f16 -> {} in {:.1} s",
+                    "imported {} ({}): {} tensors, {:.1} M parameters, {:.1} MiB -> {} in {:.1} s",
                     s.source,
                     s.architecture,
                     s.tensors,

@@ -38,7 +38,7 @@ impl Tensors {
     fn get(&self, name: &str) -> Result<(Vec<usize>, Vec<f16>)> {
         for f in &self.files {
             if let Some(e) = f.tensors.get(name) {
-                return Ok((e.shape.clone(), safetensors_io::to_f16_vec(&f.path, name, e.dtype, f.bytes(e))?));
+                return Ok((e.logical_shape(), f.f16_values(name, e)?));
             }
         }
         bail!("missing tensor '{name}' in the model directory")

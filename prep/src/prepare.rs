@@ -157,7 +157,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     match &source {
         Some(src) => {
             let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": r.model_dir});
-            st.run("import", &key, &model_files, || import::import(src, &model_dir, show_progress).map(|_| ()))?;
+            st.run("import", &key, &model_files, || import::import(src, &model_dir, import::ImportDtype::F16, show_progress).map(|_| ()))?;
         }
         None if model_files.iter().all(|p| p.exists()) => {}
         None => bail!("{}: no source to import and no model in {} (give SOURCE=<gguf or hf dir>)", recipe_path.display(), r.model_dir),

@@ -30,14 +30,15 @@ pub fn head_q8(model_dir: &Path, out: &Path) -> Result<()> {
     let (model, _) = runtime::open_model(model_dir)?;
     let w = &model.weights;
     let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-    let (rows, d) = (head.rows, head.cols);
+    let (rows, d) = (head.rows(), head.cols());
     if !d.is_multiple_of(formats::head_q8::Q8_BLOCK) {
         bail!("hidden size {d} is not a multiple of {}", formats::head_q8::Q8_BLOCK);
     }
     let mut q = vec![0i8; rows * d];
     let mut scales = vec![f16::ZERO; rows * d / formats::head_q8::Q8_BLOCK];
     q.par_chunks_mut(d).zip(scales.par_chunks_mut(d / formats::head_q8::Q8_BLOCK)).enumerate().for_each(|(r, (qr, sr))| {
-        let row: Vec<f32> = head.row(r).iter().map(|v| v.to_f32()).collect();
+        let mut row = vec![0f32; d];
+        head.row_f32(r, &mut row);
         formats::head_q8::quantize_q8_row(&row, qr, sr);
     });
     if let Some(parent) = out.parent() {
@@ -73,7 +74,7 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
         // W_down [d, n_ff] -> downT [n_ff, d]
         let mut down_t = vec![f16::ZERO; n_ff * d];
         for r in 0..d {
-            for (j, &v) in lw.w_down.row(r).iter().enumerate() {
+            for (j, &v) in lw.w_down.row_f16(r).iter().enumerate() {
                 down_t[j * d + r] = v;
             }
         }
@@ -86,7 +87,8 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
             .map(|(j, (qj, sj))| {
                 let mut e = 0.0;
                 for (part, w) in [&lw.w_gate, &lw.w_up].into_iter().enumerate() {
-                    let row: Vec<f32> = w.row(j).iter().map(|v| v.to_f32()).collect();
+                    let mut row = vec![0f32; w.cols()];
+                    w.row_f32(j, &mut row);
                     let (qp, sp) = (&mut qj[part * rb..(part + 1) * rb], &mut sj[part * sb..(part + 1) * sb]);
                     quantize_q4_row(&row, qp, sp);
                     let back = formats::scorer::dequantize_q4_row(qp, sp);

@@ -9,7 +9,7 @@ use crate::ops::rmsnorm::rmsnorm;
 use crate::ops::rope::RopeTable;
 use crate::ops::swiglu::{mul_in_place, silu_in_place};
 use crate::stream::StreamingEngine;
-use crate::tensor::F16Matrix;
+use crate::tensor::{F16Matrix, Matrix, QMatrix};
 use formats::model_dir::{self, Architecture, ModelConfig};
 use formats::safetensors_io::{self, MappedSafetensors};
 use formats::FormatError;
@@ -21,13 +21,13 @@ use std::path::{Path, PathBuf};
 /// ff = intermediate_size.
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,     // [d]
-    pub wq: F16Matrix,           // [q_dim, d]
-    pub wk: F16Matrix,           // [kv_dim, d]
-    pub wv: F16Matrix,           // [kv_dim, d]
+    pub wq: Matrix,              // [q_dim, d]
+    pub wk: Matrix,              // [kv_dim, d]
+    pub wv: Matrix,              // [kv_dim, d]
     pub bq: Option<Vec<f32>>,    // [q_dim]  (qwen2)
     pub bk: Option<Vec<f32>>,    // [kv_dim] (qwen2)
     pub bv: Option<Vec<f32>>,    // [kv_dim] (qwen2)
-    pub wo: F16Matrix,           // [d, q_dim]
+    pub wo: Matrix,              // [d, q_dim]
     pub mlp_norm: Vec<f32>,      // [d]
     pub mlp: Mlp,
 }
@@ -43,9 +43,9 @@ pub enum Mlp {
 }
 
 pub struct DenseMlp {
-    pub w_gate: F16Matrix, // [ff, d]
-    pub w_up: F16Matrix,   // [ff, d]
-    pub w_down: F16Matrix, // [d, ff]
+    pub w_gate: Matrix, // [ff, d]
+    pub w_up: Matrix,   // [ff, d]
+    pub w_down: Matrix, // [d, ff]
 }
 
 impl Mlp {
@@ -59,11 +59,11 @@ impl Mlp {
 }
 
 pub struct ModelWeights {
-    pub embed: F16Matrix,            // [vocab, d]
+    pub embed: Matrix,               // [vocab, d]
     pub layers: Vec<LayerWeights>,
     pub final_norm: Vec<f32>,        // [d]
     /// `[vocab, d]`; None when tied to `embed`.
-    pub lm_head: Option<F16Matrix>,
+    pub lm_head: Option<Matrix>,
     /// `-X head=q8` (the scorer's default): the head in Q8_0 blocks (`formats::head_q8`); the logits come from it and
     /// the f16 head is never read.
     pub head_q8: Option<formats::head_q8::Q8Head>,
@@ -138,18 +138,29 @@ impl TensorSource {
         FormatError::MissingTensor { path, tensor: name.to_string() }.into()
     }
 
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<F16Matrix> {
+    /// A weight matrix: f16 mapped in place, GGML blocks mapped in place (a type with a
+    /// kernel in `ops::qmatmul`), or BF16/F32 converted to f16.
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let (f, e) = self.find(name).ok_or_else(|| self.missing(name))?;
-        self.check_shape(f, name, &e.shape, &[rows, cols])?;
-        Ok(match e.dtype {
+        self.check_shape(f, name, &e.logical_shape(), &[rows, cols])?;
+        if let Some(ty) = e.ggml {
+            if crate::ops::qmatmul::activation_type(ty).is_none() {
+                return Err(FormatError::UnsupportedStoredType { path: f.path.clone(), tensor: name.into(), type_name: ty.name().into() }.into());
+            }
+            return Ok(Matrix::Quant(QMatrix::mapped(ty, rows, cols, f.mmap.clone(), e.byte_range.start)));
+        }
+        Ok(Matrix::F16(match e.dtype {
             Dtype::F16 => F16Matrix::mapped(rows, cols, f.mmap.clone(), e.byte_range.start),
-            other => F16Matrix::owned(rows, cols, safetensors_io::to_f16_vec(&f.path, name, other, f.bytes(e))?),
-        })
+            _ => F16Matrix::owned(rows, cols, f.f16_values(name, e)?),
+        }))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let (f, e) = self.find(name).ok_or_else(|| self.missing(name))?;
-        self.check_shape(f, name, &e.shape, &[len])?;
+        self.check_shape(f, name, &e.logical_shape(), &[len])?;
+        if e.ggml.is_some() {
+            return Err(FormatError::Safetensors { path: f.path.clone(), reason: format!("tensor '{name}' is a vector; vectors are stored as F32/F16, not quantized") }.into());
+        }
         Ok(safetensors_io::to_f16_vec(&f.path, name, e.dtype, f.bytes(e))?.iter().map(|v| v.to_f32()).collect())
     }
 }
@@ -180,7 +191,7 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
             down[i * ff + j] = v;
         }
     }
-    Ok(Mlp::Resident(DenseMlp { w_gate: F16Matrix::owned(ff, d, gate), w_up: F16Matrix::owned(ff, d, up), w_down: F16Matrix::owned(d, ff, down) }))
+    Ok(Mlp::Resident(DenseMlp { w_gate: Matrix::F16(F16Matrix::owned(ff, d, gate)), w_up: Matrix::F16(F16Matrix::owned(ff, d, up)), w_down: Matrix::F16(F16Matrix::owned(d, ff, down)) }))
 }
 
 /// Positions the RoPE table covers at most (the model's max_position_embeddings otherwise).
@@ -432,7 +443,7 @@ impl Model {
     fn embed(&self, tokens: &[u32], x: &mut [f32]) {
         let d = self.config.hidden_size;
         for (t, &tok) in tokens.iter().enumerate() {
-            half::slice::HalfFloatSliceExt::convert_to_f32_slice(self.weights.embed.row(tok as usize), &mut x[t * d..(t + 1) * d]);
+            self.weights.embed.row_f32(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
     }
 

@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::model::MlpHook;
 use crate::ops::layernorm::layernorm;
-use crate::ops::matmul::matmul;
+use crate::ops::matmul::matmul_f16;
 use crate::ops::swiglu::silu_in_place;
 use crate::tensor::F16Matrix;
 use formats::centroids::{CentroidSet, CentroidTable};
@@ -125,21 +125,21 @@ impl Predictor {
             xr[d..].copy_from_slice(&self.c0_embedding[c * e..(c + 1) * e]);
         }
         let mut z = vec![0f32; n * h];
-        matmul(&x, n, &self.input, &mut z);
+        matmul_f16(&x, n, &self.input, &mut z);
         add_bias(&mut z, &self.input_b);
         let (mut zn, mut a, mut b) = (vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h]);
         for blk in &self.blocks {
             layernorm(&z, &blk.norm_w, &blk.norm_b, LAYER_NORM_EPS as f32, &mut zn);
-            matmul(&zn, n, &blk.fc1, &mut a);
+            matmul_f16(&zn, n, &blk.fc1, &mut a);
             add_bias(&mut a, &blk.fc1_b);
             silu_in_place(&mut a);
-            matmul(&a, n, &blk.fc2, &mut b);
+            matmul_f16(&a, n, &blk.fc2, &mut b);
             add_bias(&mut b, &blk.fc2_b);
             z.iter_mut().zip(&b).for_each(|(zi, bi)| *zi += bi);
         }
         layernorm(&z, &self.norm_w, &self.norm_b, LAYER_NORM_EPS as f32, &mut zn);
         let mut out = vec![0f32; n * s.n_sparse_layers * s.k];
-        matmul(&zn, n, &self.heads, &mut out);
+        matmul_f16(&zn, n, &self.heads, &mut out);
         add_bias(&mut out, &self.heads_b);
         out
     }

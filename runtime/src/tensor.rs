@@ -1,5 +1,7 @@
-//! `F16Matrix`: a row-major f16 matrix, borrowed from a memory-mapped file or owned.
+//! `F16Matrix`: a row-major f16 matrix, borrowed from a memory-mapped file or owned;
+//! `QMatrix`: rows of GGML blocks; `Matrix`: either.
 
+use formats::ggml_quants::GgmlType;
 use half::f16;
 use memmap2::Mmap;
 use std::sync::Arc;
@@ -52,5 +54,122 @@ impl F16Matrix {
 
     pub fn n_bytes(&self) -> usize {
         self.rows * self.cols * 2
+    }
+}
+
+/// Where a [`QMatrix`]'s blocks are.
+enum BlockData {
+    /// Bytes `byte_offset .. byte_offset + rows * row_bytes` of a mapped file (2-byte aligned,
+    /// as every GGML block type's fields are).
+    Mapped { map: Arc<Mmap>, byte_offset: usize },
+    /// A copy, in u16s so that it is 2-byte aligned too.
+    Owned(Vec<u16>),
+}
+
+/// `[rows, cols]` of GGML blocks, row-major: each row is `cols / block_elements` blocks of
+/// `ty` (`row_bytes` bytes), byte-equal to the GGUF's (`formats::safetensors_io`).
+pub struct QMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    data: BlockData,
+}
+
+impl QMatrix {
+    /// Borrows from a map when the bytes are 2-byte aligned; copies otherwise.
+    pub fn mapped(ty: GgmlType, rows: usize, cols: usize, map: Arc<Mmap>, byte_offset: usize) -> Self {
+        assert!(ty.is_block_quantized() && cols.is_multiple_of(ty.block_elements()));
+        let row_bytes = cols / ty.block_elements() * ty.block_bytes();
+        let n_bytes = rows * row_bytes;
+        assert!(byte_offset + n_bytes <= map.len());
+        let data = if (map.as_ptr() as usize + byte_offset).is_multiple_of(2) {
+            BlockData::Mapped { map, byte_offset }
+        } else {
+            BlockData::Owned(map[byte_offset..byte_offset + n_bytes].chunks_exact(2).map(|b| u16::from_ne_bytes([b[0], b[1]])).collect())
+        };
+        QMatrix { ty, rows, cols, row_bytes, data }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.data {
+            BlockData::Mapped { map, byte_offset } => &map[*byte_offset..*byte_offset + self.rows * self.row_bytes],
+            BlockData::Owned(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// Row `r`'s blocks.
+    #[inline]
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+}
+
+/// A weight matrix `[rows, cols]`: f16, or a GGUF's own blocks.
+pub enum Matrix {
+    F16(F16Matrix),
+    Quant(QMatrix),
+}
+
+impl Matrix {
+    pub fn rows(&self) -> usize {
+        match self {
+            Matrix::F16(m) => m.rows,
+            Matrix::Quant(m) => m.rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Matrix::F16(m) => m.cols,
+            Matrix::Quant(m) => m.cols,
+        }
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        match self {
+            Matrix::F16(m) => m.n_bytes(),
+            Matrix::Quant(m) => m.n_bytes(),
+        }
+    }
+
+    /// "F16", "Q4_K", ...
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Matrix::F16(_) => "F16",
+            Matrix::Quant(m) => m.ty.name(),
+        }
+    }
+
+    /// Row `r` as f32 into `out` `[cols]` (a quantized row dequantized).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Matrix::F16(m) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(m.row(r), out),
+            Matrix::Quant(m) => formats::ggml_quants::dequantize(m.ty, m.row(r), out),
+        }
+    }
+
+    /// Row `r` as f16 (a quantized row dequantized).
+    pub fn row_f16(&self, r: usize) -> std::borrow::Cow<'_, [f16]> {
+        match self {
+            Matrix::F16(m) => std::borrow::Cow::Borrowed(m.row(r)),
+            Matrix::Quant(_) => {
+                let mut v = vec![0f32; self.cols()];
+                self.row_f32(r, &mut v);
+                std::borrow::Cow::Owned(v.into_iter().map(f16::from_f32).collect())
+            }
+        }
+    }
+
+    /// The f16 matrix, when this is one.
+    pub fn as_f16(&self) -> Option<&F16Matrix> {
+        match self {
+            Matrix::F16(m) => Some(m),
+            Matrix::Quant(_) => None,
+        }
     }
 }

@@ -1,23 +1,72 @@
-//! `out[t, o] = sum_i x[t, i] * w[o, i]` — activations times a transposed f16 weight matrix.
+//! `out[t, o] = sum_i x[t, i] * w[o, i]` — activations times a transposed weight matrix, f16
+//! here, GGML blocks in `ops::qmatmul` ([`matmul`] and [`matvec_many`] take either).
 //!
 //! x: `[n_tokens, in]` f32, w: `[out, in]` f16, out: `[n_tokens, out]` f32.
 //! One token (decode): a matrix-vector product, rows split across the rayon pool.
 //! Several tokens (prefill): each weight row is widened to f32 once and dotted with four
 //! token rows at a time, so every weight byte is read once per call, not once per token.
 
+use crate::ops::qmatmul::{self, activation_type, ActivationType, QActivation};
 use crate::ops::simd;
-use crate::tensor::F16Matrix;
+use crate::tensor::{F16Matrix, Matrix, QMatrix};
 use rayon::prelude::*;
+
+/// `out` `[n_tokens, w.rows]` = `x` `[n_tokens, w.cols]` times `w` transposed.
+pub fn matmul(x: &[f32], n_tokens: usize, w: &Matrix, out: &mut [f32]) {
+    match w {
+        Matrix::F16(w) => matmul_f16(x, n_tokens, w, out),
+        Matrix::Quant(w) => {
+            check_sizes(x, n_tokens, w.rows, w.cols, out);
+            let at = activation_of(w);
+            if n_tokens == 1 {
+                qmatmul::qmatvec(w, &QActivation::quantize(at, x), out);
+            } else if n_tokens > 1 {
+                qmatmul::qmatmul(&qmatmul::quantize_rows(at, x, w.cols), w, out);
+            }
+        }
+    }
+}
+
+fn activation_of(w: &QMatrix) -> ActivationType {
+    activation_type(w.ty).unwrap_or_else(|| panic!("no block kernel for {} (the loader refuses it)", w.ty.name()))
+}
+
+fn check_sizes(x: &[f32], n_tokens: usize, n_out: usize, n_in: usize, out: &[f32]) {
+    assert_eq!(x.len(), n_tokens * n_in, "matmul: x has {} values, expected {n_tokens} x {n_in}", x.len());
+    assert_eq!(out.len(), n_tokens * n_out, "matmul: out has {} values, expected {n_tokens} x {n_out}", out.len());
+}
+
+/// Several matrix-vector products of the same `x` as one parallel pass: `outs[m][o] = ws[m][o, :] . x`.
+/// Quantized matrices share one quantized `x` per activation type.
+pub fn matvec_many(x: &[f32], ws: &[&Matrix], outs: &mut [&mut [f32]]) {
+    if let Some(f16s) = ws.iter().map(|w| w.as_f16()).collect::<Option<Vec<_>>>() {
+        return matvec_many_f16(x, &f16s, outs);
+    }
+    let quants: Option<Vec<&QMatrix>> = ws.iter().map(|w| if let Matrix::Quant(q) = w { Some(q) } else { None }).collect();
+    match quants {
+        Some(qs) => {
+            let mut acts: Vec<(ActivationType, QActivation)> = Vec::new();
+            for q in &qs {
+                let at = activation_of(q);
+                if !acts.iter().any(|(a, _)| *a == at) {
+                    acts.push((at, QActivation::quantize(at, x)));
+                }
+            }
+            let xs: Vec<&QActivation> = qs.iter().map(|q| &acts.iter().find(|(a, _)| *a == activation_of(q)).unwrap().1).collect();
+            qmatmul::qmatvec_many(&qs, &xs, outs);
+        }
+        None => ws.iter().zip(outs.iter_mut()).for_each(|(w, o)| matmul(x, 1, w, o)),
+    }
+}
 
 /// Rows of `w` per rayon task.
 const ROWS_PER_TASK: usize = 32;
 /// Rows of `w` per rayon task in the one-token (decode) path.
 const DECODE_ROWS_PER_TASK: usize = 128;
 
-pub fn matmul(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
+pub fn matmul_f16(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
     let (n_out, n_in) = (w.rows, w.cols);
-    assert_eq!(x.len(), n_tokens * n_in, "matmul: x has {} values, expected {n_tokens} x {n_in}", x.len());
-    assert_eq!(out.len(), n_tokens * n_out, "matmul: out has {} values, expected {n_tokens} x {n_out}", out.len());
+    check_sizes(x, n_tokens, n_out, n_in, out);
     if n_tokens == 0 {
         return;
     }
@@ -80,7 +129,7 @@ pub fn matmul(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
 
 /// Several matrix-vector products of the same `x` as one parallel pass (one fork-join instead
 /// of one per matrix): `outs[m][o] = ws[m][o, :] . x`. Used for q/k/v and gate/up in decode.
-pub fn matvec_many(x: &[f32], ws: &[&F16Matrix], outs: &mut [&mut [f32]]) {
+pub fn matvec_many_f16(x: &[f32], ws: &[&F16Matrix], outs: &mut [&mut [f32]]) {
     let mut tasks: Vec<(usize, &mut [f32], usize)> = Vec::new(); // (matrix, output block, first row)
     for (m, out) in outs.iter_mut().enumerate() {
         assert_eq!(out.len(), ws[m].rows);
@@ -121,7 +170,7 @@ mod tests {
     fn matmul_matches_naive_for_any_token_count() {
         let (n_out, n_in) = (70, 45);
         let w: Vec<f16> = (0..n_out * n_in).map(|i| f16::from_f32(((i * 31 % 19) as f32 - 9.0) / 10.0)).collect();
-        let wm = F16Matrix::owned(n_out, n_in, w.clone());
+        let wm = Matrix::F16(F16Matrix::owned(n_out, n_in, w.clone()));
         for n_tokens in [1usize, 2, 5, 9] {
             let x: Vec<f32> = (0..n_tokens * n_in).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
             let mut out = vec![0f32; n_tokens * n_out];

@@ -5,6 +5,8 @@ pub mod attention;
 pub mod down_sum;
 pub mod layernorm;
 pub mod matmul;
+pub mod qdot;
+pub mod qmatmul;
 pub mod qmatvec;
 pub mod rmsnorm;
 pub mod rope;

@@ -1,0 +1,277 @@
+//! `out[t, o] = sum_i x[t, i] * w[o, i]` for a weight matrix in GGML blocks ([`QMatrix`]), the
+//! way llama.cpp computes it: each token's activation row is quantized once to the weight
+//! type's dot-product partner (Q8_K for the k-quants, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1),
+//! then every output is an integer dot product per block, scaled, summed in f32.
+//!
+//! The block dot products of Q4_K, Q6_K, Q4_0 and Q8_0 are candle-core's
+//! (`candle_core::quantized::k_quants`, from ggml-quants.c): AVX2 by runtime detection on
+//! x86-64, NEON on aarch64, portable otherwise. Its block structs are `#[repr(C)]` with ggml's
+//! layout, so a GGUF row is viewed in place. Q4_1 and Q5_0 (scalar in candle on x86) and the
+//! Q8_0/Q8_1 activation blocks are ours (`ops::qdot`), quantized as llama.cpp's x86 build does.
+//! x: `[n_tokens, cols]` f32, w: `[rows, cols]` blocks, out: `[n_tokens, rows]` f32.
+
+use crate::tensor::QMatrix;
+use crate::ops::qdot::{self, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ6K, GgmlType as Blocks};
+use formats::ggml_quants::GgmlType;
+use rayon::prelude::*;
+
+/// Rows of `w` per rayon task (decode).
+const DECODE_ROWS_PER_TASK: usize = 64;
+/// Rows of `w` per rayon task (prefill).
+const ROWS_PER_TASK: usize = 16;
+/// Tokens whose activation rows are dotted with a task's rows before the next group (prefill).
+const TOKENS_PER_GROUP: usize = 32;
+
+/// One activation row quantized for a weight type's block dot product.
+pub enum QActivation {
+    Q8K(Vec<BlockQ8K>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q8_1(Vec<BlockQ8_1>),
+}
+
+/// The activation type `ty`'s dot product takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationType {
+    Q8K,
+    Q8_0,
+    Q8_1,
+}
+
+/// The partner of weight type `ty` (None: a type without a block kernel here).
+pub fn activation_type(ty: GgmlType) -> Option<ActivationType> {
+    match ty {
+        GgmlType::Q4K | GgmlType::Q6K => Some(ActivationType::Q8K),
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(ActivationType::Q8_0),
+        GgmlType::Q4_1 => Some(ActivationType::Q8_1),
+        _ => None,
+    }
+}
+
+
+impl QActivation {
+    /// `x` `[cols]` (a multiple of the type's block) quantized as llama.cpp does.
+    pub fn quantize(at: ActivationType, x: &[f32]) -> Self {
+        match at {
+            ActivationType::Q8K => QActivation::Q8K(qdot::quantize_q8_k(x)),
+            ActivationType::Q8_0 => QActivation::Q8_0(qdot::quantize_q8_0(x)),
+            ActivationType::Q8_1 => QActivation::Q8_1(qdot::quantize_q8_1(x)),
+        }
+    }
+}
+
+impl QActivation {
+    /// The row as the kernels see it (the 8-bit blocks dequantized) `[cols]`.
+    pub fn dequantize(&self) -> Vec<f32> {
+        match self {
+            QActivation::Q8K(b) => b.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d)).collect(),
+            QActivation::Q8_0(b) => b.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d.to_f32())).collect(),
+            QActivation::Q8_1(b) => b.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d.to_f32())).collect(),
+        }
+    }
+}
+
+/// `bytes` (whole blocks) as blocks of `T`.
+fn blocks<T: Blocks>(bytes: &[u8]) -> &[T] {
+    let size = std::mem::size_of::<T>();
+    assert!(bytes.len().is_multiple_of(size) && (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()), "a row of {} bytes is not whole, aligned {size}-byte blocks", bytes.len());
+    // SAFETY: candle's block structs are #[repr(C)] plain data (f16 scales, u8/i8 arrays), valid
+    // for any bit pattern, with ggml's sizes (asserted in candle); the length and alignment
+    // are checked above and the slice borrows `bytes`.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
+}
+
+/// Our Q8_0 activation blocks as candle's (the same #[repr(C)] layout, 34 bytes).
+fn as_candle_q8_0(a: &[BlockQ8_0]) -> &[ck::BlockQ8_0] {
+    const _: () = assert!(std::mem::size_of::<ck::BlockQ8_0>() == std::mem::size_of::<BlockQ8_0>() && std::mem::align_of::<ck::BlockQ8_0>() == std::mem::align_of::<BlockQ8_0>());
+    // SAFETY: both are #[repr(C)] { d: f16, qs: [i8; 32] } (sizes and alignments asserted);
+    // the slice borrows `a`.
+    unsafe { std::slice::from_raw_parts(a.as_ptr() as *const ck::BlockQ8_0, a.len()) }
+}
+
+/// Our Q8_K activation blocks as candle's (the same #[repr(C)] layout, 292 bytes).
+fn as_candle_q8_k(a: &[BlockQ8K]) -> &[ck::BlockQ8K] {
+    const _: () = assert!(std::mem::size_of::<ck::BlockQ8K>() == std::mem::size_of::<BlockQ8K>() && std::mem::align_of::<ck::BlockQ8K>() == std::mem::align_of::<BlockQ8K>());
+    // SAFETY: both are #[repr(C)] { d: f32, qs: [i8; 256], bsums: [i16; 16] } (sizes and
+    // alignments asserted); the slice borrows `a`.
+    unsafe { std::slice::from_raw_parts(a.as_ptr() as *const ck::BlockQ8K, a.len()) }
+}
+
+/// One row of `ty` blocks against an activation row quantized for it.
+#[inline]
+pub fn dot_row(ty: GgmlType, row: &[u8], cols: usize, x: &QActivation) -> f32 {
+    match (ty, x) {
+        (GgmlType::Q4K, QActivation::Q8K(a)) => BlockQ4K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
+        (GgmlType::Q6K, QActivation::Q8K(a)) => BlockQ6K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
+        (GgmlType::Q4_0, QActivation::Q8_0(a)) => BlockQ4_0::vec_dot(cols, blocks(row), as_candle_q8_0(a)),
+        (GgmlType::Q8_0, QActivation::Q8_0(a)) => ck::BlockQ8_0::vec_dot(cols, blocks(row), as_candle_q8_0(a)),
+        (GgmlType::Q5_0, QActivation::Q8_0(a)) => qdot::dot_q5_0_q8_0(row, a),
+        (GgmlType::Q4_1, QActivation::Q8_1(a)) => qdot::dot_q4_1_q8_1(row, a),
+        (t, _) => panic!("no block kernel for {} with this activation type", t.name()),
+    }
+}
+
+/// `dst[i] = w[r0 + i, :] . x`.
+fn matvec_rows(w: &QMatrix, x: &QActivation, r0: usize, dst: &mut [f32]) {
+    for (i, o) in dst.iter_mut().enumerate() {
+        *o = dot_row(w.ty, w.row(r0 + i), w.cols, x);
+    }
+}
+
+/// `out[o] = w[o, :] . x` for one token, `x` already quantized for `w`.
+pub fn qmatvec(w: &QMatrix, x: &QActivation, out: &mut [f32]) {
+    assert_eq!(out.len(), w.rows);
+    out.par_chunks_mut(DECODE_ROWS_PER_TASK).enumerate().for_each(|(b, dst)| matvec_rows(w, x, b * DECODE_ROWS_PER_TASK, dst));
+}
+
+/// Several matrices against the same quantized `x` in one parallel pass (q/k/v, gate/up).
+pub fn qmatvec_many(ws: &[&QMatrix], xs: &[&QActivation], outs: &mut [&mut [f32]]) {
+    let mut tasks: Vec<(usize, &mut [f32], usize)> = Vec::new();
+    for (m, out) in outs.iter_mut().enumerate() {
+        assert_eq!(out.len(), ws[m].rows);
+        for (b, chunk) in out.chunks_mut(DECODE_ROWS_PER_TASK).enumerate() {
+            tasks.push((m, chunk, b * DECODE_ROWS_PER_TASK));
+        }
+    }
+    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(ws[m], xs[m], r0, dst));
+}
+
+/// The block type's activation rows for `x` `[n_tokens, cols]`.
+pub fn quantize_rows(at: ActivationType, x: &[f32], cols: usize) -> Vec<QActivation> {
+    x.par_chunks(cols).map(|row| QActivation::quantize(at, row)).collect()
+}
+
+/// `out[t, o] = w[o, :] . x[t, :]` for `n_tokens` quantized rows: each block of weight rows is
+/// read once and dotted with every token (the rows stay in cache).
+pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
+    let (n_tokens, n_out) = (xs.len(), w.rows);
+    assert_eq!(out.len(), n_tokens * n_out);
+    let n_blocks = n_out.div_ceil(ROWS_PER_TASK);
+    let tiles: Vec<Vec<f32>> = (0..n_blocks)
+        .into_par_iter()
+        .map(|b| {
+            let r0 = b * ROWS_PER_TASK;
+            let n_rows = ROWS_PER_TASK.min(n_out - r0);
+            let mut tile = vec![0f32; n_tokens * n_rows]; // [n_tokens, n_rows]
+            // tokens in groups, so a group's activations stay in cache across the rows
+            for t0 in (0..n_tokens).step_by(TOKENS_PER_GROUP) {
+                let group = &xs[t0..(t0 + TOKENS_PER_GROUP).min(n_tokens)];
+                for r in 0..n_rows {
+                    let row = w.row(r0 + r);
+                    for (k, x) in group.iter().enumerate() {
+                        tile[(t0 + k) * n_rows + r] = dot_row(w.ty, row, w.cols, x);
+                    }
+                }
+            }
+            tile
+        })
+        .collect();
+    out.par_chunks_mut(n_out).enumerate().for_each(|(t, row)| {
+        for (b, tile) in tiles.iter().enumerate() {
+            let r0 = b * ROWS_PER_TASK;
+            let n_rows = tile.len() / n_tokens;
+            row[r0..r0 + n_rows].copy_from_slice(&tile[t * n_rows..(t + 1) * n_rows]);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memmap2::MmapMut;
+    use std::sync::Arc;
+
+    fn quantize_blocks<T: Blocks>(x: &[f32]) -> Vec<T> {
+        let mut out = vec![T::zeros(); x.len() / T::BLCK_SIZE];
+        T::from_float(x, &mut out);
+        out
+    }
+
+    /// A QMatrix of `ty` quantized (by candle, llama.cpp's algorithm) from `w` `[rows, cols]`.
+    fn quantized(ty: GgmlType, w: &[f32], rows: usize, cols: usize) -> QMatrix {
+        fn q<T: Blocks>(w: &[f32]) -> Vec<u8> {
+            let b: Vec<T> = quantize_blocks(w);
+            let size = std::mem::size_of::<T>() * b.len();
+            // SAFETY: plain-data blocks viewed as their bytes, for the test's copy only.
+            unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, size) }.to_vec()
+        }
+        let bytes = match ty {
+            GgmlType::Q4K => q::<BlockQ4K>(w),
+            GgmlType::Q6K => q::<BlockQ6K>(w),
+            GgmlType::Q4_0 => q::<BlockQ4_0>(w),
+            GgmlType::Q4_1 => q::<ck::BlockQ4_1>(w),
+            GgmlType::Q5_0 => q::<ck::BlockQ5_0>(w),
+            GgmlType::Q8_0 => q::<ck::BlockQ8_0>(w),
+            _ => unreachable!(),
+        };
+        let mut map = MmapMut::map_anon(bytes.len()).unwrap();
+        map.copy_from_slice(&bytes);
+        QMatrix::mapped(ty, rows, cols, Arc::new(map.make_read_only().unwrap()), 0)
+    }
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every kernel against the f32 dot product of the dequantized row (formats' dequantizer,
+    /// written independently of candle) with the exact activation: the only differences are
+    /// the activation's 8-bit rounding, so the error is bounded relative to |w| |x|.
+    /// Every kernel equals the f64 product of the dequantized row and the dequantized
+    /// activation blocks up to f32 rounding (integer sums per block): a kernel that drops or
+    /// mis-scales part of a block fails here, not only by 1%.
+    #[test]
+    fn block_kernels_compute_the_exact_block_product() {
+        let (rows, cols) = (4, 1024);
+        let w = random(rows * cols, 5);
+        let x: Vec<f32> = random(cols, 13).iter().map(|v| v * 3.0).collect();
+        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let m = quantized(ty, &w, rows, cols);
+            let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
+            let xd = xa.dequantize();
+            for r in 0..rows {
+                let mut wr = vec![0f32; cols];
+                formats::ggml_quants::dequantize(ty, m.row(r), &mut wr);
+                let exact: f64 = wr.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let size: f64 = wr.iter().zip(&xd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                let got = dot_row(ty, m.row(r), cols, &xa) as f64;
+                // Q4_1's offset term uses Q8_1's s, rounded to f16 (as llama.cpp's)
+                let tol = if ty == GgmlType::Q4_1 { 2e-3 } else { 2e-5 };
+                assert!((got - exact).abs() <= tol * size, "{}: row {r}: {got} vs {exact} (sum |w x| {size})", ty.name());
+            }
+        }
+    }
+
+    #[test]
+    fn block_kernels_match_the_dequantized_reference() {
+        let (rows, cols) = (8, 512);
+        let w = random(rows * cols, 7);
+        let x = random(cols, 11);
+        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let m = quantized(ty, &w, rows, cols);
+            let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
+            let mut out = vec![0f32; rows];
+            qmatvec(&m, &xa, &mut out);
+            let xs = quantize_rows(activation_type(ty).unwrap(), &[x.clone(), x.clone()].concat(), cols);
+            let mut out2 = vec![0f32; 2 * rows];
+            qmatmul(&xs, &m, &mut out2);
+            for r in 0..rows {
+                let mut wr = vec![0f32; cols];
+                formats::ggml_quants::dequantize(ty, m.row(r), &mut wr);
+                let want: f32 = wr.iter().zip(&x).map(|(a, b)| a * b).sum();
+                let scale = (wr.iter().map(|v| v * v).sum::<f32>() * x.iter().map(|v| v * v).sum::<f32>()).sqrt();
+                // 8-bit activations: |err| <= ~|w||x| / 127 per block, far less summed at random
+                assert!((out[r] - want).abs() <= 0.01 * scale, "{}: row {r}: {} vs {want} (|w||x| {scale})", ty.name(), out[r]);
+                assert_eq!(out[r], out2[r], "{}: matvec and matmul differ", ty.name());
+                assert_eq!(out2[rows + r], out2[r]);
+            }
+        }
+    }
+}
