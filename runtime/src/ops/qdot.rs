@@ -159,6 +159,18 @@ pub fn dot_q4_1_q8_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
     dot_q4_1_q8_1_portable(row, x)
 }
 
+/// One Q4_1 row against four activation rows (prefill): the row's nibbles are unpacked once.
+pub fn dot4_q4_1_q8_1(row: &[u8], xs: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+    assert!(xs.iter().all(|x| row.len() == x.len() * Q4_1_BYTES));
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: as in dot_q4_1_q8_1.
+        unsafe { x86::dot4_q4_1_q8_1(row, xs) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    xs.map(|x| dot_q4_1_q8_1_portable(row, x))
+}
+
 pub fn dot_q5_0_q8_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
     assert_eq!(row.len(), x.len() * Q5_0_BYTES);
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
@@ -220,6 +232,24 @@ mod x86 {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d.to_f32()), dot_us8(nibbles(&b[4..]), qy), acc);
         }
         hsum(acc) + summs
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot4_q4_1_q8_1(row: &[u8], xs: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut summs = [0f32; 4];
+        for (k, b) in row.chunks_exact(Q4_1_BYTES).enumerate() {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let q = nibbles(&b[4..]);
+            for t in 0..4 {
+                let y = &xs[t][k];
+                summs[t] += m * y.s.to_f32();
+                // SAFETY: y.qs is 32 bytes; unaligned load.
+                let qy = unsafe { _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i) };
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d.to_f32()), dot_us8(q, qy), acc[t]);
+            }
+        }
+        [hsum(acc[0]) + summs[0], hsum(acc[1]) + summs[1], hsum(acc[2]) + summs[2], hsum(acc[3]) + summs[3]]
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
@@ -287,6 +317,9 @@ mod tests {
             let exact: f32 = w.iter().zip(&xq).map(|(a, b)| a * b).sum();
             let scale: f32 = w.iter().zip(&xq).map(|(a, b)| (a * b).abs()).sum();
             assert!((fast - slow).abs() <= 1e-5 * scale, "{}: simd {fast} vs portable {slow}", ty.name());
+            if ty == formats::ggml_quants::GgmlType::Q4_1 {
+                assert_eq!(dot4_q4_1_q8_1(&row, [&x1, &x1, &x1, &x1]), [fast; 4], "the 4-token kernel is the 1-token one");
+            }
             // Q8_1's s is rounded to f16: the offset term m x s carries that rounding
             assert!((slow - exact).abs() <= 2e-3 * scale, "{}: {slow} vs dequantized {exact}", ty.name());
         }

@@ -141,6 +141,15 @@ pub fn quantize_rows(at: ActivationType, x: &[f32], cols: usize) -> Vec<QActivat
     x.par_chunks(cols).map(|row| QActivation::quantize(at, row)).collect()
 }
 
+/// The Q8_1 blocks of a group of activation rows, when `ty` is Q4_1 (which has a 4-token
+/// kernel).
+fn q8_1_rows(ty: GgmlType, group: &[QActivation]) -> Option<Vec<&[BlockQ8_1]>> {
+    if ty != GgmlType::Q4_1 {
+        return None;
+    }
+    group.iter().map(|x| if let QActivation::Q8_1(b) = x { Some(b.as_slice()) } else { None }).collect()
+}
+
 /// `out[t, o] = w[o, :] . x[t, :]` for `n_tokens` quantized rows: each block of weight rows is
 /// read once and dotted with every token (the rows stay in cache).
 pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
@@ -158,7 +167,17 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
                 let group = &xs[t0..(t0 + TOKENS_PER_GROUP).min(n_tokens)];
                 for r in 0..n_rows {
                     let row = w.row(r0 + r);
-                    for (k, x) in group.iter().enumerate() {
+                    let mut k = 0;
+                    if let Some(q8_1) = q8_1_rows(w.ty, group) {
+                        while k + 4 <= group.len() {
+                            let d = qdot::dot4_q4_1_q8_1(row, [q8_1[k], q8_1[k + 1], q8_1[k + 2], q8_1[k + 3]]);
+                            for i in 0..4 {
+                                tile[(t0 + k + i) * n_rows + r] = d[i];
+                            }
+                            k += 4;
+                        }
+                    }
+                    for (k, x) in group.iter().enumerate().skip(k) {
                         tile[(t0 + k) * n_rows + r] = dot_row(w.ty, row, w.cols, x);
                     }
                 }
