@@ -144,3 +144,56 @@ fn blocks_we_do_not_compute_are_refused() {
     let e = MappedSafetensors::open(write("partial.safetensors", "Q4_K", vec![4, 200])).err().unwrap().to_string();
     assert!(e.contains("partial.safetensors") && e.contains("'w'") && e.contains("Q4_K") && e.contains("144-byte blocks"), "{e}");
 }
+
+/// A preparation with `weights = "native"` (a CI-sized recipe on the fixture GGUF): the second
+/// import keeps the Q4_1 blocks, resident.safetensors ships them (smaller than the f16 one, so
+/// a lower minimum budget), records.bin is the same f16 rows as from the f16 import, and the
+/// streamed scorer over it equals the in-memory one.
+#[test]
+fn a_native_preparation_ships_the_gguf_blocks() {
+    use runtime::stream::{DensePrefix, SelectorChoice, StreamSettings};
+    use runtime::{InMemorySettings, PreparedMode};
+    let dir = scratch("quantized-native-prepare");
+    let mut recipes = Vec::new();
+    for weights in ["f16", "native"] {
+        let d = dir.join(weights);
+        let r = fixture_recipe(&d, "smollm2-ci", 20, 1.5, 5);
+        let text = std::fs::read_to_string(&r).unwrap();
+        let text = text
+            .replace(&format!("model_dir = \"{}\"", fixture_model().display()), &format!("source = \"{}\"\nmodel_dir = \"{}\"", fixture_gguf().display(), d.join("model").display()))
+            .replace("[pack]\n", &format!("[pack]\nweights = \"{weights}\"\n"));
+        std::fs::write(&r, text).unwrap();
+        let out = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        recipes.push(d.join("artifacts"));
+    }
+    let (f16_out, native_out) = (&recipes[0], &recipes[1]);
+    let st = MappedSafetensors::open(native_out.join("resident.safetensors")).unwrap();
+    assert_eq!(st.tensors["model.layers.0.self_attn.q_proj.weight"].ggml, Some(GgmlType::Q4_1));
+    assert_eq!(st.tensors["model.embed_tokens.weight"].ggml, Some(GgmlType::Q8_0));
+    let size = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    assert!(size(&native_out.join("resident.safetensors")) * 2 < size(&f16_out.join("resident.safetensors")));
+    assert!(std::fs::read(native_out.join("records.bin")).unwrap() == std::fs::read(f16_out.join("records.bin")).unwrap(), "records.bin: the same f16 rows");
+
+    let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
+    let open_stream = |m: &std::path::Path, budget| runtime::open(&m.join("manifest.toml"), &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, ..Default::default() })).unwrap();
+    let minimum = |m: &std::path::Path| open_stream(m, None).engine().unwrap().plan.minimum_bytes;
+    let (min_f16, min_native) = (minimum(f16_out), minimum(native_out));
+    assert!(min_native < min_f16, "the native minimum {min_native} is below the f16 one {min_f16}");
+    let mut s = open_stream(native_out, Some(min_native + (256 << 10)));
+    let (slots, first) = {
+        let e = s.engine().unwrap();
+        (e.plan.capacity[0], e.dense_prefix)
+    };
+    let mem_settings = InMemorySettings { selector, dense_prefix: DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, ..Default::default() };
+    let mut mem = runtime::open(&native_out.join("manifest.toml"), &PreparedMode::InMemory(mem_settings)).unwrap();
+    let text = "The capital of France is";
+    let run = |o: &mut runtime::Opened| {
+        let ids = o.tokenizer.encode(text, true).unwrap();
+        let mut cache = o.model.new_cache(128).unwrap();
+        o.runner().forward(&ids, &mut cache, 0).unwrap()
+    };
+    let (want, got) = (run(&mut mem), run(&mut s));
+    let diff = max_abs_diff(&want, &got);
+    assert!(diff < 2e-3, "streamed scorer over the native preparation differs from in-memory by {diff}");
+}

@@ -4,12 +4,14 @@
 //!   neuron (gate row, up row, row of W_down^T; `formats::records`), written to a temporary
 //!   name and renamed.
 //! - `resident.safetensors`: embeddings, every layer's attention and norms, the MLPs of the
-//!   dense prefix, the final norm and the output head (f16, Hugging Face names).
+//!   dense prefix, the final norm and the output head (Hugging Face names), each in the model
+//!   directory's own type: f16, or a GGUF's blocks when it was imported `--dtype native`
+//!   (`formats::safetensors_io`'s `ggml_types`), copied byte for byte.
 
 use anyhow::{bail, Context, Result};
 use formats::model_dir::{self, ModelConfig};
 use formats::records::{encode_record, record_bytes};
-use formats::safetensors_io::{self, F16Tensor, MappedSafetensors};
+use formats::safetensors_io::{self, MappedSafetensors, RawTensor};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
@@ -39,6 +41,17 @@ impl Tensors {
         for f in &self.files {
             if let Some(e) = f.tensors.get(name) {
                 return Ok((e.logical_shape(), f.f16_values(name, e)?));
+            }
+        }
+        bail!("missing tensor '{name}' in the model directory")
+    }
+
+    /// Tensor `name` as stored: its bytes, dtype and stored shape, and its GGML type when it
+    /// is blocks.
+    fn raw(&self, name: &str) -> Result<(RawTensor, Option<formats::ggml_quants::GgmlType>)> {
+        for f in &self.files {
+            if let Some(e) = f.tensors.get(name) {
+                return Ok((RawTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: f.bytes(e).to_vec() }, e.ggml));
             }
         }
         bail!("missing tensor '{name}' in the model directory")
@@ -106,15 +119,18 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
             names.extend([n.gate_proj, n.up_proj, n.down_proj]);
         }
     }
-    let tensors = names
-        .into_iter()
-        .map(|name| {
-            let (shape, data) = t.get(&name)?;
-            Ok(F16Tensor { name, shape, data })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut types = std::collections::BTreeMap::new();
+    let mut tensors = Vec::new();
+    for name in names {
+        let (raw, ggml) = t.raw(&name)?;
+        if let Some(g) = ggml {
+            types.insert(name, g.name());
+        }
+        tensors.push(raw);
+    }
+    let metadata = (!types.is_empty()).then(|| std::collections::HashMap::from([(safetensors_io::GGML_TYPES_KEY.to_string(), serde_json::to_string(&types).unwrap())]));
     let resident_path = out.join("resident.safetensors");
-    safetensors_io::write_f16_safetensors(&resident_path, &tensors, None)?;
+    safetensors_io::write_raw_safetensors(&resident_path, &tensors, metadata)?;
     Ok(PackSummary {
         records_path: records_path.display().to_string(),
         record_bytes: rec_bytes,

@@ -80,6 +80,19 @@ pub struct PackRecipe {
     /// "every layer after dense_prefix sparse" (`runtime --dense-from fit`).
     #[serde(default)]
     pub default_dense_from: Option<usize>,
+    /// What the shipped weights (resident.safetensors) are: "f16", or "native": a GGUF
+    /// source's own blocks, imported a second time into `<model_dir>-native` (the calibration
+    /// stages read the f16 model either way; records.bin is the same f16 rows either way).
+    #[serde(default)]
+    pub weights: Weights,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Weights {
+    #[default]
+    F16,
+    Native,
 }
 
 #[derive(Debug, Serialize)]
@@ -147,6 +160,9 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let r: Recipe = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: invalid recipe: {e}", recipe_path.display()))?;
     let t_all = std::time::Instant::now();
     let model_dir = PathBuf::from(&r.model_dir);
+    let native_dir = PathBuf::from(format!("{}-native", r.model_dir.trim_end_matches('/')));
+    // the directory whose tensors are shipped (resident.safetensors)
+    let weights_dir = if r.pack.weights == Weights::Native { native_dir.clone() } else { model_dir.clone() };
     let out = PathBuf::from(&r.out);
     std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create", out.display()))?;
     let mut st = Stage { out: &out, reports: vec![] };
@@ -158,6 +174,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         Some(src) => {
             let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": r.model_dir});
             st.run("import", &key, &model_files, || import::import(src, &model_dir, import::ImportDtype::F16, show_progress).map(|_| ()))?;
+            if r.pack.weights == Weights::Native {
+                let native_files = [native_dir.join("config.json"), native_dir.join("tokenizer.json"), native_dir.join("model.safetensors")];
+                let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": native_dir, "dtype": "native"});
+                st.run("import-native", &key, &native_files, || import::import(src, &native_dir, import::ImportDtype::Native, show_progress).map(|_| ()))?;
+            }
         }
         None if model_files.iter().all(|p| p.exists()) => {}
         None => bail!("{}: no source to import and no model in {} (give SOURCE=<gguf or hf dir>)", recipe_path.display(), r.model_dir),
@@ -228,8 +249,13 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     })?;
 
     // pack
-    let key = serde_json::json!({"model": model_fp, "dense_prefix": d});
-    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&model_dir, d, &out, show_progress).map(|_| ()))?;
+    let weights_fp = if weights_dir == model_dir {
+        model_fp.clone()
+    } else {
+        file_fingerprint(&[weights_dir.join("config.json"), weights_dir.join("model.safetensors")]).with_context(|| format!("{}: pack.weights = \"native\" needs the GGUF's own blocks there (give a GGUF source)", weights_dir.display()))?
+    };
+    let key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
+    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, &out, show_progress).map(|_| ()))?;
 
     // scorer: the resident 4-bit gate/up copy of the sparse layers (`--set-rule scorer`)
     // and the output head in Q8_0 (`--head-q8`)

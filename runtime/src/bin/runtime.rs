@@ -161,8 +161,12 @@ impl ModeArgs {
             }
             s => s,
         };
+        // the scorer's default head: the Q8_0 one, unless the resident head is already blocks
+        // (a native preparation: Q6_K, no larger)
+        let head_quantized = runtime::stream::budget::ResidentHead::of(model, &manifest)?.head_quantized;
         let head_q8 = match (x.head_q8, strategy) {
             (Some(h), _) => h,
+            (None, Strategy::Scorer) if head_quantized => false,
             (None, Strategy::Scorer) if has("head_q8") => true,
             (None, Strategy::Scorer) => {
                 notes.push(format!("{} has no head_q8 artifact: logits from the f16 head", model.display()));

@@ -2,7 +2,7 @@
 //! loaded, and refuses a budget it cannot meet with the minimum it would need.
 //!
 //! Counted: resident.safetensors (mapped and all of it touched: embeddings, attention, norms,
-//! head, dense-prefix MLPs), the MLPs of the layers `d0..dense_prefix` (d0: the prepared prefix) that run dense
+//! head, dense-prefix MLPs; each tensor at its stored size, f16 or GGML blocks), the MLPs of the layers `d0..dense_prefix` (d0: the prepared prefix) that run dense
 //! from rows loaded once out of records.bin, the predictor (f16) and the centroid table, the KV
 //! cache for `--ctx`, the staging buffer, a fixed allowance for the process (code, tokenizer,
 //! activations), and the slot buffers. Each sparse layer needs at least as many slots as its
@@ -31,6 +31,28 @@ pub const MIN_SET_SCALE: f64 = 0.25;
 /// `fit` keeps no less than this share of a layer's neurons with the scorer (its sets are a
 /// share of n_ff, and it ranks every neuron each token: at 0.27 LAMBADA perplexity is 1.15x).
 pub const MIN_SCORER_SHARE: f64 = 0.10;
+
+/// The input embedding and the output head as resident.safetensors stores them (f16, or a
+/// GGUF's own blocks: Q4_K, Q6_K, ...).
+#[derive(Debug, Clone, Copy)]
+pub struct ResidentHead {
+    pub embed_bytes: u64,
+    /// The output head: `lm_head`, or the embedding when tied.
+    pub head_bytes: u64,
+    /// The head is GGML blocks (so no larger than the Q8_0 head: the scorer keeps it).
+    pub head_quantized: bool,
+}
+
+impl ResidentHead {
+    pub fn of(manifest_path: &Path, m: &Manifest) -> Result<Self> {
+        let p = m.artifact_path_of(manifest_path, "resident")?;
+        let f = formats::safetensors_io::MappedSafetensors::open(&p)?;
+        let entry = |name: &str| f.tensors.get(name);
+        let embed = entry(formats::model_dir::EMBED_TOKENS).ok_or_else(|| formats::FormatError::MissingTensor { path: p.clone(), tensor: formats::model_dir::EMBED_TOKENS.into() })?;
+        let head = entry(formats::model_dir::LM_HEAD).unwrap_or(embed);
+        Ok(ResidentHead { embed_bytes: embed.byte_range.len() as u64, head_bytes: head.byte_range.len() as u64, head_quantized: head.ggml.is_some() })
+    }
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
@@ -131,11 +153,11 @@ impl MemoryPlan {
         // An untied input embedding is only read a row per token (its address is known once the
         // token is sampled: Budgeting Bytes' class A0): its rows fault in from the mapped file on
         // use and are not held, so it is not counted. A tied one is the output head: all of it.
-        let embed_bytes = (c.vocab_size * c.hidden_size * 2) as u64;
-        let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { embed_bytes };
-        // With the Q8_0 head the f16 head is never read (a tied embedding is then read a row per
-        // token, as an untied one): the Q8_0 head takes its place.
-        let head_f16_bytes = if s.head_q8 { embed_bytes } else { 0 };
+        let rh = ResidentHead::of(manifest_path, m)?;
+        let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { rh.embed_bytes };
+        // With the Q8_0 head the resident head is never read (a tied embedding is then read a
+        // row per token, as an untied one): the Q8_0 head takes its place.
+        let head_f16_bytes = if s.head_q8 { rh.head_bytes } else { 0 };
         let row_read_embedding = !c.tie_word_embeddings || s.head_q8;
         let resident_bytes = size("resident")? - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
         let head_q8_bytes = if s.head_q8 { formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size) } else { 0 };
