@@ -190,6 +190,21 @@ fn fuzz_record_checker() {
     });
 }
 
+#[test]
+fn fuzz_record_v2_checker() {
+    use formats::ggml_quants::GgmlType;
+    let shape = formats::records::RecordShape { d_model: 256, gate_up: GgmlType::Q4K, down: GgmlType::Q8_0 };
+    let bytes = |n: usize, k: usize| (0..n).map(|i| ((i * 31 + k) % 251) as u8).collect::<Vec<_>>();
+    let mut seed = vec![0u8; shape.record_bytes()];
+    formats::records::encode_record_v2(&shape, 3, 17, &bytes(shape.gate_up_row_bytes(), 1), &bytes(shape.gate_up_row_bytes(), 2), &bytes(shape.down_row_bytes(), 3), &mut seed);
+    let dir = work("record-v2");
+    fuzz("record-v2", &seed, &dir.join("record.bin"), |p| {
+        let b = std::fs::read(p).unwrap();
+        let _ = formats::records::check_record_v2(&b, p, 0, 3, 17, &shape);
+        let _ = formats::records::check_down_section(&b[b.len().min(512)..], p, 512, 3, 17, &shape);
+    });
+}
+
 /// The synthetic preparation's artifacts: real seeds for the loaders the runtime opens.
 fn synthetic() -> PathBuf {
     static P: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

@@ -147,8 +147,8 @@ fn blocks_we_do_not_compute_are_refused() {
 
 /// A preparation with `weights = "native"` (a CI-sized recipe on the fixture GGUF): the second
 /// import keeps the Q4_1 blocks, resident.safetensors ships them (smaller than the f16 one, so
-/// a lower minimum budget), records.bin is the same f16 rows as from the f16 import, and the
-/// streamed scorer over it equals the in-memory one.
+/// a lower minimum budget), records.bin is version 2 (the GGUF's gate/up blocks, down in Q8_0),
+/// and the streamed scorer over it equals the in-memory one.
 #[test]
 fn a_native_preparation_ships_the_gguf_blocks() {
     use runtime::stream::{DensePrefix, SelectorChoice, StreamSettings};
@@ -173,7 +173,18 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     assert_eq!(st.tensors["model.embed_tokens.weight"].ggml, Some(GgmlType::Q8_0));
     let size = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
     assert!(size(&native_out.join("resident.safetensors")) * 2 < size(&f16_out.join("resident.safetensors")));
-    assert!(std::fs::read(native_out.join("records.bin")).unwrap() == std::fs::read(f16_out.join("records.bin")).unwrap(), "records.bin: the same f16 rows");
+    // records v2: the Q4_1 gate/up rows and a Q8_0 down row per neuron, 2,560 bytes (v1: 4,096)
+    let m = formats::manifest::Manifest::load(&native_out.join("manifest.toml")).unwrap();
+    assert_eq!((m.records.gate_up_type.as_deref(), m.records.down_type.as_deref(), m.records.record_bytes), (Some("Q4_1"), Some("Q8_0"), 2560));
+    assert_eq!(size(&native_out.join("records.bin")) * 8, size(&f16_out.join("records.bin")) * 5);
+    let rf = formats::records::RecordFile::open_v(&native_out.join("records.bin"), 576, 20, 30, 1536, m.records.shape(576).unwrap()).unwrap();
+    let g = GgufFile::open(fixture_gguf()).unwrap();
+    let gate = g.tensor_bytes(g.tensor("blk.25.ffn_gate.weight").unwrap());
+    let rows = rf.read_blocks(25, 700).unwrap();
+    assert_eq!(&rows.gate[..], &gate[700 * 360..701 * 360], "gate row 700 of layer 25: the GGUF's blocks");
+    // the predictor streams version-1 records only: refused with what to use
+    let (ok, _, err) = runtime_cli(&["run", native_out.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "predictor", "--mem-budget", "1GiB"]);
+    assert!(!ok && err.contains("version 2") && err.contains("--strategy scorer"), "{err}");
 
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
     let open_stream = |m: &std::path::Path, budget| runtime::open(&m.join("manifest.toml"), &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, ..Default::default() })).unwrap();

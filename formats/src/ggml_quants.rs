@@ -124,6 +124,11 @@ impl GgmlType {
         }
     }
 
+    /// llama.cpp's type id (the inverse of [`GgmlType::from_id`]).
+    pub fn id(self) -> u32 {
+        (0..31).find(|&i| GgmlType::from_id(i) == Some(self)).expect("every type has an id")
+    }
+
     /// The type llama.cpp calls `name`.
     pub fn from_name(name: &str) -> Option<Self> {
         ALL_TYPES.into_iter().find(|t| t.name() == name)
@@ -176,6 +181,21 @@ impl GgmlType {
             GgmlType::Q8K => 292,
         }
     }
+}
+
+/// `x` (a multiple of 32 values) as Q8_0 blocks, llama.cpp's quantize_row_q8_0_ref: per
+/// block d = max|x| / 127 (f16), q = round(x / d) (half away from zero).
+pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(32));
+    let mut out = Vec::with_capacity(x.len() / 32 * 34);
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend(b.iter().map(|&v| (v * id).round() as i8 as u8));
+    }
+    out
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {

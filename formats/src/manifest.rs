@@ -13,7 +13,6 @@
 
 use crate::error::{FormatError, Result};
 use crate::model_dir::ModelConfig;
-use crate::records::record_bytes;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -63,9 +62,39 @@ pub struct RecordsLayout {
     pub first_layer: usize,
     pub neurons_per_layer: usize,
     pub count: usize,
+    /// Version-2 records (`formats::records`): the gate/up rows' GGML type ("Q4_K") and the
+    /// down rows' ("Q8_0"); absent for version 1 (f16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_up_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_type: Option<String>,
 }
 
 impl RecordsLayout {
+    /// The version-2 layout (None: version-1 f16 records); an unknown type name is an error.
+    pub fn shape(&self, d_model: usize) -> std::result::Result<Option<crate::records::RecordShape>, String> {
+        let ty = |n: &Option<String>| -> std::result::Result<Option<crate::ggml_quants::GgmlType>, String> {
+            n.as_deref().map(|n| crate::ggml_quants::GgmlType::from_name(n).filter(|t| t.is_block_quantized() && t.is_supported()).ok_or_else(|| format!("records type '{n}' is not a block type records hold"))).transpose()
+        };
+        match (ty(&self.gate_up_type)?, ty(&self.down_type)?) {
+            (None, None) => Ok(None),
+            (Some(gate_up), Some(down)) => {
+                let s = crate::records::RecordShape { d_model, gate_up, down };
+                s.check()?;
+                Ok(Some(s))
+            }
+            _ => Err("gate_up_type and down_type come together (version-2 records)".into()),
+        }
+    }
+
+    /// Bytes of one record for this layout.
+    pub fn expected_record_bytes(&self, d_model: usize) -> std::result::Result<usize, String> {
+        Ok(match self.shape(d_model)? {
+            Some(s) => s.record_bytes(),
+            None => crate::records::record_bytes(d_model),
+        })
+    }
+
     /// Byte offset of the record of (`layer`, `neuron`).
     pub fn offset(&self, layer: usize, neuron: usize) -> u64 {
         crate::records::record_offset(self.first_layer, self.neurons_per_layer, self.record_bytes, layer, neuron)
@@ -176,8 +205,12 @@ impl Manifest {
             None => return bad("no artifact with role 'records'".into()),
             _ => {}
         }
-        if r.record_bytes != record_bytes(self.model.hidden_size) {
-            return bad(format!("record_bytes {} but hidden_size {} implies {}", r.record_bytes, self.model.hidden_size, record_bytes(self.model.hidden_size)));
+        let want = match r.expected_record_bytes(self.model.hidden_size) {
+            Ok(b) => b,
+            Err(e) => return bad(format!("[records] {e}")),
+        };
+        if r.record_bytes != want {
+            return bad(format!("record_bytes {} but hidden_size {} implies {want}{}", r.record_bytes, self.model.hidden_size, r.gate_up_type.as_ref().map(|t| format!(" for {t} rows")).unwrap_or_default()));
         }
         if r.first_layer != s.dense_prefix || r.neurons_per_layer != n_ff || r.count != (n_layers - s.dense_prefix) * n_ff {
             return bad(format!(
@@ -304,7 +337,7 @@ mod tests {
             model_name: "smollm2-135m".into(),
             model,
             sparsity: SparsitySettings { mask_kind: "product".into(), alpha: 0.62, dense_prefix: 20, default_dense_from: None, centroids: 512, k_max: vec![900; 10] },
-            records: RecordsLayout { path: "records.bin".into(), record_bytes: 4096, first_layer: 20, neurons_per_layer: 1536, count: 15360 },
+            records: RecordsLayout { path: "records.bin".into(), record_bytes: 4096, first_layer: 20, neurons_per_layer: 1536, count: 15360, gate_up_type: None, down_type: None },
             artifacts: vec![
                 Artifact { role: "records".into(), path: "records.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() },
                 Artifact { role: "thresholds".into(), path: "thresholds.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() },

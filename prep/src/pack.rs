@@ -10,7 +10,8 @@
 
 use anyhow::{bail, Context, Result};
 use formats::model_dir::{self, ModelConfig};
-use formats::records::{encode_record, record_bytes};
+use formats::ggml_quants::{self, GgmlType};
+use formats::records::{encode_record, encode_record_v2, record_bytes, RecordShape};
 use formats::safetensors_io::{self, MappedSafetensors, RawTensor};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -46,6 +47,21 @@ impl Tensors {
         bail!("missing tensor '{name}' in the model directory")
     }
 
+    /// Tensor `name` as f32 (blocks dequantized exactly).
+    fn f32(&self, name: &str) -> Result<Vec<f32>> {
+        for f in &self.files {
+            if let Some(e) = f.tensors.get(name) {
+                let mut out = vec![0f32; e.logical_shape().iter().product()];
+                match e.ggml {
+                    Some(t) => ggml_quants::dequantize(t, f.bytes(e), &mut out),
+                    None => out.iter_mut().zip(f.f16_values(name, e)?).for_each(|(o, v)| *o = v.to_f32()),
+                }
+                return Ok(out);
+            }
+        }
+        bail!("missing tensor '{name}' in the model directory")
+    }
+
     /// Tensor `name` as stored: its bytes, dtype and stored shape, and its GGML type when it
     /// is blocks.
     fn raw(&self, name: &str) -> Result<(RawTensor, Option<formats::ggml_quants::GgmlType>)> {
@@ -55,6 +71,25 @@ impl Tensors {
             }
         }
         bail!("missing tensor '{name}' in the model directory")
+    }
+}
+
+/// The records a model directory packs into: version 2 (its gate/up blocks, down in Q8_0) when
+/// its MLP matrices are GGML blocks, else version 1 (f16).
+pub fn record_shape_of(model: &Path, layer: usize) -> Result<Option<RecordShape>> {
+    let cfg = ModelConfig::load(model)?;
+    let n = model_dir::layer_tensor_names(layer);
+    let files: Vec<MappedSafetensors> = model_dir::safetensors_files(model)?.into_iter().map(MappedSafetensors::open).collect::<Result<_, _>>()?;
+    let ty = |name: &str| files.iter().find_map(|f| f.tensors.get(name)).map(|e| e.ggml).with_context(|| format!("{}: no tensor '{name}'", model.display()));
+    let (gate, up) = (ty(&n.gate_proj)?, ty(&n.up_proj)?);
+    match (gate, up) {
+        (None, _) => Ok(None),
+        (Some(g), Some(u)) if g == u => {
+            let shape = RecordShape { d_model: cfg.hidden_size, gate_up: g, down: GgmlType::Q8_0 };
+            shape.check().map_err(|e| anyhow::anyhow!("{}: records v2: {e}", model.display()))?;
+            Ok(Some(shape))
+        }
+        (g, u) => bail!("{}: layer {layer}'s gate ({}) and up ({}) differ in type: version-2 records hold one type", model.display(), g.map_or("f16", |t| t.name()), u.map_or("f16", |t| t.name())),
     }
 }
 
@@ -70,7 +105,12 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
 
     // records.bin
-    let rec_bytes = record_bytes(d);
+    let shapes: Vec<Option<RecordShape>> = (dense_prefix..n_layers).map(|l| record_shape_of(model, l)).collect::<Result<_>>()?;
+    let shape = shapes.first().copied().flatten();
+    if shapes.iter().any(|s| *s != shape) {
+        bail!("{}: the sparse layers' gate/up types differ from layer to layer: version-2 records hold one type", model.display());
+    }
+    let rec_bytes = shape.map_or(record_bytes(d), |s| s.record_bytes());
     let records_path = out.join("records.bin");
     let tmp = safetensors_io::tmp_path(&records_path);
     let pb = if show_progress { ProgressBar::new((n_layers - dense_prefix) as u64) } else { ProgressBar::hidden() };
@@ -79,14 +119,31 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
         let mut w = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?);
         for layer in dense_prefix..n_layers {
             let n = model_dir::layer_tensor_names(layer);
-            let (_, gate) = t.get(&n.gate_proj)?; // [ff, d]
-            let (_, up) = t.get(&n.up_proj)?; // [ff, d]
-            let (_, down) = t.get(&n.down_proj)?; // [d, ff]
             let mut layer_buf = vec![0u8; ff * rec_bytes];
-            layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
-                let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
-                encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
-            });
+            match shape {
+                None => {
+                    let (_, gate) = t.get(&n.gate_proj)?; // [ff, d]
+                    let (_, up) = t.get(&n.up_proj)?; // [ff, d]
+                    let (_, down) = t.get(&n.down_proj)?; // [d, ff]
+                    layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
+                        let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
+                        encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
+                    });
+                }
+                Some(sh) => {
+                    // gate/up: row `neuron` is that neuron's blocks, copied; down: its column,
+                    // exact from the blocks, requantized to Q8_0 along d_model
+                    let (gate, _) = t.raw(&n.gate_proj)?; // [ff, row_bytes]
+                    let (up, _) = t.raw(&n.up_proj)?;
+                    let down = t.f32(&n.down_proj)?; // [d, ff]
+                    let gb = sh.gate_up_row_bytes();
+                    layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
+                        let col: Vec<f32> = (0..d).map(|i| down[i * ff + neuron]).collect();
+                        let down_q8 = ggml_quants::quantize_q8_0(&col);
+                        encode_record_v2(&sh, layer as u32, neuron as u32, &gate.bytes[neuron * gb..(neuron + 1) * gb], &up.bytes[neuron * gb..(neuron + 1) * gb], &down_q8, rec);
+                    });
+                }
+            }
             w.write_all(&layer_buf).with_context(|| format!("{}: write failed", tmp.display()))?;
             pb.inc(1);
         }

@@ -254,7 +254,10 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     } else {
         file_fingerprint(&[weights_dir.join("config.json"), weights_dir.join("model.safetensors")]).with_context(|| format!("{}: pack.weights = \"native\" needs the GGUF's own blocks there (give a GGUF source)", weights_dir.display()))?
     };
-    let key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
+    let mut key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
+    if weights_dir != model_dir {
+        key["records_version"] = serde_json::json!(2);
+    }
     st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, &out, show_progress).map(|_| ()))?;
 
     // scorer: the resident 4-bit gate/up copy of the sparse layers (`--set-rule scorer`)
@@ -268,6 +271,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     })?;
 
     // manifest
+    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)))?;
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
     let mut k_max = vec![0usize; n_layers - d];
     for l in cl["layers"].as_array().context("cluster.json: no layers")? {
@@ -314,7 +318,9 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         },
         records: RecordsLayout {
             path: "records.bin".into(),
-            record_bytes: record_bytes(cfg.hidden_size),
+            record_bytes: record_shape.map_or(record_bytes(cfg.hidden_size), |s| s.record_bytes()),
+            gate_up_type: record_shape.map(|s| s.gate_up.name().to_string()),
+            down_type: record_shape.map(|s| s.down.name().to_string()),
             first_layer: d,
             neurons_per_layer: cfg.intermediate_size,
             count: (n_layers - d) * cfg.intermediate_size,

@@ -179,6 +179,27 @@ enum SparseMlps<'a> {
 
 /// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
 fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: usize) -> Result<Mlp> {
+    if let Some(shape) = rf.shape {
+        // version 2: gate and up are the records' blocks; down [d, ff] is rebuilt in f16 from
+        // the Q8_0 columns (its rows run across neurons, so the columns cannot stay blocks)
+        let (mut gate, mut up) = (Vec::with_capacity(ff * shape.gate_up_row_bytes()), Vec::with_capacity(ff * shape.gate_up_row_bytes()));
+        let mut down = vec![half::f16::ZERO; d * ff];
+        let mut col = vec![0f32; d];
+        for j in 0..ff {
+            let r = rf.read_blocks(l, j)?;
+            gate.extend_from_slice(&r.gate);
+            up.extend_from_slice(&r.up);
+            formats::ggml_quants::dequantize(shape.down, &r.down, &mut col);
+            for (i, &v) in col.iter().enumerate() {
+                down[i * ff + j] = half::f16::from_f32(v);
+            }
+        }
+        return Ok(Mlp::Resident(DenseMlp {
+            w_gate: Matrix::Quant(QMatrix::owned(shape.gate_up, ff, d, &gate)),
+            w_up: Matrix::Quant(QMatrix::owned(shape.gate_up, ff, d, &up)),
+            w_down: Matrix::F16(F16Matrix::owned(d, ff, down)),
+        }));
+    }
     let mut gate = vec![half::f16::ZERO; ff * d];
     let mut up = vec![half::f16::ZERO; ff * d];
     let mut down = vec![half::f16::ZERO; d * ff];
@@ -192,6 +213,13 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
         }
     }
     Ok(Mlp::Resident(DenseMlp { w_gate: Matrix::F16(F16Matrix::owned(ff, d, gate)), w_up: Matrix::F16(F16Matrix::owned(ff, d, up)), w_down: Matrix::F16(F16Matrix::owned(d, ff, down)) }))
+}
+
+/// The manifest's records.bin, opened with its version and layout.
+fn records_file(manifest_path: &Path, manifest: &formats::manifest::Manifest, records_path: &Path) -> Result<formats::records::RecordFile> {
+    let c = &manifest.model;
+    let shape = manifest.records.shape(c.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+    Ok(formats::records::RecordFile::open_v(records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?)
 }
 
 /// Positions the RoPE table covers at most (the model's max_position_embeddings otherwise).
@@ -214,8 +242,7 @@ impl Model {
     pub fn load_prepared(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
-        let c = &manifest.model;
-        let rf = formats::records::RecordFile::open(&records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
+        let rf = records_file(manifest_path, manifest, &records_path)?;
         let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
         Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))
@@ -230,7 +257,7 @@ impl Model {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
-        let rf = formats::records::RecordFile::open(&records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
+        let rf = records_file(manifest_path, manifest, &records_path)?;
         let mapped = MappedSafetensors::open(&resident)?;
         if !c.tie_word_embeddings || head_q8 {
             // the input embedding is read one row per token (MemoryPlan does not hold it)

@@ -16,7 +16,7 @@
 
 use crate::error::{Result, RuntimeError};
 use crate::model::MlpHook;
-use crate::ops::down_sum::down_sum;
+use crate::ops::down_sum::{down_sum, down_sum_q8_0};
 use crate::ops::qmatvec::{matvec_q4, Q8Vector};
 use crate::ops::swiglu::silu;
 use crate::stream::slots::{Load, SlotMap};
@@ -138,10 +138,16 @@ pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize,
 
 /// Runs layers `first_layer..` on the scorer's kept neurons with every downT row in memory (the
 /// quality of `--strategy scorer` without storage).
+enum DownRows {
+    F16(Vec<Vec<f16>>),
+    Q8_0(Vec<Vec<u8>>),
+}
+
 pub struct ScoredSparsity {
     pub scorer: GateUpScorer,
-    /// Per layer from the scorer's first: `[n_ff, d]` f16 downT rows (from records.bin).
-    down_t: Vec<Vec<f16>>,
+    /// Per layer from the scorer's first: the downT rows (from records.bin), `[n_ff, d]` f16
+    /// (version 1) or `[n_ff, d / 32]` Q8_0 blocks (version 2).
+    down_t: DownRows,
     pub dense_prefix: usize,
     /// Neurons kept per sparse layer and token.
     pub keep: usize,
@@ -175,18 +181,39 @@ impl ScoredSparsity {
         let scorer = GateUpScorer::load(manifest_path, m)?;
         let c = &m.model;
         let records = m.artifact_path_of(manifest_path, "records")?;
-        let rf = formats::records::RecordFile::open(&records, c.hidden_size, m.records.first_layer, c.num_hidden_layers, c.intermediate_size)?;
-        let down_t = (m.records.first_layer..c.num_hidden_layers)
-            .into_par_iter()
-            .map(|l| {
-                let mut rows = Vec::with_capacity(c.intermediate_size * c.hidden_size);
-                for j in 0..c.intermediate_size {
-                    rows.extend_from_slice(&rf.read(l, j)?.down_t);
-                }
-                Ok(rows)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let n = down_t.len();
+        let shape = m.records.shape(c.hidden_size).map_err(|e| crate::error::RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+        let rf = formats::records::RecordFile::open_v(&records, c.hidden_size, m.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?;
+        let layers = m.records.first_layer..c.num_hidden_layers;
+        let down_t = match shape {
+            None => DownRows::F16(
+                layers
+                    .into_par_iter()
+                    .map(|l| {
+                        let mut rows = Vec::with_capacity(c.intermediate_size * c.hidden_size);
+                        for j in 0..c.intermediate_size {
+                            rows.extend_from_slice(&rf.read(l, j)?.down_t);
+                        }
+                        Ok(rows)
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            Some(_) => DownRows::Q8_0(
+                layers
+                    .into_par_iter()
+                    .map(|l| {
+                        let mut rows = Vec::new();
+                        for j in 0..c.intermediate_size {
+                            rows.extend_from_slice(&rf.read_blocks(l, j)?.down);
+                        }
+                        Ok(rows)
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
+        let n = match &down_t {
+            DownRows::F16(v) => v.len(),
+            DownRows::Q8_0(v) => v.len(),
+        };
         let mut s = ScoredSparsity { scorer, down_t, dense_prefix: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
         Ok(s)
@@ -233,7 +260,6 @@ impl MlpHook for ScoredSparsity {
         let f = &self.scorer.file;
         let (d, n_ff) = (f.d_model, f.n_ff);
         let li = layer - f.first_layer;
-        let rows = &self.down_t[li];
         let mut h = vec![0f32; n_ff];
         for (x, o) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             self.ticks[li] += 1;
@@ -244,11 +270,22 @@ impl MlpHook for ScoredSparsity {
             // (neuron order), the streaming engine's order of summation
             let map = &self.resident[li];
             let held: Vec<u32> = map.held_slots(&loads).iter().map(|&s| map.neuron_of[s as usize]).collect();
-            let row = |j: u32| &rows[j as usize * d..(j as usize + 1) * d];
-            down_sum(&held, |_, j| h[j as usize], row, o);
             let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
             let mut part = vec![0f32; d];
-            down_sum(&loaded, |_, j| h[j as usize], row, &mut part);
+            match &self.down_t {
+                DownRows::F16(rows) => {
+                    let rows = &rows[li];
+                    let row = |j: u32| &rows[j as usize * d..(j as usize + 1) * d];
+                    down_sum(&held, |_, j| h[j as usize], row, o);
+                    down_sum(&loaded, |_, j| h[j as usize], row, &mut part);
+                }
+                DownRows::Q8_0(rows) => {
+                    let (rows, rb) = (&rows[li], d / 32 * 34);
+                    let row = |j: u32| &rows[j as usize * rb..(j as usize + 1) * rb];
+                    down_sum_q8_0(&held, |_, j| h[j as usize], row, o);
+                    down_sum_q8_0(&loaded, |_, j| h[j as usize], row, &mut part);
+                }
+            }
             o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
             self.tokens += 1;
             self.kept += (held.len() + loaded.len()) as u64;

@@ -91,6 +91,15 @@ impl QMatrix {
         QMatrix { ty, rows, cols, row_bytes, data }
     }
 
+    /// Owns `bytes` (`rows` rows of whole blocks).
+    pub fn owned(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Self {
+        assert!(ty.is_block_quantized() && cols.is_multiple_of(ty.block_elements()));
+        let row_bytes = cols / ty.block_elements() * ty.block_bytes();
+        assert_eq!(bytes.len(), rows * row_bytes);
+        let data = BlockData::Owned(bytes.chunks_exact(2).map(|b| u16::from_ne_bytes([b[0], b[1]])).collect());
+        QMatrix { ty, rows, cols, row_bytes, data }
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
             BlockData::Mapped { map, byte_offset } => &map[*byte_offset..*byte_offset + self.rows * self.row_bytes],

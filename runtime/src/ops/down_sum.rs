@@ -14,6 +14,27 @@ pub const DOWN_SUM_CHUNK: usize = 64;
 /// the result does not depend on how the pool split the work (a reduce tree would: its
 /// rounding flips marginal neurons from run to run). `coef` gets the index into `ids` and the id.
 pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
+    chunked_sum(ids, |k, id, acc| axpy_f16(coef(k, id), row(id), acc), out)
+}
+
+/// [`down_sum`] over rows of Q8_0 blocks (version-2 records: 32 int8 and one f16 scale per
+/// block): each term is `c x d_block x q`, in the same chunk order.
+pub fn down_sum_q8_0<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
+    chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out)
+}
+
+/// `y += a x row`, `row` Q8_0 blocks of `y.len()` values.
+pub fn axpy_q8_0(a: f32, row: &[u8], y: &mut [f32]) {
+    debug_assert_eq!(row.len(), y.len() / 32 * 34);
+    for (b, ys) in row.chunks_exact(34).zip(y.chunks_exact_mut(32)) {
+        let s = a * f16::from_le_bytes([b[0], b[1]]).to_f32();
+        for (yv, &q) in ys.iter_mut().zip(&b[2..]) {
+            *yv += s * (q as i8) as f32;
+        }
+    }
+}
+
+fn chunked_sum(ids: &[u32], term: impl Fn(usize, u32, &mut [f32]) + Sync, out: &mut [f32]) {
     let d = out.len();
     let partial: Vec<Vec<f32>> = ids
         .par_chunks(DOWN_SUM_CHUNK)
@@ -21,7 +42,7 @@ pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: i
         .map(|(c, chunk)| {
             let mut acc = vec![0f32; d];
             for (k, &id) in chunk.iter().enumerate() {
-                axpy_f16(coef(c * DOWN_SUM_CHUNK + k, id), row(id), &mut acc);
+                term(c * DOWN_SUM_CHUNK + k, id, &mut acc);
             }
             acc
         })

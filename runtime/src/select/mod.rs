@@ -28,10 +28,19 @@ pub enum SlotRow {
 }
 
 impl SlotRow {
+    /// Bytes of one slot for version-1 (f16) records.
     pub fn bytes(self, d_model: usize) -> usize {
-        match self {
-            SlotRow::GateUpDown => 3 * d_model * 2,
-            SlotRow::Down => d_model * 2,
+        self.bytes_in(d_model, None)
+    }
+
+    /// Bytes of one slot for records of `shape` (None: version 1, f16): a version-2 down row is
+    /// its Q8_0 blocks, a whole record's payload its gate and up blocks and that down row.
+    pub fn bytes_in(self, d_model: usize, shape: Option<formats::records::RecordShape>) -> usize {
+        match (self, shape) {
+            (SlotRow::GateUpDown, None) => 3 * d_model * 2,
+            (SlotRow::Down, None) => d_model * 2,
+            (SlotRow::GateUpDown, Some(s)) => 2 * s.gate_up_row_bytes() + s.down_row_bytes(),
+            (SlotRow::Down, Some(s)) => s.down_row_bytes(),
         }
     }
 }

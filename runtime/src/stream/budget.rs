@@ -175,8 +175,14 @@ impl MemoryPlan {
                 manifest_path.display()
             )));
         }
-        let full_row_bytes = crate::select::SlotRow::GateUpDown.bytes(c.hidden_size);
-        let srb = sel.slot_row().bytes(c.hidden_size);
+        let shape = m.records.shape(c.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+        // a layer run dense from records: f16 rows (version 1), or its gate/up blocks and an f16
+        // down matrix rebuilt from the Q8_0 columns (version 2)
+        let full_row_bytes = match shape {
+            None => crate::select::SlotRow::GateUpDown.bytes(c.hidden_size),
+            Some(s) => 2 * s.gate_up_row_bytes() + 2 * c.hidden_size,
+        };
+        let srb = sel.slot_row().bytes_in(c.hidden_size, shape);
         let prefix_records_bytes = ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64;
         let fixed = resident_bytes + head_q8_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);

@@ -12,7 +12,7 @@ use super::io::{IoThread, LayerReads, RowSpan};
 use super::reader::{ReaderOptions, RecordReader};
 use super::slots::{Load, SlotMap};
 use crate::error::{Result, RuntimeError};
-use crate::ops::down_sum::down_sum;
+use crate::ops::down_sum::{down_sum, down_sum_q8_0};
 use crate::ops::simd::dot2_f16_f32;
 use crate::ops::swiglu::silu;
 use crate::predictor::{NeuronRank, SetRule};
@@ -222,6 +222,8 @@ pub struct StreamingEngine {
     record_sets: bool,
     /// The decode step's buffers, allocated once (`Model::decode_step`).
     pub(crate) scratch: Option<crate::model::DecodeState>,
+    /// Version-2 records: the slots' down rows are Q8_0 blocks.
+    q8_down: bool,
 }
 
 impl StreamingEngine {
@@ -264,9 +266,18 @@ impl StreamingEngine {
         if len > want {
             return Err(RuntimeError::Corrupt { path: records_path.clone(), offset: want, what: format!("{} bytes after the {} records of {rb} bytes the manifest describes (not this preparation's records.bin?)", len - want, manifest.records.count) });
         }
-        let span = match selector.slot_row() {
-            SlotRow::GateUpDown => RowSpan::Record,
-            SlotRow::Down => {
+        let shape = manifest.records.shape(c.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+        let span = match (selector.slot_row(), shape) {
+            (SlotRow::GateUpDown, Some(s)) => {
+                return Err(RuntimeError::Input(format!(
+                    "{}: the shared predictor streams version-1 (f16) records; this preparation's records are version 2 ({} rows, Q8_0 down): use --strategy scorer (or auto)",
+                    manifest_path.display(),
+                    s.gate_up.name()
+                )))
+            }
+            (SlotRow::Down, Some(shape)) => RowSpan::DownSection { shape },
+            (SlotRow::GateUpDown, None) => RowSpan::Record,
+            (SlotRow::Down, None) => {
                 let crc32c = selector.down_row_crc32c().ok_or_else(|| RuntimeError::Input(format!("set rule {}: slots of downT rows need per-row checksums", selector.rule())))?;
                 RowSpan::DownRow { crc32c, first_layer: d0, n_ff: c.intermediate_size }
             }
@@ -282,6 +293,7 @@ impl StreamingEngine {
             ..Default::default()
         };
         Ok(StreamingEngine {
+            q8_down: shape.is_some(),
             plan,
             choice: settings.selector,
             selector,
@@ -387,7 +399,8 @@ impl StreamingEngine {
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
         let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
-        sum_slots(slots, slot_row, d, xn, h, &held, out);
+        let q8 = self.q8_down;
+        sum_slots(slots, slot_row, q8, d, xn, h, &held, out);
         let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
         // 2. the read rows, into their slots, then added (in neuron order)
         if !loads.is_empty() {
@@ -415,7 +428,7 @@ impl StreamingEngine {
             self.io.recycle(landed.rows);
             let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
             let mut part = vec![0f32; d];
-            sum_slots(slots, slot_row, d, xn, h, &loaded, &mut part);
+            sum_slots(slots, slot_row, q8, d, xn, h, &loaded, &mut part);
             out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
             compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         }
@@ -430,7 +443,15 @@ impl StreamingEngine {
 
 /// `out` = the sum over `slots` of each row's coefficient times its downT row: from the slot's
 /// own gate and up rows ([`SlotRow::GateUpDown`]) or the selector's `h` ([`SlotRow::Down`]).
-fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) {
+/// `q8_down`: the slots hold Q8_0 down rows (version-2 records; the scorer only).
+#[allow(clippy::too_many_arguments)]
+fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, q8_down: bool, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) {
+    if q8_down {
+        let rb = d / 32 * 34;
+        let bytes = layer.buf.as_slice();
+        let neuron_of = &layer.map.neuron_of;
+        return down_sum_q8_0(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
+    }
     let rows = layer.rows();
     match slot_row {
         SlotRow::GateUpDown => {

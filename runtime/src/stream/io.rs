@@ -24,6 +24,9 @@ pub enum RowSpan {
     /// The downT row alone: one 512-aligned span per row, checked against `crc32c[(layer -
     /// first_layer) * n_ff + neuron]` (the scorer file's). A landed row is the downT row (f16).
     DownRow { crc32c: Arc<Vec<u32>>, first_layer: usize, n_ff: usize },
+    /// Version-2 records: the down section alone (one 512-aligned span after the header, which
+    /// names its layer and neuron and carries its CRC32C). A landed row is the Q8_0 blocks.
+    DownSection { shape: formats::records::RecordShape },
 }
 
 /// One sparse layer's share of a token's reads.
@@ -183,6 +186,7 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
             let result = match &plan.span {
                 RowSpan::Record => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows),
                 RowSpan::DownRow { crc32c, first_layer, n_ff } => read_down_rows(&mut reader, &plan, lr.layer, &lr.loads, &crc32c[(lr.layer - first_layer) * n_ff..(lr.layer - first_layer + 1) * n_ff], &mut rows),
+                RowSpan::DownSection { shape } => read_down_sections(&mut reader, &plan, shape, lr.layer, &lr.loads, &mut rows),
             };
             let Ok(mut m) = shared.mailbox.lock() else { return };
             m.counters.bytes_read = reader.bytes_read;
@@ -242,6 +246,28 @@ fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads:
     Ok(())
 }
 
+/// The version-2 down rows of `layer`: each record's down section (512-aligned, after the
+/// header), checked by its own layer, neuron and CRC32C; the Q8_0 blocks appended to `rows` in
+/// load order.
+fn read_down_sections(reader: &mut RecordReader, plan: &ReadPlan, shape: &formats::records::RecordShape, layer: usize, loads: &[Load], rows: &mut Vec<u8>) -> Result<()> {
+    let span = shape.down_section_bytes();
+    let per_batch = (reader.staging_len() / span).max(1);
+    for part in loads.chunks(per_batch) {
+        let runs: Vec<Run> = part
+            .iter()
+            .enumerate()
+            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + RECORD_HEADER_BYTES as u64, bytes: span, staging_offset: k * span })
+            .collect();
+        reader.read_runs(&runs)?;
+        let staging = reader.staging();
+        for (k, l) in part.iter().enumerate() {
+            let row = formats::records::check_down_section(&staging[k * span..(k + 1) * span], &reader.path, runs[k].offset, layer as u32, l.neuron, shape)?;
+            rows.extend_from_slice(row);
+        }
+    }
+    Ok(())
+}
+
 /// The downT rows of `layer`: one 512-aligned span around each, checked against `crcs`
 /// (`[n_ff]`); rows appended to `rows` in load order.
 fn read_down_rows(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], crcs: &[u32], rows: &mut Vec<u8>) -> Result<()> {
@@ -288,7 +314,7 @@ mod tests {
         }
         let path = dir.join("records.bin");
         std::fs::write(&path, &bytes).unwrap();
-        (path.clone(), RecordsLayout { path: "records.bin".into(), record_bytes: rb, first_layer: 1, neurons_per_layer: N_FF, count: N_FF })
+        (path.clone(), RecordsLayout { path: "records.bin".into(), record_bytes: rb, first_layer: 1, neurons_per_layer: N_FF, count: N_FF, gate_up_type: None, down_type: None })
     }
 
     fn loads(neurons: &[u32]) -> Vec<Load> {
