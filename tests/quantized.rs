@@ -182,6 +182,26 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     let gate = g.tensor_bytes(g.tensor("blk.25.ffn_gate.weight").unwrap());
     let rows = rf.read_blocks(25, 700).unwrap();
     assert_eq!(&rows.gate[..], &gate[700 * 360..701 * 360], "gate row 700 of layer 25: the GGUF's blocks");
+    // the scorer scores from the model's own gate/up blocks (no 4-bit copy): with every row
+    // held it computes the dense MLP (Q8_0 down rows), so equals the dense prepared model up to
+    // the f16 rounding of the rebuilt down matrix
+    let sc = formats::scorer::GateUpScorerFile::load(&native_out.join("scorer/scorer.safetensors"), 20, 10, 1536, 576).unwrap();
+    assert_eq!(sc.blocks, Some(GgmlType::Q4_1));
+    assert_eq!(&sc.layer_q4(25)[700 * 720..700 * 720 + 360], &gate[700 * 360..701 * 360]);
+    let all = InMemorySettings { selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, dense_prefix: DensePrefix::Layer(20), set_scale: 1.0, slot_share: Some(1.0), single_token: false, ..Default::default() };
+    let logits_of = |mode: &PreparedMode| {
+        let mut o = runtime::open(&native_out.join("manifest.toml"), mode).unwrap();
+        let ids = o.tokenizer.encode("The capital of France is", true).unwrap();
+        let mut cache = o.model.new_cache(128).unwrap();
+        o.runner().forward(&ids, &mut cache, 0).unwrap()
+    };
+    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head_q8: false }));
+    // 8-bit activations amplify the down matrix's f16 rounding (as any bit-level change): compare
+    // the logit vectors' direction and each position's top token, not exact values
+    let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
+    let top = |v: &[f32]| v.chunks(49152).map(|r| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect::<Vec<_>>();
+    eprintln!("scorer-all vs dense: relative L2 {rel}, top tokens {:?} vs {:?}", top(&a), top(&b));
+    assert!(rel < 0.02 && top(&a) == top(&b), "the scorer holding every row differs from dense: relative L2 {rel}");
     // the predictor streams version-1 records only: refused with what to use
     let (ok, _, err) = runtime_cli(&["run", native_out.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "predictor", "--mem-budget", "1GiB"]);
     assert!(!ok && err.contains("version 2") && err.contains("--strategy scorer"), "{err}");

@@ -15,8 +15,14 @@
 //!                                                      checks a read of that row alone
 //! ```
 //! Metadata: `first_layer`, `block` (= 32), `quant` (= "q4_0").
+//!
+//! A native preparation (the model's gate/up already in 4-bit GGML blocks) scores from those
+//! blocks themselves, exactly: `gate_up_blocks` U8 `[n_layers, n_ff, 2, row_bytes]` (each
+//! neuron's gate row then up row, byte-equal to the GGUF's), no scales, `quant` = the GGML type
+//! ("Q4_K"), and `down_crc32c` is that of the record's Q8_0 down row (version-2 records).
 
 use crate::error::{FormatError, Result};
+use crate::ggml_quants::GgmlType;
 use crate::safetensors_io::{write_raw_safetensors, MappedSafetensors, RawTensor};
 use half::f16;
 use safetensors::Dtype;
@@ -87,8 +93,11 @@ pub struct GateUpScorerFile {
     pub n_layers: usize,
     pub n_ff: usize,
     pub d_model: usize,
-    /// `[n_layers, n_ff, 2, d_model / 2]`.
+    /// `[n_layers, n_ff, 2, d_model / 2]`, or with `blocks` `[n_layers, n_ff, 2, row_bytes]`.
     pub q4: Vec<u8>,
+    /// The GGML type of `q4`'s rows (a native preparation; `scales` is then empty); None: the
+    /// Q4_0-style copy.
+    pub blocks: Option<GgmlType>,
     /// `[n_layers, n_ff, 2, d_model / 32]`.
     pub scales: Vec<f16>,
     /// `[n_layers, n_ff]`.
@@ -103,9 +112,17 @@ impl GateUpScorerFile {
         self.q4.len() + self.scales.len() * 2 + self.down_norm.len() * 4 + self.down_crc32c.len() * 4
     }
 
-    /// Packed rows of sparse layer `layer` (absolute index): `[n_ff, 2, d_model / 2]`.
+    /// Bytes of one gate or up row.
+    pub fn row_bytes(&self) -> usize {
+        match self.blocks {
+            Some(t) => self.d_model / t.block_elements() * t.block_bytes(),
+            None => self.d_model / 2,
+        }
+    }
+
+    /// Packed rows of sparse layer `layer` (absolute index): `[n_ff, 2, row_bytes]`.
     pub fn layer_q4(&self, layer: usize) -> &[u8] {
-        let n = self.n_ff * self.d_model;
+        let n = self.n_ff * 2 * self.row_bytes();
         let i = layer - self.first_layer;
         &self.q4[i * n..(i + 1) * n]
     }
@@ -137,34 +154,49 @@ impl GateUpScorerFile {
         if meta_first != Some(first_layer) {
             return Err(FormatError::invalid(path, format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}")));
         }
-        let q4 = f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?.to_vec();
-        let scale_bytes = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
-        let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+        let quant = f.metadata.as_ref().and_then(|m| m.get("quant")).cloned().unwrap_or_default();
+        let blocks = match quant.as_str() {
+            "q4_0" => None,
+            name => Some(GgmlType::from_name(name).filter(|t| t.is_block_quantized() && t.is_supported() && d_model.is_multiple_of(t.block_elements())).ok_or_else(|| FormatError::invalid(path, format!("gate/up rows of '{name}': expected q4_0 or a GGML block type that divides width {d_model}")))?),
+        };
         let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         let down_crc32c: Vec<u32> = f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let start_of = |name: &str| f.tensors[name].byte_range.start as u64;
+        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
+            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("down_norm") + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
+        }
+        if let Some(t) = blocks {
+            let row_bytes = d_model / t.block_elements() * t.block_bytes();
+            let q4 = f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, row_bytes])?.to_vec();
+            return Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks, scales: Vec::new(), down_norm, down_crc32c });
+        }
+        let q4 = f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?.to_vec();
+        let scale_bytes = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
+        let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let per_layer = n_ff * 2 * d_model / Q4_BLOCK;
             return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("gate_up_scale") + 2 * i as u64, what: format!("scale of layer {} neuron {} is {}", first_layer + i / per_layer, i % per_layer / (2 * d_model / Q4_BLOCK), scales[i]) });
         }
-        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("down_norm") + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
-        }
-        Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, scales, down_norm, down_crc32c })
+        Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks: None, scales, down_norm, down_crc32c })
     }
 
     pub fn save(&self) -> Result<()> {
         let (l, f, d) = (self.n_layers, self.n_ff, self.d_model);
-        let tensors = [
-            RawTensor { name: "gate_up_q4".into(), dtype: Dtype::U8, shape: vec![l, f, 2, d / 2], bytes: self.q4.clone() },
-            RawTensor { name: "gate_up_scale".into(), dtype: Dtype::F16, shape: vec![l, f, 2, d / Q4_BLOCK], bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect() },
+        let mut tensors = match self.blocks {
+            None => vec![
+                RawTensor { name: "gate_up_q4".into(), dtype: Dtype::U8, shape: vec![l, f, 2, d / 2], bytes: self.q4.clone() },
+                RawTensor { name: "gate_up_scale".into(), dtype: Dtype::F16, shape: vec![l, f, 2, d / Q4_BLOCK], bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect() },
+            ],
+            Some(_) => vec![RawTensor { name: "gate_up_blocks".into(), dtype: Dtype::U8, shape: vec![l, f, 2, self.row_bytes()], bytes: self.q4.clone() }],
+        };
+        tensors.extend([
             RawTensor { name: "down_norm".into(), dtype: Dtype::F32, shape: vec![l, f], bytes: self.down_norm.iter().flat_map(|v| v.to_le_bytes()).collect() },
             RawTensor { name: "down_crc32c".into(), dtype: Dtype::U32, shape: vec![l, f], bytes: self.down_crc32c.iter().flat_map(|v| v.to_le_bytes()).collect() },
-        ];
+        ]);
         let meta = HashMap::from([
             ("first_layer".to_string(), self.first_layer.to_string()),
             ("block".to_string(), Q4_BLOCK.to_string()),
-            ("quant".to_string(), "q4_0".to_string()),
+            ("quant".to_string(), self.blocks.map_or("q4_0", |t| t.name()).to_string()),
         ]);
         write_raw_safetensors(&self.path, &tensors, Some(meta))
     }
@@ -213,6 +245,7 @@ mod tests {
             n_ff: f,
             d_model: d,
             q4: (0..l * f * d).map(|i| i as u8).collect(),
+            blocks: None,
             scales: (0..l * f * 2 * d / 32).map(|i| f16::from_f32(i as f32 * 0.5)).collect(),
             down_norm: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
             down_crc32c: vec![9, 8, 7, 6, 5, 4],

@@ -264,10 +264,15 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     // and the output head in Q8_0 (`--head-q8`)
     let scorer_path = out.join("scorer/scorer.safetensors");
     let head_path = out.join("scorer/head_q8.safetensors");
-    let key = serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0", "head": "q8_0"});
+    // (a native preparation: the scorer is the model's own gate/up blocks)
+    let key = if weights_dir == model_dir {
+        serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0", "head": "q8_0"})
+    } else {
+        serde_json::json!({"model": weights_fp, "dense_prefix": d, "quant": "native", "head": "q8_0"})
+    };
     st.run("scorer", &key, &[scorer_path.clone(), head_path.clone()], || {
-        scorer::scorer(&model_dir, d, &scorer_path, show_progress)?;
-        scorer::head_q8(&model_dir, &head_path)
+        scorer::scorer(&weights_dir, d, &scorer_path, show_progress)?;
+        scorer::head_q8(&weights_dir, &head_path)
     })?;
 
     // manifest

@@ -48,6 +48,53 @@ pub fn head_q8(model_dir: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The scorer of a native model: layers `dense_prefix..`'s gate and up rows as they are (`ty`
+/// blocks), W_down's column norms, and the CRC32C of each column as version-2 records hold it
+/// (Q8_0).
+fn native_scorer(model: &runtime::Model, ty: formats::ggml_quants::GgmlType, dense_prefix: usize, out: &Path, t0: std::time::Instant) -> Result<ScorerSummary> {
+    let c = &model.config;
+    let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
+    let n_sparse = n_layers - dense_prefix;
+    let rb = d / ty.block_elements() * ty.block_bytes();
+    let mut rows = vec![0u8; n_sparse * n_ff * 2 * rb];
+    let mut down_norm = vec![0f32; n_sparse * n_ff];
+    let mut down_crc32c = vec![0u32; n_sparse * n_ff];
+    for (si, l) in (dense_prefix..n_layers).enumerate() {
+        let lw = model.weights.layers[l].mlp.resident(l)?;
+        let (runtime::tensor::Matrix::Quant(g), runtime::tensor::Matrix::Quant(u)) = (&lw.w_gate, &lw.w_up) else {
+            bail!("layer {l}: gate and up are not both GGML blocks (a native scorer needs them as the records hold them)");
+        };
+        if g.ty != ty || u.ty != ty {
+            bail!("layer {l}: gate {} and up {} are not the {} of layer {dense_prefix}: version-2 records hold one type", g.ty.name(), u.ty.name(), ty.name());
+        }
+        let dst = &mut rows[si * n_ff * 2 * rb..(si + 1) * n_ff * 2 * rb];
+        dst.par_chunks_mut(2 * rb).enumerate().for_each(|(j, r)| {
+            r[..rb].copy_from_slice(g.row(j));
+            r[rb..].copy_from_slice(u.row(j));
+        });
+        let mut down = vec![0f32; d * n_ff]; // [d, n_ff]
+        down.par_chunks_mut(n_ff).enumerate().for_each(|(r, row)| lw.w_down.row_f32(r, row));
+        let cols: Vec<(f32, u32)> = (0..n_ff)
+            .into_par_iter()
+            .map(|j| {
+                let col: Vec<f32> = (0..d).map(|i| down[i * n_ff + j]).collect();
+                let norm = col.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt() as f32;
+                (norm, crc32c::crc32c(&formats::ggml_quants::quantize_q8_0(&col)))
+            })
+            .collect();
+        for (j, (n, crc)) in cols.into_iter().enumerate() {
+            down_norm[si * n_ff + j] = n;
+            down_crc32c[si * n_ff + j] = crc;
+        }
+    }
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let f = GateUpScorerFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, q4: rows, blocks: Some(ty), scales: Vec::new(), down_norm, down_crc32c };
+    f.save()?;
+    Ok(ScorerSummary { path: out.display().to_string(), first_layer: dense_prefix, layers: n_sparse, bytes: f.n_bytes(), relative_error: 0.0, seconds: t0.elapsed().as_secs_f64() })
+}
+
 /// Quantizes layers `dense_prefix..` of the model in `model_dir` into `out`.
 pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<ScorerSummary> {
     let t0 = std::time::Instant::now();
@@ -59,6 +106,12 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
     }
     if !d.is_multiple_of(Q4_BLOCK) {
         bail!("hidden size {d} is not a multiple of {Q4_BLOCK}: the 4-bit scorer needs whole blocks");
+    }
+    // a native model: score from its own gate/up blocks (no second copy, exact scores)
+    if dense_prefix < n_layers {
+        if let runtime::tensor::Matrix::Quant(q) = &model.weights.layers[dense_prefix].mlp.resident(dense_prefix)?.w_gate {
+            return native_scorer(&model, q.ty, dense_prefix, out, t0);
+        }
     }
     let n_sparse = n_layers - dense_prefix;
     let (rb, sb) = (d / 2, d / Q4_BLOCK);
@@ -111,7 +164,7 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let f = GateUpScorerFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, q4, scales, down_norm, down_crc32c };
+    let f = GateUpScorerFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, q4, blocks: None, scales, down_norm, down_crc32c };
     f.save()?;
     Ok(ScorerSummary {
         path: out.display().to_string(),

@@ -55,7 +55,8 @@ impl GateUpScorer {
     pub fn drop_layers_before(&mut self, from: usize) {
         let f = &mut self.file;
         let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
-        let (rows, blocks) = (f.n_ff * f.d_model, f.n_ff * 2 * f.d_model / formats::scorer::Q4_BLOCK);
+        let rows = f.n_ff * 2 * f.row_bytes();
+        let blocks = if f.blocks.is_some() { 0 } else { f.n_ff * 2 * f.d_model / formats::scorer::Q4_BLOCK };
         // split_off: the kept tail gets its own allocation, the dropped layers' is freed
         f.q4 = f.q4.split_off(drop * rows);
         f.scales = f.scales.split_off(drop * blocks);
@@ -65,8 +66,32 @@ impl GateUpScorer {
         f.n_layers -= drop;
     }
 
+    /// `h` `[n_ff]` = silu(gate . xn) * (up . xn) of every neuron of sparse layer `layer` for
+    /// one token's normed input `xn` `[d]`: from the Q4_0 copy (int8 `xn`), or exactly from the
+    /// model's own blocks (a native preparation: `xn` quantized as for any matmul of that type).
+    pub fn activations(&self, layer: usize, xn: &[f32], h: &mut [f32]) {
+        let f = &self.file;
+        match f.blocks {
+            None => self.activations_of(layer, &Q8Vector::quantize(xn), 0, h),
+            Some(ty) => {
+                let at = crate::ops::qmatmul::activation_type(ty).expect("the loader accepts computed types only");
+                let xa = crate::ops::qmatmul::QActivation::quantize(at, xn);
+                let (rb, d) = (f.row_bytes(), f.d_model);
+                let rows = f.layer_q4(layer);
+                h.par_chunks_mut(64).enumerate().for_each(|(c, hs)| {
+                    for (k, hj) in hs.iter_mut().enumerate() {
+                        let j = c * 64 + k;
+                        let g = crate::ops::qmatmul::dot_row(ty, &rows[2 * j * rb..(2 * j + 1) * rb], d, &xa);
+                        let u = crate::ops::qmatmul::dot_row(ty, &rows[(2 * j + 1) * rb..(2 * j + 2) * rb], d, &xa);
+                        *hj = silu(g) * u;
+                    }
+                });
+            }
+        }
+    }
+
     /// `h` `[n]` = silu(gate4 . x) * (up4 . x) of neurons `from..from + n` of sparse layer
-    /// `layer` for one token.
+    /// `layer` for one token (the Q4_0 copy).
     pub fn activations_of(&self, layer: usize, x: &Q8Vector, from: usize, h: &mut [f32]) {
         let f = &self.file;
         let (rb, sb) = (f.d_model / 2, f.d_model / formats::scorer::Q4_BLOCK);
@@ -127,9 +152,8 @@ impl LayerScoring {
 /// loads (sorted by neuron).
 #[allow(clippy::too_many_arguments)]
 pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize, resident_bonus: f32, map: &mut SlotMap, state: &mut LayerScoring, tick: u64, h: &mut [f32]) -> (Vec<u32>, Vec<Load>) {
-    let x = Q8Vector::quantize(xn);
     let norm = scorer.file.layer_down_norm(layer);
-    scorer.activations_of(layer, &x, 0, h);
+    scorer.activations(layer, xn, h);
     let kept = scorer.keep(layer, h, k, &map.slot_of, resident_bonus);
     update_heat(&mut state.heat, h, norm);
     let loads = map.plan_by_heat(&kept, tick, &state.heat);
