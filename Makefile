@@ -28,7 +28,7 @@ build:
 
 ## demo: the main job on the fixture: prepare it (capture, cluster, predictor, records), then
 ## generate with its sparse layers streamed from records.bin within a memory budget
-DEMO_BUDGET ?= 320MiB
+DEMO_BUDGET ?= 200MiB
 demo: build
 	$(BIN)/prep prepare pipelines/smollm2-135m.toml
 	$(BIN)/runtime run artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64 \
