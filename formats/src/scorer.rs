@@ -159,25 +159,26 @@ impl GateUpScorerFile {
             "q4_0" => None,
             name => Some(GgmlType::from_name(name).filter(|t| t.is_block_quantized() && t.is_supported() && d_model.is_multiple_of(t.block_elements())).ok_or_else(|| FormatError::invalid(path, format!("gate/up rows of '{name}': expected q4_0 or a GGML block type that divides width {d_model}")))?),
         };
+        // the gate/up rows first (their shape names a wrong n_ff or width), then the down columns
+        let (q4, scales) = match blocks {
+            Some(t) => (f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, d_model / t.block_elements() * t.block_bytes()])?.to_vec(), Vec::new()),
+            None => {
+                let q4 = f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?.to_vec();
+                let scale_bytes = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
+                (q4, scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect::<Vec<f16>>())
+            }
+        };
         let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         let down_crc32c: Vec<u32> = f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let start_of = |name: &str| f.tensors[name].byte_range.start as u64;
-        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("down_norm") + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
-        }
-        if let Some(t) = blocks {
-            let row_bytes = d_model / t.block_elements() * t.block_bytes();
-            let q4 = f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, row_bytes])?.to_vec();
-            return Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks, scales: Vec::new(), down_norm, down_crc32c });
-        }
-        let q4 = f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?.to_vec();
-        let scale_bytes = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
-        let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let per_layer = n_ff * 2 * d_model / Q4_BLOCK;
             return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("gate_up_scale") + 2 * i as u64, what: format!("scale of layer {} neuron {} is {}", first_layer + i / per_layer, i % per_layer / (2 * d_model / Q4_BLOCK), scales[i]) });
         }
-        Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks: None, scales, down_norm, down_crc32c })
+        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
+            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("down_norm") + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
+        }
+        Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks, scales, down_norm, down_crc32c })
     }
 
     pub fn save(&self) -> Result<()> {
