@@ -40,6 +40,48 @@ pub enum ImportDtype {
     Native,
 }
 
+/// `--quantize`: the block type every weight matrix is requantized to (from f16/bf16, or a
+/// GGUF's blocks dequantized exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+pub enum QuantizeTo {
+    /// llama.cpp's quantize_row_q8_0_ref: per 32 values d = max|x| / 127, q = round(x / d).
+    #[value(name = "Q8_0")]
+    Q8_0,
+    /// llama.cpp's quantize_row_q4_K_ref (no importance matrix): weighted make_qkx2 search for
+    /// each 32 values' scale and minimum, 6-bit requantized per 256.
+    #[value(name = "Q4_K")]
+    Q4K,
+}
+
+impl QuantizeTo {
+    fn ggml(self) -> GgmlType {
+        match self {
+            QuantizeTo::Q8_0 => GgmlType::Q8_0,
+            QuantizeTo::Q4K => GgmlType::Q4K,
+        }
+    }
+
+    /// `w` `[rows, cols]` as rows of blocks.
+    fn quantize(self, w: &[f32]) -> Vec<u8> {
+        match self {
+            QuantizeTo::Q8_0 => formats::ggml_quants::quantize_q8_0(w),
+            QuantizeTo::Q4K => formats::ggml_quants::quantize_q4_k(w),
+        }
+    }
+}
+
+/// A weight matrix `[rows, cols]` of f32 values quantized to `q` (its rows must be whole blocks).
+fn quantized_tensor(path: &Path, name: String, shape: Vec<usize>, values: &[f32], q: QuantizeTo) -> Result<Imported1> {
+    let t = q.ggml();
+    let cols = shape[1];
+    if !cols.is_multiple_of(t.block_elements()) {
+        bail!("{}: tensor '{name}' has rows of {cols} values, not whole {} blocks of {}: --quantize {} cannot hold it", path.display(), t.name(), t.block_elements(), t.name());
+    }
+    let bytes = q.quantize(values);
+    let row_bytes = bytes.len() / shape[0];
+    Ok(Imported1 { raw: RawTensor { name, dtype: Dtype::U8, shape: vec![shape[0], row_bytes], bytes }, shape, ggml: Some(t) })
+}
+
 /// One imported tensor: its bytes as stored, its logical shape, and its GGML block type when
 /// quantized (then `raw` is U8 `[rows, row_bytes]`).
 struct Imported1 {
@@ -55,17 +97,22 @@ impl Imported1 {
 }
 
 pub fn import(input: &Path, out: &Path, dtype: ImportDtype, show_progress: bool) -> Result<ImportSummary> {
+    import_as(input, out, dtype, None, show_progress)
+}
+
+/// `quantize`: every weight matrix requantized to that type (norms and biases stay F32).
+pub fn import_as(input: &Path, out: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, show_progress: bool) -> Result<ImportSummary> {
     if !input.exists() {
         bail!("{}: no such file or directory", input.display());
     }
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create output directory", out.display()))?;
     let (config, tokenizer, tensors) = if input.is_dir() {
-        if dtype == ImportDtype::Native {
-            bail!("{}: --dtype native keeps a GGUF's own blocks; a Hugging Face directory is imported as f16 (--dtype f16)", input.display());
+        if dtype == ImportDtype::Native && quantize.is_none() {
+            bail!("{}: --dtype native keeps a GGUF's own blocks; a Hugging Face directory is imported as f16 (--dtype f16) or quantized (--quantize Q8_0|Q4_K)", input.display());
         }
-        import_hf_dir(input, show_progress)?
+        import_hf_dir(input, quantize, show_progress)?
     } else {
-        import_gguf(input, dtype, show_progress)?
+        import_gguf(input, dtype, quantize, show_progress)?
     };
     // The tokenizer must cover the embedding rows the model has.
     let tok_path = out.join(model_dir::TOKENIZER_FILE);
@@ -203,10 +250,10 @@ fn gguf_config(g: &GgufFile) -> Result<(ModelConfig, Architecture)> {
 
 type Imported = (ModelConfig, String, Vec<Imported1>);
 
-fn import_gguf(path: &Path, dtype: ImportDtype, show_progress: bool) -> Result<Imported> {
+fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, show_progress: bool) -> Result<Imported> {
     let g = GgufFile::open(path)?;
     let (mut cfg, arch) = gguf_config(&g)?;
-    if dtype == ImportDtype::Native {
+    if dtype == ImportDtype::Native || quantize.is_some() {
         cfg.torch_dtype = None;
     }
     let tokenizer = crate::tokenizer_json::tokenizer_json_from_gguf(&g)?;
@@ -221,8 +268,20 @@ fn import_gguf(path: &Path, dtype: ImportDtype, show_progress: bool) -> Result<I
             let shape = info.shape_row_major();
             let rope_heads = (arch == Architecture::Llama && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")))
                 .then(|| if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() });
-            let t = match dtype {
-                ImportDtype::F16 => {
+            let matrix = shape.len() == 2;
+            let t = match (dtype, quantize) {
+                (_, Some(q)) if matrix => {
+                    let mut values = g.dequantize_f32(&info.name)?;
+                    if let Some(n_heads) = rope_heads {
+                        values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
+                    }
+                    quantized_tensor(path, name, shape, &values, q)?
+                }
+                (_, Some(_)) => {
+                    let values = g.dequantize_f32(&info.name)?;
+                    Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes: bytemuck::cast_slice(&values).to_vec() }, shape, ggml: None }
+                }
+                (ImportDtype::F16, None) => {
                     let mut values = g.dequantize_f32(&info.name)?;
                     if let Some(n_heads) = rope_heads {
                         values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
@@ -230,7 +289,7 @@ fn import_gguf(path: &Path, dtype: ImportDtype, show_progress: bool) -> Result<I
                     let data: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
                     Imported1::f16(name, shape, &data)
                 }
-                ImportDtype::Native => native_tensor(path, &g, info, name, shape, rope_heads)?,
+                (ImportDtype::Native, None) => native_tensor(path, &g, info, name, shape, rope_heads)?,
             };
             pb.inc(1);
             Ok(t)
@@ -270,7 +329,7 @@ fn native_tensor(path: &Path, g: &GgufFile, info: &GgufTensorInfo, name: String,
     })
 }
 
-fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
+fn import_hf_dir(dir: &Path, quantize: Option<QuantizeTo>, show_progress: bool) -> Result<Imported> {
     let cfg = ModelConfig::load(dir)?;
     let arch = cfg.validate(&dir.join(model_dir::CONFIG_FILE))?;
     let tok_path = dir.join(model_dir::TOKENIZER_FILE);
@@ -286,7 +345,14 @@ fn import_hf_dir(dir: &Path, show_progress: bool) -> Result<Imported> {
             if name.ends_with("rotary_emb.inv_freq") {
                 continue;
             }
-            tensors.push(Imported1::f16(name.clone(), e.logical_shape(), &st.f16_values(name, e)?));
+            let shape = e.logical_shape();
+            tensors.push(match quantize {
+                Some(q) if shape.len() == 2 => {
+                    let values: Vec<f32> = st.f16_values(name, e)?.iter().map(|v| v.to_f32()).collect();
+                    quantized_tensor(dir, name.clone(), shape, &values, q)?
+                }
+                _ => Imported1::f16(name.clone(), shape, &st.f16_values(name, e)?),
+            });
             pb.inc(1);
         }
         pb.finish_and_clear();

@@ -38,6 +38,10 @@ enum Command {
         /// native: a GGUF's own blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), byte-equal.
         #[arg(long, value_enum, default_value = "f16")]
         dtype: import::ImportDtype,
+        /// Requantize every weight matrix to Q8_0 or Q4_K (from an f16/bf16 Hugging Face
+        /// directory, or a GGUF dequantized exactly); norms and biases stay F32.
+        #[arg(long, value_enum)]
+        quantize: Option<import::QuantizeTo>,
         /// Print one JSON object with the summary.
         #[arg(long)]
         json: bool,
@@ -219,9 +223,9 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Import { input, out, dtype, json } => {
+        Command::Import { input, out, dtype, quantize, json } => {
             let t0 = std::time::Instant::now();
-            let s = import::import(&input, &out, dtype, !json)?;
+            let s = import::import_as(&input, &out, dtype, quantize, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
