@@ -54,6 +54,32 @@ pub fn run_bin(name: &str, args: &[&str]) -> Output {
     Command::new(&bin).args(args).output().expect("spawn binary")
 }
 
+/// The minimum budget `runtime bench <manifest> [extra]` needs, from the engine's own refusal
+/// of a 1 MiB budget.
+pub fn minimum_budget(manifest: &Path, extra: &[&str]) -> u64 {
+    let mut args = vec!["bench", manifest.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"];
+    args.extend(extra);
+    let probe = run_bin("runtime", &args);
+    let e = String::from_utf8_lossy(&probe.stderr);
+    e.split("at least ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"))
+}
+
+/// Runs `runtime bench <manifest> --mem-budget <budget> -n 24 [extra] --json` inside a fresh
+/// cgroup v1 memory group limited to `limit_bytes`: (its output, the group's memory.failcnt).
+pub fn bench_in_memory_cgroup(name: &str, manifest: &Path, budget: u64, limit_bytes: u64, extra: &[&str]) -> (Output, String) {
+    let cg = Path::new("/sys/fs/cgroup/memory");
+    assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
+    let group = cg.join(format!("np-test-{}-{name}", std::process::id()));
+    std::fs::create_dir(&group).unwrap();
+    std::fs::write(group.join("memory.limit_in_bytes"), limit_bytes.to_string()).unwrap();
+    let bin = repo_root().join("target/release/runtime");
+    let script = format!("echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 {} --json", group.display(), bin.display(), manifest.display(), extra.join(" "));
+    let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
+    let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
+    let _ = std::fs::remove_dir(&group);
+    (out, failcnt.trim().to_string())
+}
+
 /// Runs the `runtime` binary: (success, stdout, stderr).
 pub fn runtime_cli(args: &[&str]) -> (bool, String, String) {
     let out = run_bin("runtime", args);

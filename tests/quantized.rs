@@ -202,6 +202,14 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     let top = |v: &[f32]| v.chunks(49152).map(|r| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect::<Vec<_>>();
     eprintln!("scorer-all vs dense: relative L2 {rel}, top tokens {:?} vs {:?}", top(&a), top(&b));
     assert!(rel < 0.02 && top(&a) == top(&b), "the scorer holding every row differs from dense: relative L2 {rel}");
+    // at its (lower) minimum, inside a cgroup memory limit of budget + 10%
+    let budget = minimum_budget(&native_out.join("manifest.toml"), &[]) + (4 << 20);
+    let limit = budget + budget / 10;
+    let (out, failcnt) = bench_in_memory_cgroup("native", &native_out.join("manifest.toml"), budget, limit, &[]);
+    assert!(out.status.success(), "bench under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["peak_rss_bytes"].as_u64().unwrap() <= limit && r["set_rule"] == "scorer" && !r["head_q8"].as_bool().unwrap(), "{r}");
+    eprintln!("native: budget {budget}, limit {limit}, peak RSS {}, failcnt {failcnt}", r["peak_rss_bytes"]);
     // the predictor streams version-1 records only: refused with what to use
     let (ok, _, err) = runtime_cli(&["run", native_out.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "predictor", "--mem-budget", "1GiB"]);
     assert!(!ok && err.contains("version 2") && err.contains("--strategy scorer"), "{err}");

@@ -216,31 +216,10 @@ fn too_small_budget_gives_the_minimum() {
 #[test]
 fn runs_within_a_cgroup_memory_limit() {
     let m = default_sparse();
-    let cg = Path::new("/sys/fs/cgroup/memory");
-    assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
     for (i, extra) in [vec!["--strategy", "predictor"], vec!["--strategy", "scorer", "--set-scale", "0.3"]].into_iter().enumerate() {
-        // the minimum budget, from the engine's own refusal
-        let mut args = vec!["bench", m.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"];
-        args.extend(&extra);
-        let probe = run_bin("runtime", &args);
-        let e = String::from_utf8_lossy(&probe.stderr);
-        let minimum: u64 = e.split("at least ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"));
-        let budget = minimum + (4 << 20);
+        let budget = minimum_budget(m, &extra) + (4 << 20);
         let limit = budget + budget / 10;
-        let group = cg.join(format!("np-test-{}-{i}", std::process::id()));
-        std::fs::create_dir(&group).unwrap();
-        std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
-        let bin = repo_root().join("target/release/runtime");
-        let script = format!(
-            "echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 {} --json",
-            group.display(),
-            bin.display(),
-            m.display(),
-            extra.join(" ")
-        );
-        let out = std::process::Command::new("sh").arg("-c").arg(&script).output().unwrap();
-        let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
-        let _ = std::fs::remove_dir(&group);
+        let (out, failcnt) = bench_in_memory_cgroup(&i.to_string(), m, budget, limit, &extra);
         assert!(out.status.success(), "bench {extra:?} under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let rss = r["peak_rss_bytes"].as_u64().unwrap();
@@ -249,7 +228,7 @@ fn runs_within_a_cgroup_memory_limit() {
         if i == 1 {
             assert!(r["head_q8"].as_bool().unwrap() && r["set_rule"] == "scorer", "{r}");
         }
-        eprintln!("{extra:?}: budget {budget}, limit {limit}, peak RSS {rss}, failcnt {}", failcnt.trim());
+        eprintln!("{extra:?}: budget {budget}, limit {limit}, peak RSS {rss}, failcnt {failcnt}");
     }
 }
 
