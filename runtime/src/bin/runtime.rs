@@ -24,11 +24,12 @@ struct ModeArgs {
     /// too small; what it leaves beyond each layer's set becomes extra row slots.
     #[arg(long)]
     mem_budget: Option<String>,
-    /// auto (default): the scorer with the Q8_0 head where the preparation has them, else the
-    /// predictor. scorer: each sparse layer scores its neurons from its own input with a
-    /// resident 4-bit gate/up copy and streams only the down rows it needs. predictor: the shared
-    /// predictor picks every sparse layer's set after layer 0 and streams whole records. dense:
-    /// every layer dense, every row in memory (the reference).
+    /// auto (default): the scorer where the preparation has it (with the Q8_0 head unless the
+    /// resident head is already GGML blocks), else the predictor. scorer: each sparse layer
+    /// scores its neurons from its own input with resident 4-bit gate/up rows (the GGUF's own in
+    /// a native preparation) and streams only the down rows it needs. predictor: the shared
+    /// predictor picks every sparse layer's set after layer 0 and streams whole records (f16
+    /// preparations). dense: every layer dense, every row in memory (the reference).
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     strategy: Strategy,
     /// The same sets with every row in memory and batched prefill (quality figures).
