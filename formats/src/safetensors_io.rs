@@ -119,6 +119,13 @@ impl MappedSafetensors {
     }
 }
 
+/// The header metadata naming each quantized tensor's type (`ggml_types`), or None when no
+/// tensor is quantized.
+pub fn ggml_types_metadata<'a>(types: impl IntoIterator<Item = (&'a str, GgmlType)>) -> Option<HashMap<String, String>> {
+    let names: std::collections::BTreeMap<&str, &str> = types.into_iter().map(|(n, t)| (n, t.name())).collect();
+    (!names.is_empty()).then(|| HashMap::from([(GGML_TYPES_KEY.to_string(), serde_json::to_string(&names).expect("a map of strings serializes"))]))
+}
+
 /// The `ggml_types` metadata: tensor name -> type (an unknown or uncomputed type is an error
 /// naming the tensor).
 fn ggml_types_of(path: &Path, metadata: Option<&HashMap<String, String>>) -> Result<HashMap<String, GgmlType>> {

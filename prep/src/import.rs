@@ -14,7 +14,6 @@ use formats::safetensors_io::{self, MappedSafetensors, RawTensor};
 use formats::FormatError;
 use half::f16;
 use safetensors::Dtype;
-use std::collections::HashMap;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -118,8 +117,7 @@ pub fn import_as(input: &Path, out: &Path, dtype: ImportDtype, quantize: Option<
     let tok_path = out.join(model_dir::TOKENIZER_FILE);
     let parameters: u64 = tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
     let st_path = out.join("model.safetensors");
-    let types: std::collections::BTreeMap<&str, &str> = tensors.iter().filter_map(|t| t.ggml.map(|g| (t.raw.name.as_str(), g.name()))).collect();
-    let metadata = (!types.is_empty()).then(|| HashMap::from([(safetensors_io::GGML_TYPES_KEY.to_string(), serde_json::to_string(&types).unwrap())]));
+    let metadata = safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|t| t.ggml.map(|g| (t.raw.name.as_str(), g))));
     let raws: Vec<RawTensor> = tensors.into_iter().map(|t| t.raw).collect();
     let n_tensors = raws.len();
     safetensors_io::write_raw_safetensors(&st_path, &raws, metadata)?;
@@ -147,29 +145,15 @@ fn progress(n: usize, show: bool, msg: &'static str) -> ProgressBar {
     pb
 }
 
-/// The rows of `rows` x `row_bytes` bytes in the order [`unpermute_rope_rows`] gives them.
-fn unpermute_rope_row_bytes(w: &[u8], n_heads: usize, rows: usize) -> Vec<u8> {
-    let rb = w.len() / rows;
-    let (head_dim, half) = (rows / n_heads, rows / n_heads / 2);
-    let mut out = vec![0u8; w.len()];
-    for h in 0..n_heads {
-        for a in 0..2 {
-            for b in 0..half {
-                let (hf_row, gguf_row) = (h * head_dim + a * half + b, h * head_dim + b * 2 + a);
-                out[hf_row * rb..(hf_row + 1) * rb].copy_from_slice(&w[gguf_row * rb..(gguf_row + 1) * rb]);
-            }
-        }
-    }
-    out
-}
-
 /// llama.cpp's converter permutes the rows of q_proj/k_proj of llama-family models so that
 /// RoPE rotates adjacent pairs; Hugging Face layout rotates the two halves of each head.
 /// This undoes it: GGUF row (h, b, a) holds HF row (h, a, b), with a in {0,1}, b < head_dim/2.
-fn unpermute_rope_rows(w: &[f32], n_heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+/// `w` is `rows` rows (of f32 values, or of a GGUF's block bytes: whole rows move).
+fn unpermute_rope_rows<T: Copy + Default>(w: &[T], n_heads: usize, rows: usize) -> Vec<T> {
+    let cols = w.len() / rows;
     let head_dim = rows / n_heads;
     let half = head_dim / 2;
-    let mut out = vec![0f32; w.len()];
+    let mut out = vec![T::default(); w.len()];
     for h in 0..n_heads {
         for a in 0..2 {
             for b in 0..half {
@@ -257,7 +241,11 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
         cfg.torch_dtype = None;
     }
     let tokenizer = crate::tokenizer_json::tokenizer_json_from_gguf(&g)?;
-    let pb = progress(g.tensors.len(), show_progress, if dtype == ImportDtype::F16 { "dequantizing" } else { "copying" });
+    let pb = progress(g.tensors.len(), show_progress, match (dtype, quantize) {
+        (_, Some(_)) => "quantizing",
+        (ImportDtype::F16, None) => "dequantizing",
+        (ImportDtype::Native, None) => "copying",
+    });
     let tensors: Vec<Imported1> = g
         .tensors
         .par_iter()
@@ -268,28 +256,19 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
             let shape = info.shape_row_major();
             let rope_heads = (arch == Architecture::Llama && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")))
                 .then(|| if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() });
-            let matrix = shape.len() == 2;
             let t = match (dtype, quantize) {
-                (_, Some(q)) if matrix => {
-                    let mut values = g.dequantize_f32(&info.name)?;
-                    if let Some(n_heads) = rope_heads {
-                        values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
-                    }
-                    quantized_tensor(path, name, shape, &values, q)?
-                }
-                (_, Some(_)) => {
-                    let values = g.dequantize_f32(&info.name)?;
-                    Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes: bytemuck::cast_slice(&values).to_vec() }, shape, ggml: None }
-                }
-                (ImportDtype::F16, None) => {
-                    let mut values = g.dequantize_f32(&info.name)?;
-                    if let Some(n_heads) = rope_heads {
-                        values = unpermute_rope_rows(&values, n_heads, shape[0], shape[1]);
-                    }
-                    let data: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
-                    Imported1::f16(name, shape, &data)
-                }
                 (ImportDtype::Native, None) => native_tensor(path, &g, info, name, shape, rope_heads)?,
+                _ => {
+                    let mut values = g.dequantize_f32(&info.name)?;
+                    if let Some(n_heads) = rope_heads {
+                        values = unpermute_rope_rows(&values, n_heads, shape[0]);
+                    }
+                    match quantize {
+                        Some(q) if shape.len() == 2 => quantized_tensor(path, name, shape, &values, q)?,
+                        Some(_) => Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes: bytemuck::cast_slice(&values).to_vec() }, shape, ggml: None },
+                        None => Imported1::f16(name, shape, &values.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()),
+                    }
+                }
             };
             pb.inc(1);
             Ok(t)
@@ -312,7 +291,7 @@ fn native_tensor(path: &Path, g: &GgufFile, info: &GgufTensorInfo, name: String,
     let bytes = g.tensor_bytes(info);
     let rows = if shape.len() == 2 { shape[0] } else { 1 };
     let bytes = match rope_heads {
-        Some(n_heads) => unpermute_rope_row_bytes(bytes, n_heads, rows),
+        Some(n_heads) => unpermute_rope_rows(bytes, n_heads, rows),
         None => bytes.to_vec(),
     };
     Ok(match ty {
@@ -428,7 +407,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(unpermute_rope_rows(&gguf, n_heads, rows, cols), hf);
+        assert_eq!(unpermute_rope_rows(&gguf, n_heads, rows), hf);
     }
 
     #[test]

@@ -38,59 +38,58 @@ struct Tensors {
 }
 
 impl Tensors {
+    fn open(model: &Path) -> Result<Self> {
+        Ok(Tensors { files: model_dir::safetensors_files(model)?.into_iter().map(MappedSafetensors::open).collect::<Result<_, _>>()? })
+    }
+
+    /// The file holding tensor `name`, and its entry.
+    fn entry(&self, name: &str) -> Result<(&MappedSafetensors, &formats::safetensors_io::TensorEntry)> {
+        self.files.iter().find_map(|f| f.tensors.get(name).map(|e| (f, e))).with_context(|| format!("missing tensor '{name}' in the model directory"))
+    }
+
     fn get(&self, name: &str) -> Result<(Vec<usize>, Vec<f16>)> {
-        for f in &self.files {
-            if let Some(e) = f.tensors.get(name) {
-                return Ok((e.logical_shape(), f.f16_values(name, e)?));
-            }
-        }
-        bail!("missing tensor '{name}' in the model directory")
+        let (f, e) = self.entry(name)?;
+        Ok((e.logical_shape(), f.f16_values(name, e)?))
     }
 
     /// Tensor `name` as f32 (blocks dequantized exactly).
     fn f32(&self, name: &str) -> Result<Vec<f32>> {
-        for f in &self.files {
-            if let Some(e) = f.tensors.get(name) {
-                let mut out = vec![0f32; e.logical_shape().iter().product()];
-                match e.ggml {
-                    Some(t) => ggml_quants::dequantize(t, f.bytes(e), &mut out),
-                    None => out.iter_mut().zip(f.f16_values(name, e)?).for_each(|(o, v)| *o = v.to_f32()),
-                }
-                return Ok(out);
-            }
+        let (f, e) = self.entry(name)?;
+        let mut out = vec![0f32; e.logical_shape().iter().product()];
+        match e.ggml {
+            Some(t) => ggml_quants::dequantize(t, f.bytes(e), &mut out),
+            None => out.iter_mut().zip(f.f16_values(name, e)?).for_each(|(o, v)| *o = v.to_f32()),
         }
-        bail!("missing tensor '{name}' in the model directory")
+        Ok(out)
     }
 
     /// Tensor `name` as stored: its bytes, dtype and stored shape, and its GGML type when it
     /// is blocks.
-    fn raw(&self, name: &str) -> Result<(RawTensor, Option<formats::ggml_quants::GgmlType>)> {
-        for f in &self.files {
-            if let Some(e) = f.tensors.get(name) {
-                return Ok((RawTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: f.bytes(e).to_vec() }, e.ggml));
+    fn raw(&self, name: &str) -> Result<(RawTensor, Option<GgmlType>)> {
+        let (f, e) = self.entry(name)?;
+        Ok((RawTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: f.bytes(e).to_vec() }, e.ggml))
+    }
+
+    /// The records layer `layer` packs into: version 2 (its gate/up blocks, down in Q8_0) when
+    /// its gate and up are GGML blocks of one type, else version 1 (f16).
+    fn record_shape(&self, model: &Path, d_model: usize, layer: usize) -> Result<Option<RecordShape>> {
+        let n = model_dir::layer_tensor_names(layer);
+        let (gate, up) = (self.entry(&n.gate_proj)?.1.ggml, self.entry(&n.up_proj)?.1.ggml);
+        match (gate, up) {
+            (None, _) => Ok(None),
+            (Some(g), Some(u)) if g == u => {
+                let shape = RecordShape { d_model, gate_up: g, down: GgmlType::Q8_0 };
+                shape.check().map_err(|e| anyhow::anyhow!("{}: records v2: {e}", model.display()))?;
+                Ok(Some(shape))
             }
+            (g, u) => bail!("{}: layer {layer}'s gate ({}) and up ({}) differ in type: version-2 records hold one type", model.display(), g.map_or("f16", |t| t.name()), u.map_or("f16", |t| t.name())),
         }
-        bail!("missing tensor '{name}' in the model directory")
     }
 }
 
-/// The records a model directory packs into: version 2 (its gate/up blocks, down in Q8_0) when
-/// its MLP matrices are GGML blocks, else version 1 (f16).
+/// The records a model directory packs into, judged by layer `layer` (see `Tensors::record_shape`).
 pub fn record_shape_of(model: &Path, layer: usize) -> Result<Option<RecordShape>> {
-    let cfg = ModelConfig::load(model)?;
-    let n = model_dir::layer_tensor_names(layer);
-    let files: Vec<MappedSafetensors> = model_dir::safetensors_files(model)?.into_iter().map(MappedSafetensors::open).collect::<Result<_, _>>()?;
-    let ty = |name: &str| files.iter().find_map(|f| f.tensors.get(name)).map(|e| e.ggml).with_context(|| format!("{}: no tensor '{name}'", model.display()));
-    let (gate, up) = (ty(&n.gate_proj)?, ty(&n.up_proj)?);
-    match (gate, up) {
-        (None, _) => Ok(None),
-        (Some(g), Some(u)) if g == u => {
-            let shape = RecordShape { d_model: cfg.hidden_size, gate_up: g, down: GgmlType::Q8_0 };
-            shape.check().map_err(|e| anyhow::anyhow!("{}: records v2: {e}", model.display()))?;
-            Ok(Some(shape))
-        }
-        (g, u) => bail!("{}: layer {layer}'s gate ({}) and up ({}) differ in type: version-2 records hold one type", model.display(), g.map_or("f16", |t| t.name()), u.map_or("f16", |t| t.name())),
-    }
+    Tensors::open(model)?.record_shape(model, ModelConfig::load(model)?.hidden_size, layer)
 }
 
 pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<PackSummary> {
@@ -99,13 +98,11 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
     if dense_prefix > n_layers {
         bail!("--dense-prefix {dense_prefix} exceeds the model's {n_layers} layers ({})", model.display());
     }
-    let t = Tensors {
-        files: model_dir::safetensors_files(model)?.into_iter().map(MappedSafetensors::open).collect::<Result<_, _>>()?,
-    };
+    let t = Tensors::open(model)?;
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
 
     // records.bin
-    let shapes: Vec<Option<RecordShape>> = (dense_prefix..n_layers).map(|l| record_shape_of(model, l)).collect::<Result<_>>()?;
+    let shapes: Vec<Option<RecordShape>> = (dense_prefix..n_layers).map(|l| t.record_shape(model, d, l)).collect::<Result<_>>()?;
     let shape = shapes.first().copied().flatten();
     if shapes.iter().any(|s| *s != shape) {
         bail!("{}: the sparse layers' gate/up types differ from layer to layer: version-2 records hold one type", model.display());
@@ -176,16 +173,9 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
             names.extend([n.gate_proj, n.up_proj, n.down_proj]);
         }
     }
-    let mut types = std::collections::BTreeMap::new();
-    let mut tensors = Vec::new();
-    for name in names {
-        let (raw, ggml) = t.raw(&name)?;
-        if let Some(g) = ggml {
-            types.insert(name, g.name());
-        }
-        tensors.push(raw);
-    }
-    let metadata = (!types.is_empty()).then(|| std::collections::HashMap::from([(safetensors_io::GGML_TYPES_KEY.to_string(), serde_json::to_string(&types).unwrap())]));
+    let tensors: Vec<(RawTensor, Option<GgmlType>)> = names.iter().map(|name| t.raw(name)).collect::<Result<_>>()?;
+    let metadata = safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|(r, g)| g.map(|g| (r.name.as_str(), g))));
+    let tensors: Vec<RawTensor> = tensors.into_iter().map(|(r, _)| r).collect();
     let resident_path = out.join("resident.safetensors");
     safetensors_io::write_raw_safetensors(&resident_path, &tensors, metadata)?;
     Ok(PackSummary {

@@ -80,9 +80,10 @@ pub struct PackRecipe {
     /// "every layer after dense_prefix sparse" (`runtime --dense-from fit`).
     #[serde(default)]
     pub default_dense_from: Option<usize>,
-    /// What the shipped weights (resident.safetensors) are: "f16", or "native": a GGUF
-    /// source's own blocks, imported a second time into `<model_dir>-native` (the calibration
-    /// stages read the f16 model either way; records.bin is the same f16 rows either way).
+    /// What the shipped weights are: "f16", or "native": a GGUF source's own blocks, imported
+    /// a second time into `<model_dir>-native`, from which pack writes resident.safetensors
+    /// as stored and version-2 records, and the scorer stage takes the gate/up blocks (the
+    /// calibration stages read the f16 model either way).
     #[serde(default)]
     pub weights: Weights,
 }
@@ -260,8 +261,8 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     }
     st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, &out, show_progress).map(|_| ()))?;
 
-    // scorer: the resident 4-bit gate/up copy of the sparse layers (`--set-rule scorer`)
-    // and the output head in Q8_0 (`--head-q8`)
+    // scorer: the resident 4-bit gate/up rows of the sparse layers (`--strategy scorer`)
+    // and the output head in Q8_0 (`-X head=q8`)
     let scorer_path = out.join("scorer/scorer.safetensors");
     let head_path = out.join("scorer/head_q8.safetensors");
     // (a native preparation: the scorer is the model's own gate/up blocks)

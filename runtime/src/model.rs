@@ -215,10 +215,16 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
     Ok(Mlp::Resident(DenseMlp { w_gate: Matrix::F16(F16Matrix::owned(ff, d, gate)), w_up: Matrix::F16(F16Matrix::owned(ff, d, up)), w_down: Matrix::F16(F16Matrix::owned(d, ff, down)) }))
 }
 
+/// The layout of the manifest's version-2 records (None: version 1), an unknown type an error
+/// naming the manifest.
+pub(crate) fn records_shape(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<formats::records::RecordShape>> {
+    manifest.records.shape(manifest.model.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))
+}
+
 /// The manifest's records.bin, opened with its version and layout.
-fn records_file(manifest_path: &Path, manifest: &formats::manifest::Manifest, records_path: &Path) -> Result<formats::records::RecordFile> {
+pub(crate) fn records_file(manifest_path: &Path, manifest: &formats::manifest::Manifest, records_path: &Path) -> Result<formats::records::RecordFile> {
     let c = &manifest.model;
-    let shape = manifest.records.shape(c.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+    let shape = records_shape(manifest_path, manifest)?;
     Ok(formats::records::RecordFile::open_v(records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?)
 }
 

@@ -76,16 +76,9 @@ impl GateUpScorer {
             Some(ty) => {
                 let at = crate::ops::qmatmul::activation_type(ty).expect("the loader accepts computed types only");
                 let xa = crate::ops::qmatmul::QActivation::quantize(at, xn);
-                let (rb, d) = (f.row_bytes(), f.d_model);
-                let rows = f.layer_q4(layer);
-                h.par_chunks_mut(64).enumerate().for_each(|(c, hs)| {
-                    for (k, hj) in hs.iter_mut().enumerate() {
-                        let j = c * 64 + k;
-                        let g = crate::ops::qmatmul::dot_row(ty, &rows[2 * j * rb..(2 * j + 1) * rb], d, &xa);
-                        let u = crate::ops::qmatmul::dot_row(ty, &rows[(2 * j + 1) * rb..(2 * j + 2) * rb], d, &xa);
-                        *hj = silu(g) * u;
-                    }
-                });
+                let mut gu = vec![0f32; 2 * h.len()]; // [n_ff, 2]: gate_j, up_j
+                crate::ops::qmatmul::qmatvec_bytes(ty, f.layer_q4(layer), f.d_model, &xa, &mut gu);
+                swiglu_pairs(&gu, h);
             }
         }
     }
@@ -98,7 +91,7 @@ impl GateUpScorer {
         let rows = 2 * from..2 * (from + h.len()); // gate_j, up_j per neuron
         let mut gu = vec![0f32; 2 * h.len()]; // [n, 2]
         matvec_q4(&f.layer_q4(layer)[rows.start * rb..rows.end * rb], &f.layer_scales(layer)[rows.start * sb..rows.end * sb], f.d_model, x, &mut gu);
-        h.iter_mut().zip(gu.chunks_exact(2)).for_each(|(hj, p)| *hj = silu(p[0]) * p[1]);
+        swiglu_pairs(&gu, h);
     }
 
     /// The `k` neurons of largest `|h_j| * ||W_down[:, j]||` (ascending ids), where a neuron
@@ -122,6 +115,17 @@ impl GateUpScorer {
         idx.sort_unstable();
         idx
     }
+}
+
+/// `h[j] = silu(gu[2j]) x gu[2j + 1]`: each neuron's gate and up products to its coefficient.
+fn swiglu_pairs(gu: &[f32], h: &mut [f32]) {
+    h.iter_mut().zip(gu.chunks_exact(2)).for_each(|(hj, p)| *hj = silu(p[0]) * p[1]);
+}
+
+/// Every record's down row (`row(layer, neuron)`), concatenated per layer in neuron order; the
+/// layers are read in parallel.
+fn down_rows_per_layer<T: Clone + Send>(layers: std::ops::Range<usize>, n_ff: usize, row: impl Fn(usize, usize) -> Result<Vec<T>> + Sync) -> Result<Vec<Vec<T>>> {
+    layers.into_par_iter().map(|l| Ok((0..n_ff).map(|j| row(l, j)).collect::<Result<Vec<_>>>()?.concat())).collect()
 }
 
 /// How fast a neuron's heat follows its score: heat <- HEAT_DECAY x heat + (1 - HEAT_DECAY) x
@@ -205,38 +209,13 @@ impl ScoredSparsity {
         let scorer = GateUpScorer::load(manifest_path, m)?;
         let c = &m.model;
         let records = m.artifact_path_of(manifest_path, "records")?;
-        let shape = m.records.shape(c.hidden_size).map_err(|e| crate::error::RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
-        let rf = formats::records::RecordFile::open_v(&records, c.hidden_size, m.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?;
+        let rf = crate::model::records_file(manifest_path, m, &records)?;
+        let shape = rf.shape;
         let layers = m.records.first_layer..c.num_hidden_layers;
+        let n = layers.len();
         let down_t = match shape {
-            None => DownRows::F16(
-                layers
-                    .into_par_iter()
-                    .map(|l| {
-                        let mut rows = Vec::with_capacity(c.intermediate_size * c.hidden_size);
-                        for j in 0..c.intermediate_size {
-                            rows.extend_from_slice(&rf.read(l, j)?.down_t);
-                        }
-                        Ok(rows)
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-            ),
-            Some(_) => DownRows::Q8_0(
-                layers
-                    .into_par_iter()
-                    .map(|l| {
-                        let mut rows = Vec::new();
-                        for j in 0..c.intermediate_size {
-                            rows.extend_from_slice(&rf.read_blocks(l, j)?.down);
-                        }
-                        Ok(rows)
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-            ),
-        };
-        let n = match &down_t {
-            DownRows::F16(v) => v.len(),
-            DownRows::Q8_0(v) => v.len(),
+            None => DownRows::F16(down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read(l, j)?.down_t))?),
+            Some(_) => DownRows::Q8_0(down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read_blocks(l, j)?.down))?),
         };
         let mut s = ScoredSparsity { scorer, down_t, dense_prefix: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);

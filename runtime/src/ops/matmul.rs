@@ -130,14 +130,22 @@ pub fn matmul_f16(x: &[f32], n_tokens: usize, w: &F16Matrix, out: &mut [f32]) {
 /// Several matrix-vector products of the same `x` as one parallel pass (one fork-join instead
 /// of one per matrix): `outs[m][o] = ws[m][o, :] . x`. Used for q/k/v and gate/up in decode.
 pub fn matvec_many_f16(x: &[f32], ws: &[&F16Matrix], outs: &mut [&mut [f32]]) {
-    let mut tasks: Vec<(usize, &mut [f32], usize)> = Vec::new(); // (matrix, output block, first row)
+    let tasks = row_block_tasks(outs, |m| ws[m].rows, DECODE_ROWS_PER_TASK);
+    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(x, ws[m], r0, dst));
+}
+
+/// Several matrix-vector products as one list of tasks: (matrix, block of its output, the
+/// block's first row), `rows_per_task` rows each; `rows(m)` is matrix m's row count, which its
+/// output must have.
+pub(crate) fn row_block_tasks<'a>(outs: &'a mut [&mut [f32]], rows: impl Fn(usize) -> usize, rows_per_task: usize) -> Vec<(usize, &'a mut [f32], usize)> {
+    let mut tasks = Vec::new();
     for (m, out) in outs.iter_mut().enumerate() {
-        assert_eq!(out.len(), ws[m].rows);
-        for (b, chunk) in out.chunks_mut(DECODE_ROWS_PER_TASK).enumerate() {
-            tasks.push((m, chunk, b * DECODE_ROWS_PER_TASK));
+        assert_eq!(out.len(), rows(m));
+        for (b, chunk) in out.chunks_mut(rows_per_task).enumerate() {
+            tasks.push((m, chunk, b * rows_per_task));
         }
     }
-    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(x, ws[m], r0, dst));
+    tasks
 }
 
 /// `dst[i] = w[r0 + i, :] . x`.

@@ -111,29 +111,30 @@ pub fn dot_row(ty: GgmlType, row: &[u8], cols: usize, x: &QActivation) -> f32 {
     }
 }
 
-/// `dst[i] = w[r0 + i, :] . x`.
-fn matvec_rows(w: &QMatrix, x: &QActivation, r0: usize, dst: &mut [f32]) {
+/// `dst[i] = row r0 + i . x` over `rows`, rows of `row_bytes` bytes of `ty` blocks.
+fn matvec_rows(ty: GgmlType, rows: &[u8], row_bytes: usize, cols: usize, x: &QActivation, r0: usize, dst: &mut [f32]) {
     for (i, o) in dst.iter_mut().enumerate() {
-        *o = dot_row(w.ty, w.row(r0 + i), w.cols, x);
+        let r = r0 + i;
+        *o = dot_row(ty, &rows[r * row_bytes..(r + 1) * row_bytes], cols, x);
     }
 }
 
 /// `out[o] = w[o, :] . x` for one token, `x` already quantized for `w`.
 pub fn qmatvec(w: &QMatrix, x: &QActivation, out: &mut [f32]) {
-    assert_eq!(out.len(), w.rows);
-    out.par_chunks_mut(DECODE_ROWS_PER_TASK).enumerate().for_each(|(b, dst)| matvec_rows(w, x, b * DECODE_ROWS_PER_TASK, dst));
+    qmatvec_bytes(w.ty, w.as_bytes(), w.cols, x, out)
+}
+
+/// [`qmatvec`] over `out.len()` rows of `ty` blocks held as plain bytes (`rows`).
+pub fn qmatvec_bytes(ty: GgmlType, rows: &[u8], cols: usize, x: &QActivation, out: &mut [f32]) {
+    let row_bytes = cols / ty.block_elements() * ty.block_bytes();
+    assert_eq!(rows.len(), out.len() * row_bytes);
+    out.par_chunks_mut(DECODE_ROWS_PER_TASK).enumerate().for_each(|(b, dst)| matvec_rows(ty, rows, row_bytes, cols, x, b * DECODE_ROWS_PER_TASK, dst));
 }
 
 /// Several matrices against the same quantized `x` in one parallel pass (q/k/v, gate/up).
 pub fn qmatvec_many(ws: &[&QMatrix], xs: &[&QActivation], outs: &mut [&mut [f32]]) {
-    let mut tasks: Vec<(usize, &mut [f32], usize)> = Vec::new();
-    for (m, out) in outs.iter_mut().enumerate() {
-        assert_eq!(out.len(), ws[m].rows);
-        for (b, chunk) in out.chunks_mut(DECODE_ROWS_PER_TASK).enumerate() {
-            tasks.push((m, chunk, b * DECODE_ROWS_PER_TASK));
-        }
-    }
-    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(ws[m], xs[m], r0, dst));
+    let tasks = crate::ops::matmul::row_block_tasks(outs, |m| ws[m].rows, DECODE_ROWS_PER_TASK);
+    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(ws[m].ty, ws[m].as_bytes(), ws[m].row_bytes, ws[m].cols, xs[m], r0, dst));
 }
 
 /// The block type's activation rows for `x` `[n_tokens, cols]`.

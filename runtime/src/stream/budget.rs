@@ -96,6 +96,7 @@ impl MemoryPlan {
     /// budget, the default.
     pub fn fit(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings) -> Result<Self> {
         let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
+        let rh = ResidentHead::of(manifest_path, m)?;
         let mut minimum_at_default = None;
         let mut refusal = None;
         let fp = sel.footprint(d0);
@@ -103,7 +104,7 @@ impl MemoryPlan {
         // sparse layers than as dense layers: it goes straight to every layer from d0 sparse
         let prefixes = if fp.fit_tries_prefixes { d0..=default } else { d0..=d0 };
         for l in prefixes.rev() {
-            match Self::new(manifest_path, m, sel, s, l, s.set_scale) {
+            match Self::with_head(manifest_path, m, sel, s, l, s.set_scale, &rh) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
                     minimum_at_default.get_or_insert(minimum);
@@ -118,7 +119,7 @@ impl MemoryPlan {
         let floor_pct = (floor * 100.0).round() as u32;
         for pct in (floor_pct..(s.set_scale * 100.0).round() as u32).rev() {
             let scale = pct as f64 / 100.0;
-            match Self::new(manifest_path, m, sel, s, d0, scale) {
+            match Self::with_head(manifest_path, m, sel, s, d0, scale, &rh) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => refusal = Some((budget, minimum, breakdown, scale)),
                 Err(e) => return Err(e),
@@ -139,6 +140,13 @@ impl MemoryPlan {
     /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
     #[allow(clippy::too_many_arguments)]
     pub fn new(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_prefix: usize, set_scale: f64) -> Result<Self> {
+        Self::with_head(manifest_path, m, sel, s, dense_prefix, set_scale, &ResidentHead::of(manifest_path, m)?)
+    }
+
+    /// [`MemoryPlan::new`] with the resident embedding and head already sized (`fit` tries
+    /// many plans of one preparation).
+    #[allow(clippy::too_many_arguments)]
+    fn with_head(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_prefix: usize, set_scale: f64, rh: &ResidentHead) -> Result<Self> {
         let fp = sel.footprint(dense_prefix.min(m.model.num_hidden_layers));
         let unit = fp.set_unit;
         if !(set_scale > 0.0 && set_scale <= 1.0) {
@@ -153,7 +161,6 @@ impl MemoryPlan {
         // An untied input embedding is only read a row per token (its address is known once the
         // token is sampled: Budgeting Bytes' class A0): its rows fault in from the mapped file on
         // use and are not held, so it is not counted. A tied one is the output head: all of it.
-        let rh = ResidentHead::of(manifest_path, m)?;
         let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { rh.embed_bytes };
         // With the Q8_0 head the resident head is never read (a tied embedding is then read a
         // row per token, as an untied one): the Q8_0 head takes its place.
@@ -175,7 +182,7 @@ impl MemoryPlan {
                 manifest_path.display()
             )));
         }
-        let shape = m.records.shape(c.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+        let shape = crate::model::records_shape(manifest_path, m)?;
         // a layer run dense from records: f16 rows (version 1), or its gate/up blocks and an f16
         // down matrix rebuilt from the Q8_0 columns (version 2)
         let full_row_bytes = match shape {

@@ -266,7 +266,7 @@ impl StreamingEngine {
         if len > want {
             return Err(RuntimeError::Corrupt { path: records_path.clone(), offset: want, what: format!("{} bytes after the {} records of {rb} bytes the manifest describes (not this preparation's records.bin?)", len - want, manifest.records.count) });
         }
-        let shape = manifest.records.shape(c.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))?;
+        let shape = crate::model::records_shape(manifest_path, manifest)?;
         let span = match (selector.slot_row(), shape) {
             (SlotRow::GateUpDown, Some(s)) => {
                 return Err(RuntimeError::Input(format!(

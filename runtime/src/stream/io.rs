@@ -246,26 +246,35 @@ fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads:
     Ok(())
 }
 
-/// The version-2 down rows of `layer`: each record's down section (512-aligned, after the
-/// header), checked by its own layer, neuron and CRC32C; the Q8_0 blocks appended to `rows` in
-/// load order.
-fn read_down_sections(reader: &mut RecordReader, plan: &ReadPlan, shape: &formats::records::RecordShape, layer: usize, loads: &[Load], rows: &mut Vec<u8>) -> Result<()> {
-    let span = shape.down_section_bytes();
-    let per_batch = (reader.staging_len() / span).max(1);
+/// One span of `span_bytes` at `offset_in_record` of each load's record of `layer`, read in
+/// batches that fill the staging buffer; `land(span, span's file offset, neuron, rows)` checks
+/// a span and appends its row to `rows`, in load order.
+#[allow(clippy::too_many_arguments)]
+fn read_spans(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], offset_in_record: usize, span_bytes: usize, rows: &mut Vec<u8>, land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>) -> Result<()> {
+    let per_batch = (reader.staging_len() / span_bytes).max(1);
     for part in loads.chunks(per_batch) {
         let runs: Vec<Run> = part
             .iter()
             .enumerate()
-            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + RECORD_HEADER_BYTES as u64, bytes: span, staging_offset: k * span })
+            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + offset_in_record as u64, bytes: span_bytes, staging_offset: k * span_bytes })
             .collect();
         reader.read_runs(&runs)?;
         let staging = reader.staging();
         for (k, l) in part.iter().enumerate() {
-            let row = formats::records::check_down_section(&staging[k * span..(k + 1) * span], &reader.path, runs[k].offset, layer as u32, l.neuron, shape)?;
-            rows.extend_from_slice(row);
+            land(&staging[k * span_bytes..(k + 1) * span_bytes], &reader.path, runs[k].offset, l.neuron, rows)?;
         }
     }
     Ok(())
+}
+
+/// The version-2 down rows of `layer`: each record's down section (512-aligned, after the
+/// header), checked by its own layer, neuron and CRC32C; the Q8_0 blocks appended to `rows` in
+/// load order.
+fn read_down_sections(reader: &mut RecordReader, plan: &ReadPlan, shape: &formats::records::RecordShape, layer: usize, loads: &[Load], rows: &mut Vec<u8>) -> Result<()> {
+    read_spans(reader, plan, layer, loads, RECORD_HEADER_BYTES, shape.down_section_bytes(), rows, |span, path, offset, neuron, rows| {
+        rows.extend_from_slice(formats::records::check_down_section(span, path, offset, layer as u32, neuron, shape)?);
+        Ok(())
+    })
 }
 
 /// The downT rows of `layer`: one 512-aligned span around each, checked against `crcs`
@@ -276,22 +285,12 @@ fn read_down_rows(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, load
     let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
     let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
     let skip = down_offset - span_offset;
-    let per_batch = (reader.staging_len() / span_bytes).max(1);
-    for part in loads.chunks(per_batch) {
-        let runs: Vec<Run> = part
-            .iter()
-            .enumerate()
-            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + span_offset as u64, bytes: span_bytes, staging_offset: k * span_bytes })
-            .collect();
-        reader.read_runs(&runs)?;
-        let staging = reader.staging();
-        for (k, l) in part.iter().enumerate() {
-            let row = &staging[k * span_bytes + skip..k * span_bytes + skip + 2 * d];
-            formats::scorer::check_down_row(row, crcs[l.neuron as usize], &reader.path, runs[k].offset + skip as u64, layer, l.neuron)?;
-            rows.extend_from_slice(row);
-        }
-    }
-    Ok(())
+    read_spans(reader, plan, layer, loads, span_offset, span_bytes, rows, |span, path, offset, neuron, rows| {
+        let row = &span[skip..skip + 2 * d];
+        formats::scorer::check_down_row(row, crcs[neuron as usize], path, offset + skip as u64, layer, neuron)?;
+        rows.extend_from_slice(row);
+        Ok(())
+    })
 }
 
 #[cfg(test)]
