@@ -122,6 +122,20 @@ max_epochs = {max_epochs}
     p
 }
 
+/// The fixture prepared from its GGUF with `[pack] weights = "f16"` or `"native"` (a CI-sized
+/// recipe: dense prefix 20, K_max x 1.5, 5 epochs) under `dir`: returns its artifacts folder.
+pub fn fixture_gguf_preparation(dir: &Path, weights: &str) -> PathBuf {
+    let r = fixture_recipe(dir, "smollm2-ci", 20, 1.5, 5);
+    let text = std::fs::read_to_string(&r).unwrap();
+    let text = text
+        .replace(&format!("model_dir = \"{}\"", fixture_model().display()), &format!("source = \"{}\"\nmodel_dir = \"{}\"", fixture_gguf().display(), dir.join("model").display()))
+        .replace("[pack]\n", &format!("[pack]\nweights = \"{weights}\"\n"));
+    std::fs::write(&r, text).unwrap();
+    let out = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    dir.join("artifacts")
+}
+
 /// `dst` filled with symbolic links to every entry of the prepared folder `src` except `except`
 /// (which the caller copies, changes or leaves out).
 pub fn link_all_but(src: &Path, dst: &Path, except: &str) {
@@ -182,6 +196,9 @@ pub const SYNTH_FF: usize = 256;
 /// Writes a tiny synthetic llama-architecture GGUF (6 layers, d_model 64, 4 heads of 16 with 2
 /// KV heads, n_ff 256, a 261-token byte-level BPE vocabulary) with seeded random f32 weights.
 /// Nothing is downloaded: the fast test tier runs the whole pipeline on it.
+/// The synthetic model's chat template (kept by `prep import` as chat_template.jinja).
+pub const SYNTH_CHAT_TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+
 pub fn write_synthetic_gguf(path: &Path) {
     write_synthetic_gguf_with_nan(path, None)
 }
@@ -219,6 +236,7 @@ pub fn write_synthetic_gguf_with_nan(path: &Path, nan_in: Option<&str>) {
         ("tokenizer.ggml.merges".to_string(), GgufValue::Array(merges.iter().map(|m| s(m)).collect())),
         ("tokenizer.ggml.bos_token_id".to_string(), GgufValue::U32(eos)),
         ("tokenizer.ggml.eos_token_id".to_string(), GgufValue::U32(eos)),
+        ("tokenizer.chat_template".to_string(), s(SYNTH_CHAT_TEMPLATE)),
     ];
     let mut rng = Xorshift(0x5eed_1234_abcd_9876);
     // ne = [cols, rows] as GGUF stores it; values uniform in +-scale
@@ -312,4 +330,138 @@ max_epochs = 3
     let rp = dir.join("recipe.toml");
     std::fs::write(&rp, recipe).unwrap();
     rp
+}
+
+/// One HTTP/1.1 exchange with a `runtime serve` (Connection: close; a chunked body is joined).
+pub struct HttpReply {
+    pub status: u16,
+    /// The header lines, lower-cased.
+    pub headers: String,
+    pub body: String,
+}
+
+impl HttpReply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The `data:` payloads of a server-sent-events body.
+    pub fn sse_data(&self) -> Vec<String> {
+        self.body.lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).map(str::to_string).collect()
+    }
+}
+
+pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpReply {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(std::time::Duration::from_secs(300))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    // a server may answer (413) before it has read the whole body and close: that is fine
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP reply: {text:?}"));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad status line: {head}"));
+    let headers = head.to_ascii_lowercase();
+    let body = if headers.contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut r = rest;
+        while let Some((size, tail)) = r.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            r = &tail[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    HttpReply { status, headers, body }
+}
+
+/// A `runtime serve` child process on a free loopback port, killed when dropped; its stderr
+/// (one line per request) is collected.
+pub struct Server {
+    child: std::process::Child,
+    pub addr: String,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    /// `runtime serve <args> --port 0`, optionally wrapped: `wrap` is a shell prefix such as
+    /// `echo $$ > cgroup.procs && exec` (the server then runs under `sh -c`).
+    pub fn start(args: &[&str], wrap: Option<&str>) -> Server {
+        use std::io::BufRead;
+        let bin = repo_root().join("target/release/runtime");
+        assert!(bin.exists(), "{} not built: run `make build`", bin.display());
+        let mut cmd = match wrap {
+            None => {
+                let mut c = Command::new(&bin);
+                c.arg("serve").args(args).args(["--port", "0"]);
+                c
+            }
+            Some(w) => {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(format!("{w} {} serve {} --port 0", bin.display(), args.join(" ")));
+                c
+            }
+        };
+        let mut child = cmd.stderr(std::process::Stdio::piped()).stdout(std::process::Stdio::null()).spawn().expect("spawn runtime serve");
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut early = String::new();
+        let addr = loop {
+            match lines.next() {
+                Some(Ok(l)) => {
+                    if let Some(a) = l.strip_prefix("listening on http://") {
+                        break a.split_whitespace().next().unwrap().to_string();
+                    }
+                    early.push_str(&l);
+                    early.push('\n');
+                }
+                _ => panic!("runtime serve exited before listening: {early}"),
+            }
+        };
+        let log = std::sync::Arc::new(std::sync::Mutex::new(early));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                let mut g = sink.lock().unwrap();
+                g.push_str(&l);
+                g.push('\n');
+            }
+        });
+        Server { child, addr, log }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> HttpReply {
+        http(&self.addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+    }
+
+    pub fn get(&self, path: &str) -> HttpReply {
+        http(&self.addr, "GET", path, &[], b"")
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

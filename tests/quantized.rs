@@ -9,6 +9,7 @@ use formats::safetensors_io::{MappedSafetensors, RawTensor, GGML_TYPES_KEY};
 use runtime::ops::qmatmul::{activation_type, dot_row, QActivation};
 use runtime::tensor::Matrix;
 use runtime::Runner;
+use std::path::PathBuf;
 use tests::*;
 
 /// GGUF name -> the tensor our directory holds it under, for the names the test needs.
@@ -154,19 +155,7 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     use runtime::stream::{DensePrefix, SelectorChoice, StreamSettings};
     use runtime::{InMemorySettings, PreparedMode};
     let dir = scratch("quantized-native-prepare");
-    let mut recipes = Vec::new();
-    for weights in ["f16", "native"] {
-        let d = dir.join(weights);
-        let r = fixture_recipe(&d, "smollm2-ci", 20, 1.5, 5);
-        let text = std::fs::read_to_string(&r).unwrap();
-        let text = text
-            .replace(&format!("model_dir = \"{}\"", fixture_model().display()), &format!("source = \"{}\"\nmodel_dir = \"{}\"", fixture_gguf().display(), d.join("model").display()))
-            .replace("[pack]\n", &format!("[pack]\nweights = \"{weights}\"\n"));
-        std::fs::write(&r, text).unwrap();
-        let out = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        recipes.push(d.join("artifacts"));
-    }
+    let recipes: Vec<PathBuf> = ["f16", "native"].iter().map(|w| fixture_gguf_preparation(&dir.join(w), w)).collect();
     let (f16_out, native_out) = (&recipes[0], &recipes[1]);
     let st = MappedSafetensors::open(native_out.join("resident.safetensors")).unwrap();
     assert_eq!(st.tensors["model.layers.0.self_attn.q_proj.weight"].ggml, Some(GgmlType::Q4_1));

@@ -405,3 +405,139 @@ fn synthetic_model_is_deterministic() {
     assert_eq!(byte_level_chars().iter().collect::<HashSet<_>>().len(), 256);
     let _ = Path::new(&d);
 }
+
+/// `runtime serve` on the synthetic model: the OpenAI routes, streamed replies equal to plain
+/// ones, stop sequences, usage counts, and every kind of bad request answered 4xx with an
+/// OpenAI error object while the server keeps serving.
+#[test]
+fn serve_answers_the_openai_api() {
+    use serde_json::json;
+    let dir = model_dir();
+    assert_eq!(std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap(), SYNTH_CHAT_TEMPLATE, "prep import keeps the GGUF's chat template");
+    let mut s = Server::start(&[dir.to_str().unwrap(), "--ctx", "256", "--threads", "1"], None);
+    let h = s.get("/health");
+    assert_eq!((h.status, h.json()["status"].as_str()), (200, Some("ok")));
+    assert_eq!(s.get("/v1/models").json()["data"][0]["id"], "model");
+    let chat = json!({"model": "model", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the hat is"}], "max_tokens": 24, "temperature": 0});
+    let plain = s.post("/v1/chat/completions", &chat);
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    let v = plain.json();
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let u = &v["usage"];
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 10 && u["completion_tokens"].as_u64().unwrap() <= 24);
+    assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
+    assert_eq!(v["object"], "chat.completion");
+    // streamed: the deltas join to the same text, a finish chunk, the usage chunk, [DONE]
+    let mut sc = chat.clone();
+    sc["stream"] = json!(true);
+    sc["stream_options"] = json!({"include_usage": true});
+    let st = s.post("/v1/chat/completions", &sc);
+    assert!(st.status == 200 && st.headers.contains("text/event-stream"), "{}", st.headers);
+    let data = st.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<serde_json::Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, text, "streamed and plain replies differ at temperature 0");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], v["choices"][0]["finish_reason"]);
+    let su = &chunks.last().unwrap()["usage"];
+    assert_eq!((&su["prompt_tokens"], &su["completion_tokens"], &su["total_tokens"]), (&u["prompt_tokens"], &u["completion_tokens"], &u["total_tokens"]));
+    // the same prompt again: all but its last token come from the KV cache
+    assert_eq!(su["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() - 1));
+    // completions, plain and streamed
+    let comp = json!({"prompt": "the ant is on", "max_tokens": 16, "temperature": 0});
+    let c1 = s.post("/v1/completions", &comp).json();
+    let full = c1["choices"][0]["text"].as_str().unwrap().to_string();
+    let mut cs = comp.clone();
+    cs["stream"] = json!(true);
+    let joined: String = s.post("/v1/completions", &cs).sse_data().iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(joined, full);
+    // a stop sequence taken from the middle of that text ends the reply where it first occurs
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 6, "the synthetic model generated too little to test stop: {full:?}");
+    let stop: String = chars[3..5].iter().collect();
+    let mut cstop = comp.clone();
+    cstop["stop"] = json!([stop]);
+    let r = s.post("/v1/completions", &cstop).json();
+    assert_eq!(r["choices"][0]["text"].as_str().unwrap(), &full[..full.find(&stop).unwrap()]);
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    cstop["stream"] = json!(true);
+    let joined: String = s.post("/v1/completions", &cstop).sse_data().iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()).collect();
+    assert_eq!(joined, r["choices"][0]["text"].as_str().unwrap(), "a streamed reply never shows the stop sequence");
+    // bad requests: 4xx, an OpenAI error object, and the server goes on
+    let long_prompt = "the hat ".repeat(200);
+    let bad: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("/v1/chat/completions", b"{\"messages\": [".to_vec(), 400, "not valid JSON"),
+        ("/v1/chat/completions", json!({"messages": []}).to_string().into_bytes(), 400, "empty"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).to_string().into_bytes(), 400, "must be an integer"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(), 400, "content"),
+        ("/v1/completions", json!({"prompt": "x", "max_tokens": 1000}).to_string().into_bytes(), 400, "exceed the context"),
+        ("/v1/completions", json!({"prompt": long_prompt}).to_string().into_bytes(), 400, "the context holds 256"),
+        ("/v1/completions", vec![b' '; (1 << 20) + 10], 413, "exceeds"),
+        ("/v1/nowhere", b"{}".to_vec(), 404, "no such endpoint"),
+    ];
+    for (path, body, status, needle) in bad {
+        let r = http(&s.addr, "POST", path, &[("Content-Type", "application/json")], &body);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        let e = r.json();
+        assert!(e["error"]["message"].as_str().unwrap().contains(needle), "{path}: {}", r.body);
+        assert!(e["error"]["type"].is_string(), "{}", r.body);
+    }
+    let big = json!({"prompt": long_prompt});
+    assert_eq!(s.post("/v1/completions", &big).json()["error"]["code"], "context_length_exceeded");
+    assert!(s.alive());
+    assert_eq!(s.post("/v1/completions", &comp).json()["choices"][0]["text"].as_str().unwrap(), full, "the same answer after the errors");
+    let m = s.get("/metrics").body;
+    assert!(m.contains("np_requests_total{endpoint=\"completion\",outcome=\"ok\"} 5") && m.contains("np_generated_tokens_total"), "{m}");
+    assert!(s.log().contains("request 1 chat: prompt"), "one log line per request: {}", s.log());
+}
+
+/// --api-key is checked on every route; a full queue answers 503 with Retry-After; a client
+/// that disconnects mid-stream cancels its generation.
+#[test]
+fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
+    use serde_json::json;
+    use std::io::{Read, Write};
+    let dir = model_dir();
+    let s = Server::start(&[dir.to_str().unwrap(), "--ctx", "1024", "--threads", "1", "--api-key", "sekret", "--queue", "1"], None);
+    for path in ["/health", "/v1/models", "/metrics"] {
+        let r = s.get(path);
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+        assert_eq!(http(&s.addr, "GET", path, &[("Authorization", "Bearer wrong")], b"").status, 401);
+        assert_eq!(http(&s.addr, "GET", path, &[("Authorization", "Bearer sekret")], b"").status, 200);
+    }
+    let auth = [("Authorization", "Bearer sekret"), ("Content-Type", "application/json")];
+    // one answered, one waiting, the rest refused
+    let long = json!({"prompt": "the tent", "max_tokens": 1000, "temperature": 0}).to_string();
+    let replies: Vec<HttpReply> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..6).map(|_| sc.spawn(|| http(&s.addr, "POST", "/v1/completions", &auth, long.as_bytes()))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let busy: Vec<&HttpReply> = replies.iter().filter(|r| r.status == 503).collect();
+    assert!(!busy.is_empty() && replies.iter().all(|r| r.status == 200 || r.status == 503), "{:?}", replies.iter().map(|r| r.status).collect::<Vec<_>>());
+    assert!(busy[0].headers.contains("retry-after: "), "{}", busy[0].headers);
+    assert_eq!(busy[0].json()["error"]["code"], "queue_full");
+    // a stream read for one chunk, then dropped
+    let mut stream = std::net::TcpStream::connect(&s.addr).unwrap();
+    let body = json!({"prompt": "the net", "max_tokens": 1000, "temperature": 0, "stream": true}).to_string();
+    write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut buf = [0u8; 512];
+    let n = stream.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(stream);
+    let t = std::time::Instant::now();
+    loop {
+        let m = http(&s.addr, "GET", "/metrics", &auth, b"").body;
+        // the metric, and the request's log line (written just after it)
+        if m.contains("np_requests_total{endpoint=\"completion\",outcome=\"cancelled\"} 1") && s.log().contains("cancelled: the client went away") {
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 20, "the dropped stream was not cancelled: {m}\n{}", s.log());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = s.log();
+    let line = log.lines().find(|l| l.contains("cancelled: the client went away")).unwrap();
+    let generated: usize = line.split(" generated").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(generated < 1000, "{line}");
+}

@@ -3,6 +3,8 @@
 //! ```text
 //! <dir>/config.json        Hugging Face config (names as in transformers)
 //! <dir>/tokenizer.json     Hugging Face `tokenizers` format
+//! <dir>/chat_template.jinja the chat template (Jinja, as transformers saves it), when the
+//!                          source has one (a GGUF's tokenizer.chat_template)
 //! <dir>/*.safetensors      weights with Hugging Face tensor names (f16 when written by `prep import`)
 //! ```
 //! A Hugging Face checkpoint directory (Mistral-7B, Llama-3-8B, Qwen2.5) already has this shape.
@@ -13,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// The decoder-only transformer families the runtime implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

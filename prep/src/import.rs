@@ -122,6 +122,7 @@ pub fn import_as(input: &Path, out: &Path, dtype: ImportDtype, quantize: Option<
     let n_tensors = raws.len();
     safetensors_io::write_raw_safetensors(&st_path, &raws, metadata)?;
     safetensors_io::write_atomic(&safetensors_io::tmp_path(&tok_path), &tok_path, tokenizer.as_bytes())?;
+    write_chat_template(out, chat_template_of(input)?.as_deref())?;
     let cfg_path = out.join(model_dir::CONFIG_FILE);
     let cfg_text = serde_json::to_string_pretty(&config)?;
     safetensors_io::write_atomic(&safetensors_io::tmp_path(&cfg_path), &cfg_path, cfg_text.as_bytes())?;
@@ -133,6 +134,55 @@ pub fn import_as(input: &Path, out: &Path, dtype: ImportDtype, quantize: Option<
         parameters,
         safetensors_bytes: std::fs::metadata(&st_path)?.len(),
     })
+}
+
+/// The chat template a source ships: a GGUF's `tokenizer.chat_template`, or a Hugging Face
+/// directory's `chat_template.jinja` or `tokenizer_config.json` `chat_template` (a string, or
+/// named templates of which "default" is the one `apply_chat_template` uses). None when it has none.
+pub fn chat_template_of(input: &Path) -> Result<Option<String>> {
+    if input.is_file() {
+        let g = GgufFile::open(input)?;
+        return match g.get("tokenizer.chat_template") {
+            None => Ok(None),
+            Some(v) => Ok(Some(v.as_str().with_context(|| format!("{}: tokenizer.chat_template is not a string", input.display()))?.to_string())),
+        };
+    }
+    let jinja = input.join(model_dir::CHAT_TEMPLATE_FILE);
+    if jinja.is_file() {
+        return Ok(Some(std::fs::read_to_string(&jinja).with_context(|| format!("{}: cannot read", jinja.display()))?));
+    }
+    let cfg_path = input.join("tokenizer_config.json");
+    if !cfg_path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("{}: cannot read", cfg_path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", cfg_path.display()))?;
+    match &v["chat_template"] {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(t) => Ok(Some(t.clone())),
+        serde_json::Value::Array(named) => named
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(|t| Some(t.to_string()))
+            .with_context(|| format!("{}: chat_template lists named templates but none is \"default\"", cfg_path.display())),
+        _ => bail!("{}: chat_template is neither a string nor a list of named templates", cfg_path.display()),
+    }
+}
+
+/// Writes `<dir>/chat_template.jinja`, or removes a stale one when the source has no template.
+pub fn write_chat_template(dir: &Path, template: Option<&str>) -> Result<()> {
+    let path = dir.join(model_dir::CHAT_TEMPLATE_FILE);
+    match template {
+        Some(t) => {
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(t) {
+                safetensors_io::write_atomic(&safetensors_io::tmp_path(&path), &path, t.as_bytes())?;
+            }
+        }
+        None if path.exists() => std::fs::remove_file(&path).with_context(|| format!("{}: cannot remove", path.display()))?,
+        None => {}
+    }
+    Ok(())
 }
 
 fn progress(n: usize, show: bool, msg: &'static str) -> ProgressBar {

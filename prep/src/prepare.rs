@@ -180,6 +180,13 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
                 let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": native_dir, "dtype": "native"});
                 st.run("import-native", &key, &native_files, || import::import(src, &native_dir, import::ImportDtype::Native, show_progress).map(|_| ()))?;
             }
+            // the chat template: cheap, so kept current without rerunning the import stage (a
+            // directory imported before templates were kept gets it here)
+            let template = import::chat_template_of(src)?;
+            import::write_chat_template(&model_dir, template.as_deref())?;
+            if r.pack.weights == Weights::Native {
+                import::write_chat_template(&native_dir, template.as_deref())?;
+            }
         }
         None if model_files.iter().all(|p| p.exists()) => {}
         None => bail!("{}: no source to import and no model in {} (give SOURCE=<gguf or hf dir>)", recipe_path.display(), r.model_dir),
@@ -293,7 +300,17 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     if std::fs::read(&tok_path).ok().as_deref() != Some(&tok_bytes[..]) {
         formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&tok_path), &tok_path, &tok_bytes)?;
     }
+    // the chat template travels too (runtime chat / serve), when the model has one
+    let template_path = out.join(formats::model_dir::CHAT_TEMPLATE_FILE);
+    let template = std::fs::read(model_dir.join(formats::model_dir::CHAT_TEMPLATE_FILE)).ok();
+    match &template {
+        Some(t) if std::fs::read(&template_path).ok().as_ref() != Some(t) => formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&template_path), &template_path, t)?,
+        Some(_) => {}
+        None if template_path.exists() => std::fs::remove_file(&template_path)?,
+        None => {}
+    }
     let mut artifacts = Vec::new();
+    let chat_template = template.is_some().then(|| ("chat_template", template_path.clone()));
     for (role, path) in [
         ("records", out.join("records.bin")),
         ("resident", out.join("resident.safetensors")),
@@ -304,7 +321,10 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("scorer", scorer_path.clone()),
         ("head_q8", head_path.clone()),
         ("tokenizer", tok_path.clone()),
-    ] {
+    ]
+    .into_iter()
+    .chain(chat_template)
+    {
         let rel = pathdiff(&path, &out);
         artifacts.push(Artifact { role: role.into(), path: rel, bytes: std::fs::metadata(&path)?.len(), sha256: sha256_file(&path)? });
     }

@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod bench;
+pub mod chat;
 pub mod eval;
 pub mod generate;
 pub mod kv_cache;
@@ -14,6 +15,7 @@ pub mod predictor;
 pub mod sampler;
 pub mod scorer;
 pub mod select;
+pub mod serve;
 pub mod stream;
 pub mod tensor;
 pub mod tokenizer;
@@ -307,4 +309,20 @@ pub fn open_model(path: &Path) -> Result<(Model, Tokenizer)> {
     let model = Model::load(path)?;
     let tok = Tokenizer::load(&path.join(formats::model_dir::TOKENIZER_FILE), model.vocab_size(), model.config.bos_token_id)?;
     Ok((model, tok))
+}
+
+/// The chat template of a model directory or a prepared model (its `chat_template` artifact),
+/// with the tokenizer's special tokens; None when the model ships none.
+pub fn chat_template(path: &Path, opened: &Opened) -> Result<Option<chat::ChatTemplate>> {
+    let file = match &opened.manifest {
+        Some(m) => match m.artifacts.iter().find(|a| a.role == "chat_template") {
+            Some(a) => m.artifact_path(path, a),
+            None => return Ok(None),
+        },
+        None => path.join(formats::model_dir::CHAT_TEMPLATE_FILE),
+    };
+    if !file.is_file() {
+        return Ok(None);
+    }
+    Ok(Some(chat::ChatTemplate::for_tokenizer(&file, &opened.tokenizer, &opened.model.config)?))
 }

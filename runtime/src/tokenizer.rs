@@ -50,6 +50,12 @@ impl Tokenizer {
             .map_err(|e| RuntimeError::Tokenizer { path: self.path.clone(), message: e.to_string() })
     }
 
+    /// The id of a special added token (`<|im_end|>`, `</s>`), None when the vocabulary has no
+    /// such special token.
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.inner.get_added_tokens_decoder().into_iter().find(|(_, t)| t.special && t.content == text).map(|(id, _)| id)
+    }
+
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }

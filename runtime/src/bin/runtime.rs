@@ -308,6 +308,58 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Chat in the terminal through the model's chat template: one line per message, the KV
+    /// cache of earlier turns kept; /reset starts over, Ctrl-D (or /quit) ends.
+    Chat {
+        /// Model directory, or a prepared model's manifest.toml (streamed by default).
+        model: PathBuf,
+        /// A system message that opens the conversation (default: the template's own, if any).
+        #[arg(long)]
+        system: Option<String>,
+        /// Most tokens per reply.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+        n: usize,
+        /// Sampling temperature; 0 = greedy.
+        #[arg(long, default_value_t = 0.7)]
+        temp: f32,
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// KV cache positions: the whole conversation must fit (a streamed run's plan holds them).
+        #[arg(long, default_value_t = 1024)]
+        ctx: usize,
+        #[command(flatten)]
+        mode: ModeArgs,
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (stream
+    /// or not), GET /v1/models, /health and /metrics. One engine answers requests in order.
+    Serve {
+        /// Model directory, or a prepared model's manifest.toml (streamed by default).
+        model: PathBuf,
+        /// Address to listen on: loopback unless another is asked for (e.g. 0.0.0.0).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        /// Port (0: any free one; the address is printed).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Require `Authorization: Bearer <KEY>` on every request.
+        #[arg(long)]
+        api_key: Option<String>,
+        /// Requests that may wait for the engine; past that, 503 with Retry-After.
+        #[arg(long, default_value_t = 16)]
+        queue: usize,
+        /// KV cache positions: a request's prompt plus max_tokens must fit (a streamed run's plan
+        /// holds them).
+        #[arg(long, default_value_t = 1024)]
+        ctx: usize,
+        #[command(flatten)]
+        mode: ModeArgs,
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     /// Decode speed of a streamed run and where the time and bytes go.
     Bench {
         /// A prepared model's manifest.toml.
@@ -418,14 +470,14 @@ fn pool_threads(threads: Option<usize>) -> std::result::Result<usize, String> {
 fn main() {
     let cli = Cli::parse();
     let experiment = match &cli.command {
-        Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } => &mode.experiment,
+        Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } | Command::Chat { mode, .. } | Command::Serve { mode, .. } => &mode.experiment,
     };
     if experiment.iter().any(|x| x == "help") {
         println!("{EXPERIMENT_HELP}");
         return;
     }
     let threads = match &cli.command {
-        Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } => *threads,
+        Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } | Command::Chat { threads, .. } | Command::Serve { threads, .. } => *threads,
     };
     let n = match pool_threads(threads) {
         Ok(n) => n,
@@ -453,12 +505,7 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
-            if !(temp.is_finite() && temp >= 0.0) {
-                anyhow::bail!("--temp {temp}: expected a finite temperature >= 0 (0 = greedy)");
-            }
-            if !(top_p > 0.0 && top_p <= 1.0) {
-                anyhow::bail!("--top-p {top_p}: expected a probability in (0, 1]");
-            }
+            check_sampling(temp, top_p)?;
             if n == 0 {
                 anyhow::bail!("-n 0: nothing to generate");
             }
@@ -573,6 +620,39 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
             }
         }
+        Command::Chat { model, system, n, temp, top_p, seed, ctx, mode, threads: _ } => {
+            check_sampling(temp, top_p)?;
+            if n == 0 {
+                anyhow::bail!("-n 0: nothing to generate");
+            }
+            let (mut opened, _) = open(&model, &mode, ctx)?;
+            let template = runtime::chat_template(&model, &opened)?.ok_or_else(|| anyhow::anyhow!("{}", no_template(&model)))?;
+            chat(&mut opened, &template, system, n, ctx, Sampler::new(temp, top_p, seed))?;
+        }
+        Command::Serve { model, host, port, api_key, queue, ctx, mode, threads: _ } => {
+            if queue == 0 {
+                anyhow::bail!("--queue 0: at least one request must be able to wait");
+            }
+            if api_key.as_deref() == Some("") {
+                anyhow::bail!("--api-key is empty");
+            }
+            let (opened, _) = open(&model, &mode, ctx)?;
+            let template = runtime::chat_template(&model, &opened)?;
+            if template.is_none() {
+                eprintln!("note: {}: /v1/chat/completions will answer 400", no_template(&model));
+            }
+            if !host.is_loopback() && api_key.is_none() {
+                eprintln!("note: listening on {host}, not loopback: anyone who can reach this machine can use the model (--api-key KEY to require a key)");
+            }
+            let model_name = match &opened.manifest {
+                Some(m) => m.model_name.clone(),
+                None => model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()),
+            };
+            let config = runtime::serve::ServeConfig { addr: std::net::SocketAddr::new(host, port), queue_capacity: queue, api_key, model_name };
+            runtime::serve::serve(opened, template, no_template(&model), ctx, config, |addr| {
+                eprintln!("listening on http://{addr} (OpenAI API at http://{addr}/v1; context {ctx} tokens, queue {queue})");
+            })?;
+        }
         Command::Bench { manifest, prompt_file, n, ctx, mode, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
@@ -612,6 +692,83 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+fn check_sampling(temp: f32, top_p: f32) -> Result<()> {
+    if !(temp.is_finite() && temp >= 0.0) {
+        anyhow::bail!("--temp {temp}: expected a finite temperature >= 0 (0 = greedy)");
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        anyhow::bail!("--top-p {top_p}: expected a probability in (0, 1]");
+    }
+    Ok(())
+}
+
+fn no_template(model: &Path) -> String {
+    format!("{}: the model has no chat template (chat_template.jinja, kept from the GGUF's tokenizer.chat_template by prep import; rerun make setup or make prepare)", model.display())
+}
+
+/// The terminal chat: one line per user message; the session keeps the conversation's KV cache,
+/// so each turn computes only its new tokens.
+fn chat(opened: &mut runtime::Opened, template: &runtime::chat::ChatTemplate, system: Option<String>, n: usize, ctx: usize, mut sampler: Sampler) -> Result<()> {
+    use runtime::chat::ChatMessage;
+    use runtime::generate::{Continuation, Session};
+    use std::io::{BufRead, IsTerminal};
+    let interactive = std::io::stdin().is_terminal();
+    let opening: Vec<ChatMessage> = system.iter().map(|s| ChatMessage::new("system", s)).collect();
+    let mut messages = opening.clone();
+    let mut session = Session::new(&opened.model, ctx)?;
+    let end_ids = runtime::chat::end_of_turn_ids(&opened.model.config, &opened.tokenizer);
+    if interactive {
+        eprintln!("chat: one line per message; /reset starts over, Ctrl-D or /quit ends");
+    }
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let text = line.trim();
+        match text {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/reset" => {
+                messages = opening.clone();
+                session.reset();
+                eprintln!("(conversation reset)");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", text));
+        let prompt = template.render(&messages, true)?;
+        let (mut runner, tok) = opened.runner_and_tokenizer();
+        let ids = tok.encode(&prompt, false)?;
+        if ids.len() >= ctx {
+            messages.pop();
+            eprintln!("the conversation is {} tokens and the context holds {ctx} (--ctx): /reset to start over", ids.len());
+            continue;
+        }
+        let c = Continuation { prompt_ids: &ids, max_new_tokens: n.min(ctx - ids.len()), end_ids: &end_ids, mask: &[], stop: &[] };
+        let mut stdout = std::io::stdout();
+        let r = session.generate(&mut runner, tok, &c, &mut sampler, |piece| {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+            std::ops::ControlFlow::Continue(())
+        })?;
+        println!();
+        eprintln!(
+            "[prompt {} tokens, {} from earlier turns; {} generated at {:.1} tok/s{}]",
+            r.prompt_tokens,
+            r.reused_prompt_tokens,
+            r.generated_tokens,
+            r.decode_tok_per_s,
+            if r.finish_reason == runtime::generate::FinishReason::Length { ", cut at -n" } else { "" }
+        );
+        messages.push(ChatMessage::new("assistant", &r.text));
     }
     Ok(())
 }

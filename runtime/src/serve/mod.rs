@@ -1,0 +1,251 @@
+//! `runtime serve`: an OpenAI-compatible HTTP server around one engine.
+//!
+//! ```text
+//! POST /v1/chat/completions   messages -> the model's chat template -> reply (stream: SSE)
+//! POST /v1/completions        prompt -> continuation (stream: SSE)
+//! GET  /v1/models             the one model
+//! GET  /health                {"status": "ok"}
+//! GET  /metrics               Prometheus text: requests, tokens, queue, engine bytes/reuse/I/O wait
+//! ```
+//! The HTTP side (axum on a one-thread tokio runtime) checks a request, renders its chat
+//! template and puts it on a bounded queue; the engine (this thread, in the rayon pool) answers
+//! the queue in order ([`worker`]). A full queue answers 503 with Retry-After, so memory does not
+//! grow with waiting clients; a client that disconnects cancels its generation.
+
+pub mod api;
+pub mod metrics;
+pub mod worker;
+
+use crate::chat::ChatTemplate;
+use api::{ApiError, Endpoint, Input, ReplyHead};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics::Metrics;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use worker::{Event, Job, Worker};
+
+/// Largest request body accepted (413 above it).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+pub struct ServeConfig {
+    pub addr: SocketAddr,
+    /// Requests waiting beyond the one being answered; past it, 503.
+    pub queue_capacity: usize,
+    /// Checked on every request as `Authorization: Bearer <key>` (401 otherwise).
+    pub api_key: Option<String>,
+    /// The name `/v1/models` lists and replies carry.
+    pub model_name: String,
+}
+
+/// What the handlers share.
+pub struct AppState {
+    jobs: SyncSender<Job>,
+    template: Option<ChatTemplate>,
+    template_missing: String,
+    config: ServeConfig,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    created: u64,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Serves `opened` until the process is stopped. `template`: the model's chat template (None:
+/// /v1/chat/completions answers 400 naming `template_missing`). `on_listen` gets the bound
+/// address (port 0 picks a free one) before the first request is taken.
+pub fn serve(opened: crate::Opened, template: Option<ChatTemplate>, template_missing: String, ctx: usize, config: ServeConfig, on_listen: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let worker = Worker::new(opened, ctx, metrics.clone())?;
+    let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(config.queue_capacity);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind(config.addr)).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(AppState { jobs, template, template_missing, config, metrics, next_id: AtomicU64::new(1), created: unix_now() });
+    let app = router(state);
+    let http = std::thread::Builder::new().name("http".into()).spawn(move || rt.block_on(async move { axum::serve(listener, app).await }))?;
+    on_listen(addr);
+    // the engine answers until the HTTP side (the last sender) is gone
+    worker.run(queue);
+    match http.join() {
+        Ok(r) => r.map_err(|e| anyhow::anyhow!("the HTTP server stopped: {e}")),
+        Err(_) => anyhow::bail!("the HTTP server thread panicked"),
+    }
+}
+
+/// The routes, with the API key check on every one of them.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics") })
+        .method_not_allowed_fallback(|| async { ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed on this endpoint") })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+async fn authorize(State(s): State<Arc<AppState>>, req: Request, next: axum::middleware::Next) -> Response {
+    if let Some(key) = &s.config.api_key {
+        let given = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            let mut e = ApiError::status(StatusCode::UNAUTHORIZED, "invalid_request_error", "a valid API key is required: send 'Authorization: Bearer <key>' (runtime serve --api-key)");
+            e.code = Some("invalid_api_key");
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    Json(json!({"status": "ok", "queued": s.metrics.queued.load(Relaxed), "queue_capacity": s.config.queue_capacity})).into_response()
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [{"id": s.config.model_name, "object": "model", "created": s.created, "owned_by": "local"}]})).into_response()
+}
+
+async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
+    let body = s.metrics.render(s.config.queue_capacity, metrics::rss_bytes(), crate::bench::peak_rss_bytes());
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+async fn chat_completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    answer(s, Endpoint::Chat, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
+    answer(s, Endpoint::Completion, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
+    // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::status(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the body exceeds {MAX_BODY_BYTES} bytes")))?;
+    let req = api::parse(endpoint, &bytes)?;
+    let (prompt, add_special) = match &req.input {
+        Input::Messages(m) => {
+            let t = s.template.as_ref().ok_or_else(|| ApiError::invalid(s.template_missing.clone(), Some("messages")))?;
+            (t.render(m, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?, false)
+        }
+        Input::Prompt(p) => (p.clone(), true),
+    };
+    let id = s.next_id.fetch_add(1, Relaxed);
+    let head = ReplyHead {
+        endpoint,
+        id: format!("{}-{id}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }),
+        created: unix_now(),
+        model: s.config.model_name.clone(),
+    };
+    let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = Job {
+        id: id.to_string(),
+        endpoint,
+        stream: req.stream,
+        prompt,
+        add_special,
+        max_tokens: req.max_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        seed: req.seed,
+        stop: req.stop.clone(),
+        events,
+        received: std::time::Instant::now(),
+    };
+    s.metrics.queued.fetch_add(1, Relaxed);
+    if let Err(e) = s.jobs.try_send(job) {
+        s.metrics.queued.fetch_sub(1, Relaxed);
+        s.metrics.requests_rejected.fetch_add(1, Relaxed);
+        let mut err = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", match e {
+            TrySendError::Full(_) => format!("the server is busy: {} requests are waiting (runtime serve --queue); retry later", s.config.queue_capacity),
+            TrySendError::Disconnected(_) => "the engine has stopped".to_string(),
+        });
+        err.code = Some("queue_full");
+        // about one request's time per waiting request
+        let busy_s = s.metrics.busy_us.load(Relaxed) as f64 / 1e6;
+        let answered: u64 = s.metrics.requests_ok.iter().map(|c| c.load(Relaxed)).sum();
+        err.retry_after_s = Some(((busy_s / answered.max(1) as f64) * s.config.queue_capacity as f64).ceil().max(1.0) as u64);
+        return Err(err);
+    }
+    match rx.recv().await {
+        Some(Event::Started) => {}
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine dropped the request")),
+    }
+    if req.stream {
+        return Ok(stream_reply(head, rx, req.include_usage).into_response());
+    }
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done { finish_reason, usage }) => return Ok(Json(head.complete(&text, finish_reason.as_str(), &usage)).into_response()),
+            Some(Event::Failed(e)) => return Err(e),
+            Some(Event::Started) | None => return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine dropped the request")),
+        }
+    }
+}
+
+/// Server-sent events: a chunk per piece of text, a last chunk with the finish reason, the
+/// usage chunk when asked, then `[DONE]`. Dropping the stream (the client went away) closes the
+/// channel, which cancels the generation.
+fn stream_reply(head: ReplyHead, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+    struct St {
+        rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+        head: ReplyHead,
+        first: bool,
+        pending: std::collections::VecDeque<String>,
+        done: bool,
+        include_usage: bool,
+    }
+    let st = St { rx, head, first: true, pending: Default::default(), done: false, include_usage };
+    let stream = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(data) = st.pending.pop_front() {
+                return Some((Ok(SseEvent::default().data(data)), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.rx.recv().await {
+                Some(Event::Text(t)) => {
+                    st.pending.push_back(st.head.chunk(Some(&t), st.first, None).to_string());
+                    st.first = false;
+                }
+                Some(Event::Done { finish_reason, usage }) => {
+                    if st.first {
+                        st.pending.push_back(st.head.chunk(Some(""), true, None).to_string());
+                    }
+                    st.pending.push_back(st.head.chunk(None, false, Some(finish_reason.as_str())).to_string());
+                    if st.include_usage {
+                        st.pending.push_back(st.head.usage_chunk(&usage).to_string());
+                    }
+                    st.pending.push_back("[DONE]".into());
+                    st.done = true;
+                }
+                Some(Event::Failed(e)) => {
+                    // the status line is already sent: the error goes in the stream, as OpenAI does
+                    st.pending.push_back(e.body().to_string());
+                    st.pending.push_back("[DONE]".into());
+                    st.done = true;
+                }
+                Some(Event::Started) => {}
+                None => return None,
+            }
+        }
+    });
+    Sse::new(stream)
+}
