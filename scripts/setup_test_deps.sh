@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test tier's system dependencies: libfuse2 (Debian) and fusepy (PyPI) for
 # scripts/faultfs.py, the FUSE file system that injects read faults (tests/faults.rs); time
-# (Debian) for bench-edge. Idempotent; needs root (as the full tier does).
+# (Debian) for bench-edge; the openai client (PyPI) that drives runtime serve (tests/serve.rs). Idempotent; needs root (as the full tier does).
 set -euo pipefail
 if ! ldconfig -p 2>/dev/null | grep -q 'libfuse.so.2'; then
   echo "setup: installing libfuse2 (Debian)"
@@ -10,4 +10,8 @@ fi
 if ! python3 -c "import fuse" 2>/dev/null; then
   echo "setup: installing fusepy (PyPI)"
   python3 -m pip install --quiet --root-user-action=ignore fusepy==3.0.1
+fi
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "setup: installing openai (PyPI)"
+  python3 -m pip install --quiet --root-user-action=ignore openai==3.57.0
 fi

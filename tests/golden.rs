@@ -12,7 +12,7 @@ fn open() -> (runtime::Model, runtime::Tokenizer) {
 }
 
 fn greedy(model: &runtime::Model, tok: &runtime::Tokenizer, prompt: &str, n: usize) -> String {
-    let opts = GenerateOptions { max_new_tokens: n, ctx: 128, stop_at_eos: false };
+    let opts = GenerateOptions { max_new_tokens: n, ctx: 128, stop_at_eos: false, add_special: true };
     generate(&mut Runner::dense(model), tok, prompt, &opts, &mut Sampler::new(0.0, 1.0, 0), |_| {}).unwrap().text
 }
 
@@ -86,7 +86,7 @@ fn batched_prefill_equals_token_by_token_decode() {
 #[test]
 fn sampling_is_seeded() {
     let (model, tok) = open();
-    let opts = GenerateOptions { max_new_tokens: 12, ctx: 64, stop_at_eos: false };
+    let opts = GenerateOptions { max_new_tokens: 12, ctx: 64, stop_at_eos: false, add_special: true };
     let run = |seed| generate(&mut Runner::dense(&model), &tok, "Tell me a story", &opts, &mut Sampler::new(0.9, 0.95, seed), |_| {}).unwrap().token_ids;
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8), "different seeds should (almost surely) differ over 12 tokens");

@@ -122,7 +122,7 @@ fn greedy_continuations_on_the_q4_1_blocks_equal_llama_cpp() {
         ("Once upon a time, in a small village by the sea,", " there was a wise old woman named Elara. She was a skilled healer and had a special gift – she could heal the very fabric of the world."),
     ];
     for (prompt, want) in cases {
-        let opts = runtime::generate::GenerateOptions { max_new_tokens: 32, ctx: 128, stop_at_eos: false };
+        let opts = runtime::generate::GenerateOptions { max_new_tokens: 32, ctx: 128, stop_at_eos: false, add_special: true };
         let got = runtime::generate::generate(&mut Runner::dense(&model), &tok, prompt, &opts, &mut runtime::sampler::Sampler::new(0.0, 1.0, 0), |_| {}).unwrap().text;
         assert_eq!(got, want, "prompt {prompt:?}");
     }

@@ -60,6 +60,9 @@ pub struct GenerateOptions {
     /// Stop at an end-of-sequence token (not included in the text); otherwise such tokens are
     /// masked out, as llama.cpp's `--ignore-eos` does.
     pub stop_at_eos: bool,
+    /// Encode the prompt with the tokenizer's special tokens (BOS where it adds one); false for
+    /// a rendered chat template, which carries its own.
+    pub add_special: bool,
 }
 
 /// What one call of [`Session::generate`] continues with.
@@ -204,7 +207,7 @@ impl Session {
 
 /// Generates after `prompt` (a fresh cache); `on_text` receives each new piece of text.
 pub fn generate(runner: &mut Runner, tok: &Tokenizer, prompt: &str, opts: &GenerateOptions, sampler: &mut Sampler, mut on_text: impl FnMut(&str)) -> Result<GenerationReport> {
-    let prompt_ids = tok.encode(prompt, true)?;
+    let prompt_ids = tok.encode(prompt, opts.add_special)?;
     if prompt_ids.is_empty() {
         return Err(RuntimeError::Input("the prompt is empty".into()));
     }

@@ -274,7 +274,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
 
 /// Tokens of `prompt` as a run of `path` (a model directory or a manifest) sees them, with BOS:
 /// what sizes a run's KV cache before the model is loaded.
-pub fn prompt_tokens(path: &Path, prompt: &str) -> Result<usize> {
+pub fn prompt_tokens(path: &Path, prompt: &str, add_special: bool) -> Result<usize> {
     if !path.exists() {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
@@ -286,7 +286,7 @@ pub fn prompt_tokens(path: &Path, prompt: &str) -> Result<usize> {
         let c = formats::model_dir::ModelConfig::load(path)?;
         (path.join(formats::model_dir::TOKENIZER_FILE), c.vocab_size, c.bos_token_id)
     };
-    Ok(Tokenizer::load(&tok_path, vocab, bos)?.encode(prompt, true)?.len())
+    Ok(Tokenizer::load(&tok_path, vocab, bos)?.encode(prompt, add_special)?.len())
 }
 
 /// A prepared model's folder is not a model directory: point at its manifest.
@@ -311,18 +311,38 @@ pub fn open_model(path: &Path) -> Result<(Model, Tokenizer)> {
     Ok((model, tok))
 }
 
-/// The chat template of a model directory or a prepared model (its `chat_template` artifact),
-/// with the tokenizer's special tokens; None when the model ships none.
-pub fn chat_template(path: &Path, opened: &Opened) -> Result<Option<chat::ChatTemplate>> {
-    let file = match &opened.manifest {
-        Some(m) => match m.artifacts.iter().find(|a| a.role == "chat_template") {
-            Some(a) => m.artifact_path(path, a),
-            None => return Ok(None),
-        },
+/// Where the chat template of a model directory or a prepared model (its `chat_template`
+/// artifact) lies; None when the model ships none.
+fn chat_template_file(path: &Path, manifest: Option<&formats::manifest::Manifest>) -> Option<std::path::PathBuf> {
+    let file = match manifest {
+        Some(m) => m.artifact_path(path, m.artifacts.iter().find(|a| a.role == "chat_template")?),
         None => path.join(formats::model_dir::CHAT_TEMPLATE_FILE),
     };
-    if !file.is_file() {
-        return Ok(None);
+    file.is_file().then_some(file)
+}
+
+/// The chat template of an opened model, with its tokenizer's special tokens; None when the
+/// model ships none.
+pub fn chat_template(path: &Path, opened: &Opened) -> Result<Option<chat::ChatTemplate>> {
+    match chat_template_file(path, opened.manifest.as_ref()) {
+        Some(f) => Ok(Some(chat::ChatTemplate::for_tokenizer(&f, &opened.tokenizer, &opened.model.config)?)),
+        None => Ok(None),
     }
-    Ok(Some(chat::ChatTemplate::for_tokenizer(&file, &opened.tokenizer, &opened.model.config)?))
+}
+
+/// [`chat_template`] before the model is loaded (a run sizes its KV cache from the rendered
+/// prompt): reads the tokenizer and config only.
+pub fn chat_template_at(path: &Path) -> Result<Option<chat::ChatTemplate>> {
+    let (manifest, tok_path, config) = if path.is_file() {
+        let m = formats::manifest::Manifest::load(path)?;
+        let t = m.artifact_path_of(path, "tokenizer")?;
+        let c = m.model.clone();
+        (Some(m), t, c)
+    } else {
+        not_a_prepared_folder(path)?;
+        (None, path.join(formats::model_dir::TOKENIZER_FILE), formats::model_dir::ModelConfig::load(path)?)
+    };
+    let Some(f) = chat_template_file(path, manifest.as_ref()) else { return Ok(None) };
+    let tok = Tokenizer::load(&tok_path, config.vocab_size, config.bos_token_id)?;
+    Ok(Some(chat::ChatTemplate::for_tokenizer(&f, &tok, &config)?))
 }

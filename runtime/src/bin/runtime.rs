@@ -264,6 +264,9 @@ enum Command {
         /// Never choose an end-of-sequence token (as llama.cpp's --ignore-eos): always generate n.
         #[arg(long)]
         ignore_eos: bool,
+        /// The prompt is one user message: render it through the model's chat template.
+        #[arg(long)]
+        chat: bool,
         #[command(flatten)]
         mode: ModeArgs,
         /// Print one JSON object at the end instead of streaming text.
@@ -504,19 +507,26 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, mode, json } => {
+        Command::Run { model, prompt, n, temp, top_p, seed, threads: _, ctx, ignore_eos, chat, mode, json } => {
             check_sampling(temp, top_p)?;
             if n == 0 {
                 anyhow::bail!("-n 0: nothing to generate");
             }
             Experiment::parse(&mode.experiment)?;
             // the KV cache holds the prompt and the new tokens unless --ctx says otherwise
+            let prompt = match chat {
+                false => prompt,
+                true => {
+                    let t = runtime::chat_template_at(&model)?.ok_or_else(|| anyhow::anyhow!("{}", no_template(&model)))?;
+                    t.render(&[runtime::chat::ChatMessage::new("user", &prompt)], true)?
+                }
+            };
             let ctx = match ctx {
                 Some(c) => c,
-                None => runtime::prompt_tokens(&model, &prompt)? + n,
+                None => runtime::prompt_tokens(&model, &prompt, !chat)? + n,
             };
             let (mut opened, _) = open(&model, &mode, ctx)?;
-            let opts = GenerateOptions { max_new_tokens: n, ctx, stop_at_eos: !ignore_eos };
+            let opts = GenerateOptions { max_new_tokens: n, ctx, stop_at_eos: !ignore_eos, add_special: !chat };
             let mut sampler = Sampler::new(temp, top_p, seed);
             let mut stdout = std::io::stdout();
             let (mut runner, tokenizer) = opened.runner_and_tokenizer();

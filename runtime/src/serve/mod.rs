@@ -52,6 +52,8 @@ pub struct AppState {
     template: Option<ChatTemplate>,
     template_missing: String,
     config: ServeConfig,
+    /// The KV cache positions (a request's prompt plus max_tokens must fit).
+    ctx: usize,
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
     created: u64,
@@ -71,7 +73,7 @@ pub fn serve(opened: crate::Opened, template: Option<ChatTemplate>, template_mis
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind(config.addr)).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(AppState { jobs, template, template_missing, config, metrics, next_id: AtomicU64::new(1), created: unix_now() });
+    let state = Arc::new(AppState { jobs, template, template_missing, config, ctx, metrics, next_id: AtomicU64::new(1), created: unix_now() });
     let app = router(state);
     let http = std::thread::Builder::new().name("http".into()).spawn(move || rt.block_on(async move { axum::serve(listener, app).await }))?;
     on_listen(addr);
@@ -136,6 +138,10 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
         .await
         .map_err(|_| ApiError::status(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the body exceeds {MAX_BODY_BYTES} bytes")))?;
     let req = api::parse(endpoint, &bytes)?;
+    // refused at the door when no prompt could fit; the engine checks prompt + max_tokens
+    if let Some(m) = req.max_tokens.filter(|&m| m >= s.ctx) {
+        return Err(ApiError::invalid(format!("max_tokens {m} leaves no room for a prompt in the context of {} tokens (runtime serve --ctx)", s.ctx), Some("max_tokens")).with_code("context_length_exceeded"));
+    }
     let (prompt, add_special) = match &req.input {
         Input::Messages(m) => {
             let t = s.template.as_ref().ok_or_else(|| ApiError::invalid(s.template_missing.clone(), Some("messages")))?;

@@ -1,0 +1,69 @@
+//! `runtime serve` on the real fixture, driven by a client nobody here wrote (the `openai` PyPI
+//! package, tests/serve_openai.py), and under load inside a cgroup memory limit.
+
+use serde_json::json;
+use tests::*;
+
+#[test]
+fn the_openai_client_drives_the_server() {
+    let model = fixture_native_model();
+    let s = Server::start(&[model.to_str().unwrap(), "--threads", "2"], None);
+    let out = std::process::Command::new("python3")
+        .arg(repo_root().join("tests/serve_openai.py"))
+        .args([&format!("http://{}/v1", s.addr), "smollm2-135m-native"])
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "tests/serve_openai.py failed:\n{}\n{}\nserver log:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), s.log());
+    eprintln!("openai client: {}", String::from_utf8_lossy(&out.stdout).trim());
+}
+
+/// The native fixture streamed at its minimum budget + 8 MiB, the server inside a cgroup v1
+/// memory limit of budget + 10%: 8 clients at once (streamed and plain), every one answered,
+/// the peak RSS under the limit.
+#[test]
+fn the_server_holds_its_budget_under_load() {
+    let dir = scratch("serve-budget");
+    let manifest = fixture_gguf_preparation(&dir, "native").join("manifest.toml");
+    let budget = minimum_budget(&manifest, &["--ctx", "1024"]) + (8 << 20);
+    let limit = budget + budget / 10;
+    let cg = std::path::Path::new("/sys/fs/cgroup/memory");
+    assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
+    let group = cg.join(format!("np-test-{}-serve", std::process::id()));
+    std::fs::create_dir(&group).unwrap();
+    std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+    let wrap = format!("echo $$ > {}/cgroup.procs && exec", group.display());
+    let budget_arg = budget.to_string();
+    let mut s = Server::start(&[manifest.to_str().unwrap(), "--mem-budget", &budget_arg, "--threads", "2"], Some(&wrap));
+    let replies: Vec<(bool, HttpReply)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let s = &s;
+                sc.spawn(move || {
+                    let stream = i % 2 == 0;
+                    let body = json!({"messages": [{"role": "user", "content": format!("Tell me a fact about the number {i}.")}], "max_tokens": 32, "temperature": 0, "stream": stream});
+                    (stream, s.post("/v1/chat/completions", &body))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (stream, r) in &replies {
+        assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+        if *stream {
+            assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"));
+        } else {
+            assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+        }
+    }
+    let m = s.get("/metrics").body;
+    let value = |name: &str| -> f64 { m.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}")) };
+    let peak = value("np_peak_resident_memory_bytes ") as u64;
+    assert!(value("np_stream_bytes_read_total ") > 0.0 && value("np_stream_tokens_total ") >= 8.0 * 31.0, "{m}");
+    assert!(s.alive(), "the server died under the limit: {}", s.log());
+    drop(s);
+    let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
+    let max_usage = std::fs::read_to_string(group.join("memory.max_usage_in_bytes")).unwrap_or_default();
+    let _ = std::fs::remove_dir(&group);
+    eprintln!("serve under load: budget {budget}, limit {limit}, peak RSS {peak} ({:.3} of the budget), cgroup max usage {}, failcnt {}", peak as f64 / budget as f64, max_usage.trim(), failcnt.trim());
+    assert!(peak <= limit, "peak RSS {peak} over the {limit}-byte limit");
+}
