@@ -378,7 +378,7 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
                 break;
             }
             out.push_str(&tail[..n]);
-            r = &tail[n..].trim_start_matches("\r\n");
+            r = tail[n..].trim_start_matches("\r\n");
         }
         out
     } else {

@@ -55,6 +55,10 @@ pub struct AppState {
     /// The KV cache positions (a request's prompt plus max_tokens must fit).
     ctx: usize,
     metrics: Arc<Metrics>,
+    /// Requests past the door (reading their body, queued, answered, streaming): the queue plus
+    /// the one being answered. Beyond that a request is refused before its body is read, so the
+    /// memory held for requests is bounded whatever the number of clients.
+    admitted: Arc<tokio::sync::Semaphore>,
     next_id: AtomicU64,
     created: u64,
 }
@@ -73,7 +77,8 @@ pub fn serve(opened: crate::Opened, template: Option<ChatTemplate>, template_mis
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind(config.addr)).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(AppState { jobs, template, template_missing, config, ctx, metrics, next_id: AtomicU64::new(1), created: unix_now() });
+    let admitted = Arc::new(tokio::sync::Semaphore::new(config.queue_capacity + 1));
+    let state = Arc::new(AppState { jobs, template, template_missing, config, ctx, metrics, admitted, next_id: AtomicU64::new(1), created: unix_now() });
     let app = router(state);
     let http = std::thread::Builder::new().name("http".into()).spawn(move || rt.block_on(async move { axum::serve(listener, app).await }))?;
     on_listen(addr);
@@ -132,7 +137,20 @@ async fn completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
     answer(s, Endpoint::Completion, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// 503 with Retry-After: about one request's time per waiting request.
+fn busy(s: &AppState, message: String) -> ApiError {
+    s.metrics.requests_rejected.fetch_add(1, Relaxed);
+    let mut err = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", message);
+    err.code = Some("queue_full");
+    let busy_s = s.metrics.busy_us.load(Relaxed) as f64 / 1e6;
+    let answered: u64 = s.metrics.requests_ok.iter().map(|c| c.load(Relaxed)).sum();
+    err.retry_after_s = Some(((busy_s / answered.max(1) as f64) * s.config.queue_capacity as f64).ceil().max(1.0) as u64);
+    err
+}
+
 async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
+    let busy_message = || format!("the server is busy: {} requests are waiting (runtime serve --queue); retry later", s.config.queue_capacity);
+    let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s, busy_message()))?;
     // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await
@@ -174,17 +192,10 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
     s.metrics.queued.fetch_add(1, Relaxed);
     if let Err(e) = s.jobs.try_send(job) {
         s.metrics.queued.fetch_sub(1, Relaxed);
-        s.metrics.requests_rejected.fetch_add(1, Relaxed);
-        let mut err = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", match e {
-            TrySendError::Full(_) => format!("the server is busy: {} requests are waiting (runtime serve --queue); retry later", s.config.queue_capacity),
+        return Err(busy(&s, match e {
+            TrySendError::Full(_) => busy_message(),
             TrySendError::Disconnected(_) => "the engine has stopped".to_string(),
-        });
-        err.code = Some("queue_full");
-        // about one request's time per waiting request
-        let busy_s = s.metrics.busy_us.load(Relaxed) as f64 / 1e6;
-        let answered: u64 = s.metrics.requests_ok.iter().map(|c| c.load(Relaxed)).sum();
-        err.retry_after_s = Some(((busy_s / answered.max(1) as f64) * s.config.queue_capacity as f64).ceil().max(1.0) as u64);
-        return Err(err);
+        }));
     }
     match rx.recv().await {
         Some(Event::Started) => {}
@@ -192,7 +203,7 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
         _ => return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine dropped the request")),
     }
     if req.stream {
-        return Ok(stream_reply(head, rx, req.include_usage).into_response());
+        return Ok(stream_reply(head, rx, req.include_usage, permit).into_response());
     }
     let mut text = String::new();
     loop {
@@ -208,7 +219,7 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
 /// Server-sent events: a chunk per piece of text, a last chunk with the finish reason, the
 /// usage chunk when asked, then `[DONE]`. Dropping the stream (the client went away) closes the
 /// channel, which cancels the generation.
-fn stream_reply(head: ReplyHead, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+fn stream_reply(head: ReplyHead, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool, permit: tokio::sync::OwnedSemaphorePermit) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
     struct St {
         rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
         head: ReplyHead,
@@ -216,8 +227,10 @@ fn stream_reply(head: ReplyHead, rx: tokio::sync::mpsc::UnboundedReceiver<Event>
         pending: std::collections::VecDeque<String>,
         done: bool,
         include_usage: bool,
+        /// Held until the stream ends or the client goes away.
+        _permit: tokio::sync::OwnedSemaphorePermit,
     }
-    let st = St { rx, head, first: true, pending: Default::default(), done: false, include_usage };
+    let st = St { rx, head, first: true, pending: Default::default(), done: false, include_usage, _permit: permit };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(data) = st.pending.pop_front() {
