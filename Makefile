@@ -35,10 +35,12 @@ demo: build
 	  --prompt "The three most important inventions of the industrial revolution were"
 	$(BIN)/runtime bench artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64
 
-## test: every test, on the real fixture (run `make setup` first)
+## test: every test, on the real fixture (run `make setup` first), then the formats and runtime
+## unit tests built for aarch64 under qemu-user (scripts/test_aarch64.sh)
 test:
 	$(CARGO) build --release --workspace
 	set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
+	set -o pipefail; bash scripts/test_aarch64.sh 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "%d passed, %d failed\n", p, f}' target/test.log
 
 ## test-fast: the unit tests of every crate and the whole pipeline on a synthetic model the

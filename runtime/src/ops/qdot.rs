@@ -7,7 +7,8 @@
 //! Block layouts (ggml-common.h): Q4_1 `d: f16, m: f16, qs[16]` (x = q d + m, element j in the
 //! low nibble of qs[j], j + 16 in the high); Q5_0 `d: f16, qh: u32, qs[16]` (5th bit of element
 //! j in bit j of qh; x = (q - 16) d); Q8_0 `d: f16, qs: [i8; 32]`; Q8_1 `d: f16, s: f16, qs`.
-//! AVX2 where compiled for it (x86-64-v3, .cargo/config.toml), portable code otherwise.
+//! AVX2 where compiled for it (x86-64-v3, .cargo/config.toml), NEON on aarch64, portable code
+//! otherwise; `make test` runs the aarch64 build's kernel tests under qemu-user.
 
 use half::f16;
 
@@ -155,7 +156,12 @@ pub fn dot_q4_1_q8_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
         // SAFETY: compiled only where AVX2/FMA/F16C are target features; sizes checked above.
         unsafe { x86::dot_q4_1_q8_1(row, x) }
     }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: NEON is part of the aarch64 baseline; sizes checked above.
+        unsafe { neon::dot_q4_1_q8_1(row, x) }
+    }
+    #[cfg(not(any(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), target_arch = "aarch64")))]
     dot_q4_1_q8_1_portable(row, x)
 }
 
@@ -167,7 +173,12 @@ pub fn dot4_q4_1_q8_1(row: &[u8], xs: [&[BlockQ8_1]; 4]) -> [f32; 4] {
         // SAFETY: as in dot_q4_1_q8_1.
         unsafe { x86::dot4_q4_1_q8_1(row, xs) }
     }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: as in dot_q4_1_q8_1.
+        unsafe { neon::dot4_q4_1_q8_1(row, xs) }
+    }
+    #[cfg(not(any(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), target_arch = "aarch64")))]
     xs.map(|x| dot_q4_1_q8_1_portable(row, x))
 }
 
@@ -178,7 +189,12 @@ pub fn dot_q5_0_q8_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
         // SAFETY: as in dot_q4_1_q8_1.
         unsafe { x86::dot_q5_0_q8_0(row, x) }
     }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: as in dot_q4_1_q8_1.
+        unsafe { neon::dot_q5_0_q8_0(row, x) }
+    }
+    #[cfg(not(any(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), target_arch = "aarch64")))]
     dot_q5_0_q8_0_portable(row, x)
 }
 
@@ -267,6 +283,83 @@ mod x86 {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d.to_f32()), p, acc);
         }
         hsum(acc)
+    }
+}
+
+/// NEON (the aarch64 baseline: Jetson, Raspberry Pi 4/5, phones): the block's integer product
+/// by widening multiplies (no dot-product extension needed), one f32 scale per block.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::{f16_at, BlockQ8_0, BlockQ8_1, Q4_1_BYTES, Q5_0_BYTES};
+    use std::arch::aarch64::*;
+
+    /// The 16 low nibbles (elements 0..16) and 16 high nibbles (16..32) of a block's bytes.
+    #[inline(always)]
+    unsafe fn nibbles(qs: &[u8]) -> (int8x16_t, int8x16_t) {
+        debug_assert!(qs.len() >= 16);
+        // SAFETY (caller): qs holds at least 16 bytes; unaligned load.
+        let q = vld1q_u8(qs.as_ptr());
+        (vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))), vreinterpretq_s8_u8(vshrq_n_u8(q, 4)))
+    }
+
+    /// Sum over 32 lanes of a x y (elements 0..16 in a0/y0, 16..32 in a1/y1), exact in i32.
+    #[inline(always)]
+    unsafe fn dot32(a0: int8x16_t, a1: int8x16_t, y0: int8x16_t, y1: int8x16_t) -> i32 {
+        let p = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(y0)));
+        let p = vpadalq_s16(p, vmull_high_s8(a0, y0));
+        let p = vpadalq_s16(p, vmull_s8(vget_low_s8(a1), vget_low_s8(y1)));
+        let p = vpadalq_s16(p, vmull_high_s8(a1, y1));
+        vaddvq_s32(p)
+    }
+
+    #[inline(always)]
+    unsafe fn load32(qs: &[i8; 32]) -> (int8x16_t, int8x16_t) {
+        // SAFETY (caller): 32 bytes; unaligned loads.
+        (vld1q_s8(qs.as_ptr()), vld1q_s8(qs.as_ptr().add(16)))
+    }
+
+    pub unsafe fn dot_q4_1_q8_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
+        let mut sum = 0f32;
+        for (b, y) in row.chunks_exact(Q4_1_BYTES).zip(x) {
+            let (lo, hi) = nibbles(&b[4..]);
+            let (y0, y1) = load32(&y.qs);
+            sum += f16_at(b, 0) * y.d.to_f32() * dot32(lo, hi, y0, y1) as f32 + f16_at(b, 2) * y.s.to_f32();
+        }
+        sum
+    }
+
+    pub unsafe fn dot4_q4_1_q8_1(row: &[u8], xs: [&[BlockQ8_1]; 4]) -> [f32; 4] {
+        let mut sum = [0f32; 4];
+        for (k, b) in row.chunks_exact(Q4_1_BYTES).enumerate() {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let (lo, hi) = nibbles(&b[4..]);
+            for t in 0..4 {
+                let y = &xs[t][k];
+                let (y0, y1) = load32(&y.qs);
+                sum[t] += d * y.d.to_f32() * dot32(lo, hi, y0, y1) as f32 + m * y.s.to_f32();
+            }
+        }
+        sum
+    }
+
+    pub unsafe fn dot_q5_0_q8_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+        // bit j%8 of byte j/8 of qh, per lane
+        const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+        let bit = vld1q_u8(BIT.as_ptr());
+        let sixteen = vdupq_n_u8(0x10);
+        let mut sum = 0f32;
+        for (b, y) in row.chunks_exact(Q5_0_BYTES).zip(x) {
+            let (lo, hi) = nibbles(&b[6..]);
+            // 0x10 in lane j where the element's 5th bit is set
+            let h0 = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(b[2]), vdup_n_u8(b[3])), bit), sixteen);
+            let h1 = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(b[4]), vdup_n_u8(b[5])), bit), sixteen);
+            // q - 16 in -16..15
+            let q0 = vsubq_s8(vorrq_s8(lo, vreinterpretq_s8_u8(h0)), vdupq_n_s8(16));
+            let q1 = vsubq_s8(vorrq_s8(hi, vreinterpretq_s8_u8(h1)), vdupq_n_s8(16));
+            let (y0, y1) = load32(&y.qs);
+            sum += f16_at(b, 0) * y.d.to_f32() * dot32(q0, q1, y0, y1) as f32;
+        }
+        sum
     }
 }
 
