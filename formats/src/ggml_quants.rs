@@ -11,6 +11,7 @@
 //! | Q5_0 | 32  | 22  | d: f16, qh: u32 (5th bits), qs[16]; x = (q - 16) * d |
 //! | Q8_0 | 32  | 34  | d: f16, qs[32]: i8; x = q * d |
 //! | Q4_K | 256 | 144 | d: f16, dmin: f16, scales[12] (8 x 6-bit scale/min pairs), qs[128] |
+//! | Q5_K | 256 | 176 | d: f16, dmin: f16, scales[12] (as Q4_K), qh[32] (5th bits), qs[128] |
 //! | Q6_K | 256 | 210 | ql[128], qh[64], scales[16]: i8, d: f16 |
 
 use half::{bf16, f16};
@@ -151,6 +152,7 @@ impl GgmlType {
                 | GgmlType::Q5_0
                 | GgmlType::Q8_0
                 | GgmlType::Q4K
+                | GgmlType::Q5K
                 | GgmlType::Q6K
         )
     }
@@ -351,6 +353,7 @@ pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q5_0 => dequant_block_q5_0,
         GgmlType::Q8_0 => dequant_block_q8_0,
         GgmlType::Q4K => dequant_block_q4_k,
+        GgmlType::Q5K => dequant_block_q5_k,
         GgmlType::Q6K => dequant_block_q6_k,
         other => panic!("dequantize: {other:?} is not supported"),
     };
@@ -421,6 +424,29 @@ pub fn dequant_block_q4_k(b: &[u8], out: &mut [f32]) {
         for l in 0..32 {
             y[l] = d1 * (q[l] & 0x0F) as f32 - min1;
             y[l + 32] = d2 * (q[l] >> 4) as f32 - min2;
+        }
+    }
+}
+
+/// Q5_K: Q4_K's 8 (scale, min) pairs per 256, 4 low bits in qs (two 32-element groups per 32
+/// bytes, low then high nibbles) and the 5th bit of element l of group g in bit g of qh[l].
+pub fn dequant_block_q5_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for (chunk, (q, y)) in qs.chunks_exact(32).zip(out.chunks_exact_mut(64)).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+        let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
+        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
+        let (u1, u2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
+        for l in 0..32 {
+            let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+            let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+            y[l] = d1 * ((q[l] & 0x0F) + h1) as f32 - min1;
+            y[l + 32] = d2 * ((q[l] >> 4) + h2) as f32 - min2;
         }
     }
 }
@@ -528,6 +554,35 @@ mod tests {
         assert_eq!(out[32], 0.5 * 2.0 * 7.0 - 0.25 * 1.0);
         // sub-block 5 (160..192): scale 9, min 5, high nibbles
         assert_eq!(out[160], 0.5 * 9.0 * 7.0 - 0.25 * 5.0);
+    }
+
+    #[test]
+    fn q5_k_block() {
+        let mut b = Vec::from(h(0.5)); // d
+        b.extend(h(0.25)); // dmin
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            scales[j] = (j as u8) + 1;
+            scales[j + 4] = j as u8;
+        }
+        for j in 8..12 {
+            scales[j] = 9 | (5 << 4);
+        }
+        b.extend(scales);
+        // qh[l]: bit g is the 5th bit of element l of 32-element group g; set groups 1 and 6 for
+        // l = 0, group 0 for l = 1
+        let mut qh = [0u8; 32];
+        qh[0] = (1 << 1) | (1 << 6);
+        qh[1] = 1;
+        b.extend(qh);
+        b.extend([0x73u8; 128]); // low nibble 3, high nibble 7
+        let mut out = [0f32; 256];
+        dequantize(GgmlType::Q5K, &b, &mut out);
+        assert_eq!(out[0], 0.5 * 1.0 * 3.0); // group 0, no 5th bit
+        assert_eq!(out[1], 0.5 * 1.0 * 19.0); // group 0, 5th bit
+        assert_eq!(out[32], 0.5 * 2.0 * 23.0 - 0.25); // group 1 (high nibbles), 5th bit
+        assert_eq!(out[33], 0.5 * 2.0 * 7.0 - 0.25);
+        assert_eq!(out[192], 0.5 * 9.0 * 19.0 - 0.25 * 5.0); // group 6 (low nibbles), 5th bit
     }
 
     #[test]

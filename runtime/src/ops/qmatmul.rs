@@ -3,7 +3,7 @@
 //! type's dot-product partner (Q8_K for the k-quants, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1),
 //! then every output is an integer dot product per block, scaled, summed in f32.
 //!
-//! The block dot products of Q4_K, Q6_K, Q4_0 and Q8_0 are candle-core's
+//! The block dot products of Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 are candle-core's
 //! (`candle_core::quantized::k_quants`, from ggml-quants.c): AVX2 by runtime detection on
 //! x86-64, NEON on aarch64, portable otherwise. Its block structs are `#[repr(C)]` with ggml's
 //! layout, so a GGUF row is viewed in place. Q4_1 and Q5_0 (scalar in candle on x86) and the
@@ -12,7 +12,7 @@
 
 use crate::tensor::QMatrix;
 use crate::ops::qdot::{self, BlockQ8K, BlockQ8_0, BlockQ8_1};
-use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ6K, GgmlType as Blocks};
+use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, GgmlType as Blocks};
 use formats::ggml_quants::GgmlType;
 use rayon::prelude::*;
 
@@ -41,7 +41,7 @@ pub enum ActivationType {
 /// The partner of weight type `ty` (None: a type without a block kernel here).
 pub fn activation_type(ty: GgmlType) -> Option<ActivationType> {
     match ty {
-        GgmlType::Q4K | GgmlType::Q6K => Some(ActivationType::Q8K),
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => Some(ActivationType::Q8K),
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(ActivationType::Q8_0),
         GgmlType::Q4_1 => Some(ActivationType::Q8_1),
         _ => None,
@@ -102,6 +102,7 @@ fn as_candle_q8_k(a: &[BlockQ8K]) -> &[ck::BlockQ8K] {
 pub fn dot_row(ty: GgmlType, row: &[u8], cols: usize, x: &QActivation) -> f32 {
     match (ty, x) {
         (GgmlType::Q4K, QActivation::Q8K(a)) => BlockQ4K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
+        (GgmlType::Q5K, QActivation::Q8K(a)) => BlockQ5K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
         (GgmlType::Q6K, QActivation::Q8K(a)) => BlockQ6K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
         (GgmlType::Q4_0, QActivation::Q8_0(a)) => BlockQ4_0::vec_dot(cols, blocks(row), as_candle_q8_0(a)),
         (GgmlType::Q8_0, QActivation::Q8_0(a)) => ck::BlockQ8_0::vec_dot(cols, blocks(row), as_candle_q8_0(a)),
@@ -217,6 +218,7 @@ mod tests {
         }
         let bytes = match ty {
             GgmlType::Q4K => q::<BlockQ4K>(w),
+            GgmlType::Q5K => q::<BlockQ5K>(w),
             GgmlType::Q6K => q::<BlockQ6K>(w),
             GgmlType::Q4_0 => q::<BlockQ4_0>(w),
             GgmlType::Q4_1 => q::<ck::BlockQ4_1>(w),
@@ -252,7 +254,7 @@ mod tests {
         let (rows, cols) = (4, 1024);
         let w = random(rows * cols, 5);
         let x: Vec<f32> = random(cols, 13).iter().map(|v| v * 3.0).collect();
-        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
             let m = quantized(ty, &w, rows, cols);
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let xd = xa.dequantize();
@@ -274,7 +276,7 @@ mod tests {
         let (rows, cols) = (8, 512);
         let w = random(rows * cols, 7);
         let x = random(cols, 11);
-        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
             let m = quantized(ty, &w, rows, cols);
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let mut out = vec![0f32; rows];
