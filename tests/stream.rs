@@ -367,3 +367,54 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
         assert!(e.contains("manifest.toml") && e.contains(what) && e.contains("make prepare"), "{flags:?}: {e}");
     }
 }
+
+/// `runtime plan`: the operating point and the roofline's prediction for a budget on a device
+/// file, llama.cpp's on a GGUF beside it; a budget below the minimum and a broken device file
+/// are refused, naming the minimum and the field.
+#[test]
+fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
+    let m = default_sparse();
+    let device = repo_root().join("devices/this-machine.toml");
+    let min = minimum_budget(m, &[]);
+    let budget = (min + (4 << 20)).to_string();
+    let (ok, out, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", &budget, "--device", device.to_str().unwrap(), "--gguf", fixture_gguf().to_str().unwrap(), "--json", "--no-verify"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ours = &v["ours"];
+    assert!(ours["predicted_tok_per_s"].as_f64().unwrap() > 0.0 && ours["compute_s_per_token"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(ours["bytes_per_token"]["a3_memory"].as_u64().unwrap() > 0 && ours["bytes_per_token"]["a0_memory"].as_u64().unwrap() > 0, "{v}");
+    // at the minimum a layer holds only its set: the reads it needs are counted
+    let reads = ours["bytes_per_token"]["a1_storage"].as_u64().unwrap() + ours["bytes_per_token"]["a2_storage"].as_u64().unwrap();
+    assert!(reads > 0 && ours["exposed_io_s_per_token"].as_f64().unwrap() <= ours["io_s_per_token"].as_f64().unwrap(), "{v}");
+    let llama = &v["llama_cpp"][0]["prediction"];
+    assert!(llama["predicted_tok_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    // every row held: no reads, nothing exposed, faster
+    let (ok, out, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", device.to_str().unwrap(), "--json", "--no-verify"]);
+    assert!(ok, "{err}");
+    let all: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(all["ours"]["exposed_io_s_per_token"].as_f64(), Some(0.0));
+    assert!(all["ours"]["predicted_tok_per_s"].as_f64() > ours["predicted_tok_per_s"].as_f64());
+    let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", "1MiB", "--device", device.to_str().unwrap(), "--no-verify"]);
+    assert!(!ok && err.contains("at least"), "{err}");
+    let dir = scratch("plan-device");
+    let bad = dir.join("device.toml");
+    std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "threads = 0\n# was ", 1)).unwrap();
+    let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", bad.to_str().unwrap(), "--no-verify"]);
+    assert!(!ok && err.contains("device.toml") && err.contains("threads"), "{err}");
+}
+
+/// Every device file shipped in devices/ loads and passes its checks.
+#[test]
+fn shipped_device_files_load() {
+    let dir = repo_root().join("devices");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let d = formats::device::DeviceFile::load(&p).unwrap_or_else(|e| panic!("{e}"));
+            assert!(d.request_s(4096, 32) > 0.0);
+            n += 1;
+        }
+    }
+    assert!(n >= 3, "devices/ holds this machine, a Jetson and a Pi 5");
+}

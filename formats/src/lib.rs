@@ -7,6 +7,7 @@
 //!   f16 `*.safetensors` with Hugging Face tensor names) and its config.
 //! - [`safetensors_io`]: memory-mapped reading and writing of safetensors files.
 
+pub mod device;
 pub mod centroids;
 pub mod error;
 pub mod ggml_quants;

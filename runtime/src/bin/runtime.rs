@@ -122,6 +122,13 @@ impl Experiment {
     }
 }
 
+fn parse_share(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}': expected a share in [0, 1]")),
+    }
+}
+
 fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
@@ -363,6 +370,61 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Measure this machine into a device file for the planner: random O_DIRECT reads (io_uring)
+    /// at each block size and queue depth, memory bandwidth, and the dense decode rate of a model.
+    ProbeStorage {
+        /// File to read (on the disk the artifacts live on; default: a 1 GiB scratch file made
+        /// here, removed after).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// A model directory whose dense decode gives decode_bytes_per_s (default: the memory
+        /// bandwidth x 0.5, marked as an estimate in `source`).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Prepared models whose streamed compute to measure (every row held, 24 tokens): the
+        /// planner then uses it for them (repeatable).
+        #[arg(long)]
+        manifest: Vec<PathBuf>,
+        /// Block sizes in bytes (multiples of 512), e.g. a record size and 128 KiB.
+        #[arg(long, value_delimiter = ',', default_value = "2048,2560,4096,4608,131072")]
+        block_bytes: Vec<u64>,
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+        queue_depths: Vec<u32>,
+        /// Seconds per (size, depth) point.
+        #[arg(long, default_value_t = 0.3)]
+        seconds: f64,
+        /// Where to write the device file.
+        #[arg(long, default_value = "device.toml")]
+        out: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// The operating point --mem-budget gets and the decode rate the windowed roofline predicts
+    /// for it on a device (Budgeting Bytes), with its parts; llama.cpp's on each --gguf too.
+    Plan {
+        /// A prepared model's manifest.toml.
+        manifest: PathBuf,
+        /// A device file (runtime probe-storage writes one; devices/ ships some). Default:
+        /// devices/this-machine.toml.
+        #[arg(long)]
+        device: Option<PathBuf>,
+        /// The share of needed rows already held, as `runtime bench` measures it (default: every
+        /// row held when the budget holds them all, else held / n_ff, a floor).
+        #[arg(long, value_parser = parse_share)]
+        reuse: Option<f64>,
+        /// GGUF files to predict llama.cpp's rate on at the same budget.
+        #[arg(long)]
+        gguf: Vec<PathBuf>,
+        /// KV cache positions (counted in the budget).
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[command(flatten)]
+        mode: ModeArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Decode speed of a streamed run and where the time and bytes go.
     Bench {
         /// A prepared model's manifest.toml.
@@ -472,15 +534,18 @@ fn pool_threads(threads: Option<usize>) -> std::result::Result<usize, String> {
 
 fn main() {
     let cli = Cli::parse();
+    let no_experiment = Vec::new();
     let experiment = match &cli.command {
-        Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } | Command::Chat { mode, .. } | Command::Serve { mode, .. } => &mode.experiment,
+        Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } | Command::Chat { mode, .. } | Command::Serve { mode, .. } | Command::Plan { mode, .. } => &mode.experiment,
+        Command::ProbeStorage { .. } => &no_experiment,
     };
     if experiment.iter().any(|x| x == "help") {
         println!("{EXPERIMENT_HELP}");
         return;
     }
     let threads = match &cli.command {
-        Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } | Command::Chat { threads, .. } | Command::Serve { threads, .. } => *threads,
+        Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } | Command::Chat { threads, .. } | Command::Serve { threads, .. } | Command::ProbeStorage { threads, .. } => *threads,
+        Command::Plan { .. } => None,
     };
     let n = match pool_threads(threads) {
         Ok(n) => n,
@@ -663,6 +728,12 @@ fn run(cli: Cli) -> Result<()> {
                 eprintln!("listening on http://{addr} (OpenAI API at http://{addr}/v1; context {ctx} tokens, queue {queue})");
             })?;
         }
+        Command::Plan { manifest, device, reuse, gguf, ctx, mode, json } => {
+            plan(&manifest, device, reuse, &gguf, ctx, &mode, json)?;
+        }
+        Command::ProbeStorage { file, model, manifest, block_bytes, queue_depths, seconds, out, name, threads: _ } => {
+            probe_storage(file, model, &manifest, &block_bytes, &queue_depths, seconds, &out, name)?;
+        }
         Command::Bench { manifest, prompt_file, n, ctx, mode, threads: _, json } => {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
@@ -782,3 +853,159 @@ fn chat(opened: &mut runtime::Opened, template: &runtime::chat::ChatTemplate, sy
     }
     Ok(())
 }
+
+#[allow(clippy::too_many_arguments)]
+fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[PathBuf], block_bytes: &[u64], depths: &[u32], seconds: f64, out: &Path, name: Option<String>) -> Result<()> {
+    use formats::device::{DeviceFile, ReadRate};
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        anyhow::bail!("--seconds {seconds}: expected a positive duration");
+    }
+    if let Some(&q) = depths.iter().find(|&&q| q == 0 || q > 4096) {
+        anyhow::bail!("--queue-depths: {q} is outside 1..=4096");
+    }
+    // a scratch file of random bytes, unless one is given
+    let scratch = file.is_none();
+    let path = file.unwrap_or_else(|| PathBuf::from("probe-storage.bin"));
+    if scratch {
+        eprintln!("writing a 1 GiB scratch file {} ...", path.display());
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?);
+        let mut x = 0x2545f4914f6cdd1du64;
+        let mut chunk = vec![0u8; 1 << 20];
+        for _ in 0..1024 {
+            for w in chunk.chunks_exact_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                w.copy_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&chunk)?;
+        }
+        f.flush()?;
+        f.get_ref().sync_all()?;
+    }
+    let mut reads = Vec::new();
+    let result = (|| -> Result<()> {
+        let warmed = runtime::probe::warm(&path, 4 << 30)?;
+        eprintln!("read {:.0} MiB of {} once first (a virtual disk serves what its host has cached faster)", warmed as f64 / 1048576.0, path.display());
+        for &b in block_bytes {
+            for &q in depths {
+                let iops = runtime::probe::read_iops(&path, b, q, seconds, b ^ q as u64)?;
+                eprintln!("reads of {b} B at queue depth {q}: {iops:.0} IOPS, {:.1} MiB/s", iops * b as f64 / 1048576.0);
+                reads.push(ReadRate { block_bytes: b, queue_depth: q, iops: iops.round() });
+            }
+        }
+        Ok(())
+    })();
+    if scratch {
+        let _ = std::fs::remove_file(&path);
+    }
+    result?;
+    let bw = runtime::probe::memory_bandwidth_bytes_per_s(512 << 20);
+    eprintln!("memory read bandwidth: {:.1} GB/s", bw / 1e9);
+    let (decode, how) = match &model {
+        Some(m) => {
+            let (bytes_per_s, tok_per_s) = runtime::probe::decode_bytes_per_s(m, 16)?;
+            eprintln!("dense decode of {}: {tok_per_s:.1} tok/s, {:.1} GB/s of weights", m.display(), bytes_per_s / 1e9);
+            (bytes_per_s, format!("decode_bytes_per_s from the dense decode of {} ({tok_per_s:.1} tok/s)", m.display()))
+        }
+        None => (bw * 0.5, "decode_bytes_per_s estimated as half the memory bandwidth (no --model given)".to_string()),
+    };
+    let mut models = Vec::new();
+    for m in manifests {
+        let mf = formats::manifest::Manifest::load(m)?;
+        let (mode, _, _) = ModeArgs::default().mode(m, 512)?;
+        let PreparedMode::Stream(settings) = mode else { unreachable!("a manifest streams by default") };
+        let mut opened = runtime::open_with(m, &PreparedMode::Stream(settings), false)?;
+        let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
+        let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a streamed mode") };
+        let r = runtime::bench::bench(model, tokenizer, engine, "The history of the printing press begins in the fifteenth century, when", 24)?;
+        let compute_s = (1.0 / r.decode_tok_per_s - r.io_wait_ms_per_token / 1e3).max(1e-6);
+        eprintln!("{}: streamed with every row held, {:.1} tok/s: compute {:.1} ms per token", m.display(), r.decode_tok_per_s, compute_s * 1e3);
+        models.push(formats::device::ModelCompute { model: mf.model_name.clone(), selector: engine.rule().to_string(), compute_s_per_token: compute_s, memory_bytes_per_token: runtime::plan::memory_bytes_per_token(&engine.plan) as f64 });
+    }
+    let d = DeviceFile {
+        name: name.unwrap_or_else(|| "this machine".into()),
+        source: format!("measured by runtime probe-storage on {} with {} pool threads; reads from {}; {how}", std::env::consts::ARCH, rayon::current_num_threads(), path.display()),
+        threads: rayon::current_num_threads(),
+        memory_bandwidth_bytes_per_s: bw.round(),
+        decode_bytes_per_s: decode.round(),
+        reads,
+        models,
+    };
+    d.save(out)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[PathBuf], ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
+    if !manifest.is_file() {
+        anyhow::bail!("{}: runtime plan needs a prepared model's manifest.toml", manifest.display());
+    }
+    let device_path = device.unwrap_or_else(|| PathBuf::from("devices/this-machine.toml"));
+    if !device_path.is_file() {
+        anyhow::bail!("{}: no device file (runtime probe-storage measures this machine into one; devices/ ships some)", device_path.display());
+    }
+    let dev = formats::device::DeviceFile::load(&device_path)?;
+    let (m, _, notes) = mode.mode(manifest, ctx)?;
+    let PreparedMode::Stream(settings) = m else {
+        anyhow::bail!("runtime plan predicts a streamed run: no --in-memory or --strategy dense");
+    };
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    let mf = formats::manifest::Manifest::load(manifest)?;
+    let engine = runtime::stream::StreamingEngine::new(manifest, &mf, &settings)?;
+    let c = &mf.model;
+    let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
+    let p = runtime::plan::predict(&engine, &mf.model_name, c.num_hidden_layers, c.intermediate_size, rh.embed_bytes / c.vocab_size as u64, &dev, reuse);
+    let mut llama = Vec::new();
+    for g in ggufs {
+        let bytes = std::fs::metadata(g).map_err(|e| anyhow::anyhow!("{}: {e}", g.display()))?.len();
+        llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(bytes, engine.plan.kv_cache_bytes, engine.plan.budget_bytes, &dev)));
+    }
+    if json {
+        let v = serde_json::json!({"device": dev.name, "ours": p, "llama_cpp": llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>()});
+        println!("{v}");
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!("device: {} ({})", dev.name, device_path.display());
+    println!(
+        "operating point: {} sets, layers {}.. sparse, sets of {:.2} ({:.0} rows), {:.0} slots per layer; plan {:.1} MiB of {} (minimum {:.1} MiB)",
+        p.selector,
+        p.dense_prefix,
+        p.set_scale,
+        p.mean_set_rows,
+        p.mean_slots,
+        mib(p.planned_bytes),
+        p.budget_bytes.map(|b| format!("{:.1} MiB", mib(b))).unwrap_or_else(|| "no budget".into()),
+        mib(p.minimum_bytes)
+    );
+    let b = &p.bytes_per_token;
+    println!(
+        "bytes per token: A0 {} B (embedding row, memory), A1 {:.2} MiB and A2 {:.2} MiB (storage), A3 {:.1} MiB (memory)",
+        b.a0_memory,
+        mib(b.a1_storage),
+        mib(b.a2_storage),
+        mib(b.a3_memory)
+    );
+    println!("reuse {:.3} ({}); {:.0} requests of {} B per token at queue depth <= {}, {:.1} us each", p.reuse, p.reuse_source, p.requests_per_token, p.read_bytes, p.queue_depth, p.request_s * 1e6);
+    println!(
+        "per token: compute {:.2} ms ({}), I/O {:.2} ms of which exposed {:.2} ms (windowed roofline) -> predicted {:.2} tok/s",
+        p.compute_s_per_token * 1e3,
+        p.compute_source,
+        p.io_s_per_token * 1e3,
+        p.exposed_io_s_per_token * 1e3,
+        p.predicted_tok_per_s
+    );
+    for (g, l) in &llama {
+        println!(
+            "llama.cpp on {g} ({:.0} MiB): {} -> predicted {:.2} tok/s",
+            mib(l.file_bytes),
+            if l.fits { "fits".to_string() } else { format!("re-reads {:.0} MiB per token", mib(l.reread_bytes_per_token)) },
+            l.predicted_tok_per_s
+        );
+    }
+    Ok(())
+}
+

@@ -196,6 +196,8 @@ impl std::str::FromStr for DensePrefix {
 
 pub struct StreamingEngine {
     pub plan: MemoryPlan,
+    /// Bytes one needed row's read takes from records.bin (a whole record, or its down row).
+    pub read_span_bytes: usize,
     /// The selector this run was built with.
     pub choice: SelectorChoice,
     selector: Box<dyn SetSelector>,
@@ -283,6 +285,7 @@ impl StreamingEngine {
             }
         };
         selector.keep_layers_from(first);
+        let read_span_bytes = span.read_bytes(rb, c.hidden_size);
         let layers = plan.capacity.iter().map(|&cap| LayerSlots { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) }).collect();
         let reader = RecordReader::open(&records_path, &ReaderOptions { queue_depth: settings.io.queue_depth, force_pread: settings.io.force_pread, staging_bytes: plan.staging_bytes, register_staging: true })?;
         let fallback = reader.fallback.clone();
@@ -293,6 +296,7 @@ impl StreamingEngine {
             ..Default::default()
         };
         Ok(StreamingEngine {
+            read_span_bytes,
             q8_down: shape.is_some(),
             plan,
             choice: settings.selector,

@@ -29,6 +29,26 @@ pub enum RowSpan {
     DownSection { shape: formats::records::RecordShape },
 }
 
+/// Where a version-1 record's downT row lies: (512-aligned span offset, span bytes, the row's
+/// offset inside the span).
+fn down_row_span(d_model: usize) -> (usize, usize, usize) {
+    let down_offset = RECORD_HEADER_BYTES + 2 * d_model * 2;
+    let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
+    let span_bytes = (down_offset + d_model * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
+    (span_offset, span_bytes, down_offset - span_offset)
+}
+
+impl RowSpan {
+    /// Bytes one row's read takes from records.bin (before runs of neighbours coalesce).
+    pub fn read_bytes(&self, record_bytes: usize, d_model: usize) -> usize {
+        match self {
+            RowSpan::Record => record_bytes,
+            RowSpan::DownRow { .. } => down_row_span(d_model).1,
+            RowSpan::DownSection { shape } => shape.down_section_bytes(),
+        }
+    }
+}
+
 /// One sparse layer's share of a token's reads.
 pub struct LayerReads {
     /// Index among the sparse layers, and the model layer.
@@ -281,10 +301,7 @@ fn read_down_sections(reader: &mut RecordReader, plan: &ReadPlan, shape: &format
 /// (`[n_ff]`); rows appended to `rows` in load order.
 fn read_down_rows(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], crcs: &[u32], rows: &mut Vec<u8>) -> Result<()> {
     let d = plan.d_model;
-    let down_offset = RECORD_HEADER_BYTES + 2 * d * 2;
-    let span_offset = down_offset / RECORD_ALIGN_BYTES * RECORD_ALIGN_BYTES;
-    let span_bytes = (down_offset + d * 2).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES - span_offset;
-    let skip = down_offset - span_offset;
+    let (span_offset, span_bytes, skip) = down_row_span(d);
     read_spans(reader, plan, layer, loads, span_offset, span_bytes, rows, |span, path, offset, neuron, rows| {
         let row = &span[skip..skip + 2 * d];
         formats::scorer::check_down_row(row, crcs[neuron as usize], path, offset + skip as u64, layer, neuron)?;

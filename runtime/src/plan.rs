@@ -1,0 +1,168 @@
+//! `runtime plan`: the operating point a budget gets and the decode rate the windowed roofline
+//! ([`crate::roofline`]) predicts for it on a device ([`formats::device::DeviceFile`]), with the
+//! prediction's parts; and the rate it predicts for llama.cpp on a GGUF at the same budget.
+//!
+//! Bytes per token by Budgeting Bytes' address classes, for our runtime:
+//! - A0, known at sampling: the token's embedding row (resident: read from memory).
+//! - A1, known after an early layer: the shared predictor's sets (known after layer 0), read
+//!   from storage when not held; their window reaches from layer 1 to the layer's use.
+//! - A2, known inside their layer: the scorer's down rows (known once the layer has scored its
+//!   neurons), read when not held; their window is the sum over the rows already held.
+//! - A3, always read: everything resident (attention, norms, the head, the scorer's gate/up,
+//!   dense layers, held rows): read from memory, which is the compute time.
+//!
+//! Compute time is bytes touched over the device's `decode_bytes_per_s`, spread evenly over
+//! the layers. A missing row is one request (neighbours that coalesce make fewer), served at the
+//! device's rate for its size at the queue depth a layer's batch reaches. The share of needed
+//! rows already held (reuse) depends on the text: give a measured one (`runtime bench` prints
+//! it) or the planner assumes the needed set is independent of what is held (reuse = held /
+//! n_ff, a floor: sets of consecutive tokens overlap more).
+
+use crate::roofline::{exposed_s, Transfer};
+use crate::stream::StreamingEngine;
+use formats::device::DeviceFile;
+use serde::Serialize;
+
+/// Bytes per token by address class.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassBytes {
+    /// The token's embedding row (from memory).
+    pub a0_memory: u64,
+    /// Rows known after layer 0 (the predictor's), read from storage.
+    pub a1_storage: u64,
+    /// Rows known inside their layer (the scorer's), read from storage.
+    pub a2_storage: u64,
+    /// Read from memory every token.
+    pub a3_memory: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Prediction {
+    pub budget_bytes: Option<u64>,
+    pub planned_bytes: u64,
+    pub minimum_bytes: u64,
+    pub selector: String,
+    pub dense_prefix: usize,
+    pub set_scale: f64,
+    pub mean_set_rows: f64,
+    pub mean_slots: f64,
+    pub reuse: f64,
+    /// "given" or "assumed: held / n_ff" or "every row held".
+    pub reuse_source: String,
+    pub bytes_per_token: ClassBytes,
+    pub requests_per_token: f64,
+    pub read_bytes: usize,
+    pub queue_depth: u32,
+    /// Device time per request at that size and depth.
+    pub request_s: f64,
+    pub compute_s_per_token: f64,
+    pub compute_source: String,
+    pub io_s_per_token: f64,
+    /// The roofline's exposed I/O: the largest window deficit (Theorem 1).
+    pub exposed_io_s_per_token: f64,
+    pub predicted_tok_per_s: f64,
+}
+
+/// Class A3, the bytes a token reads from memory: everything planned but the slots, the KV
+/// cache, staging and the process, plus the rows each token sums (held or just read).
+pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan) -> u64 {
+    let rows_summed: u64 = p.set_sizes.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
+    p.resident_bytes + p.head_q8_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
+}
+
+/// The prediction for a streamed run whose engine (plan, slots, selector) is `e`;
+/// `embed_row_bytes`: one row of the stored embedding. `reuse`: the measured share of needed
+/// rows already held, if known.
+pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
+    let p = &e.plan;
+    let scorer = e.rule() == "scorer";
+    let n_sparse = p.set_sizes.len();
+    let held_all = p.capacity.iter().all(|&c| c >= n_ff);
+    let mean_slots = p.capacity.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
+    let (reuse, reuse_source) = match reuse {
+        Some(r) => (r, "given".to_string()),
+        None if held_all => (1.0, "every row held (after the first tokens)".to_string()),
+        None => (mean_slots / n_ff as f64, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
+    };
+    let a3 = memory_bytes_per_token(p);
+    // measured on this device for this model (probe-storage --manifest), scaled by the bytes
+    // this plan touches; else the bytes over the device's decode rate
+    let measured = device.models.iter().find(|m| m.model == model_name && m.selector == e.rule());
+    let (compute_s, compute_source) = match measured {
+        Some(m) => (m.compute_s_per_token * a3 as f64 / m.memory_bytes_per_token, "measured on the device (probe-storage --manifest)"),
+        None => (a3 as f64 / device.decode_bytes_per_s, "A3 bytes / decode_bytes_per_s"),
+    };
+    let per_layer_s = compute_s / n_layers as f64;
+    let mut transfers = Vec::with_capacity(n_sparse);
+    let (mut requests, mut storage_bytes, mut io_s) = (0f64, 0f64, 0f64);
+    let mut qd_max = 1u32;
+    let mut request_s = 0f64;
+    for (i, &k) in p.set_sizes.iter().enumerate() {
+        let layer = p.dense_prefix + i;
+        let missing = k as f64 * (1.0 - reuse);
+        let qd = (missing.ceil() as u32).clamp(1, 256);
+        let rs = device.request_s(e.read_span_bytes as u64, qd);
+        qd_max = qd_max.max(qd);
+        request_s = rs;
+        let service = missing * rs;
+        requests += missing;
+        storage_bytes += missing * e.read_span_bytes as f64;
+        io_s += service;
+        // the layer's MLP is its second half; the held rows' sum is the window an A2 read has
+        let mlp_start = (layer as f64 + 0.5) * per_layer_s;
+        let held_sum_s = k as f64 * reuse * p.slot_row_bytes as f64 / device.decode_bytes_per_s;
+        let (release, deadline) = if scorer { (mlp_start, mlp_start + held_sum_s) } else { (per_layer_s, mlp_start + held_sum_s) };
+        transfers.push(Transfer { release_s: release, deadline_s: deadline, service_s: service });
+    }
+    let exposed = exposed_s(&transfers);
+    Prediction {
+        budget_bytes: p.budget_bytes,
+        planned_bytes: p.total_bytes,
+        minimum_bytes: p.minimum_bytes,
+        selector: e.rule().to_string(),
+        dense_prefix: p.dense_prefix,
+        set_scale: p.set_scale,
+        mean_set_rows: p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64,
+        mean_slots,
+        reuse,
+        reuse_source,
+        bytes_per_token: ClassBytes {
+            a0_memory: embed_row_bytes,
+            a1_storage: if scorer { 0 } else { storage_bytes.round() as u64 },
+            a2_storage: if scorer { storage_bytes.round() as u64 } else { 0 },
+            a3_memory: a3,
+        },
+        requests_per_token: requests,
+        read_bytes: e.read_span_bytes,
+        queue_depth: qd_max,
+        request_s,
+        compute_s_per_token: compute_s,
+        compute_source: compute_source.to_string(),
+        io_s_per_token: io_s,
+        exposed_io_s_per_token: exposed,
+        predicted_tok_per_s: 1.0 / (compute_s + exposed),
+    }
+}
+
+/// llama.cpp on a GGUF of `file_bytes` under a budget: bandwidth-bound when the file, the KV
+/// cache and the process fit; otherwise each token re-reads what the page cache cannot keep
+/// (the file less the room left, at the device's 128 KiB rate: mmap faults read ahead) and
+/// streams the rest from memory.
+#[derive(Debug, Clone, Serialize)]
+pub struct LlamaCppPrediction {
+    pub file_bytes: u64,
+    pub fits: bool,
+    pub reread_bytes_per_token: u64,
+    pub predicted_tok_per_s: f64,
+}
+
+/// The process allowance assumed for llama.cpp beside its file and KV cache.
+pub const LLAMA_CPP_PROCESS_BYTES: u64 = 64 << 20;
+
+pub fn predict_llama_cpp(file_bytes: u64, kv_cache_bytes: u64, budget_bytes: Option<u64>, device: &DeviceFile) -> LlamaCppPrediction {
+    let room = budget_bytes.map(|b| b.saturating_sub(kv_cache_bytes + LLAMA_CPP_PROCESS_BYTES));
+    let reread = room.map_or(0, |r| file_bytes.saturating_sub(r));
+    let compute = file_bytes as f64 / device.decode_bytes_per_s;
+    let io = reread as f64 / 131072.0 * device.request_s(131072, 1);
+    LlamaCppPrediction { file_bytes, fits: reread == 0, reread_bytes_per_token: reread, predicted_tok_per_s: 1.0 / (compute + io) }
+}
