@@ -531,11 +531,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn q4_k_block() {
-        let mut b = Vec::from(h(0.5)); // d
-        b.extend(h(0.25)); // dmin
-        // scales: sub-blocks 0..4 scale = j+1, min = j; sub-blocks 4..8 scale = 9, min = 5 (no high bits)
+    /// A k-quant head: d = 0.5, dmin = 0.25; scales: sub-blocks 0..4 scale j+1, min j;
+    /// sub-blocks 4..8 scale 9, min 5 (no high bits).
+    fn k_quant_head() -> Vec<u8> {
+        let mut b = Vec::from(h(0.5));
+        b.extend(h(0.25));
         let mut scales = [0u8; 12];
         for j in 0..4 {
             scales[j] = (j as u8) + 1;
@@ -545,6 +545,12 @@ mod tests {
             scales[j] = 9 | (5 << 4);
         }
         b.extend(scales);
+        b
+    }
+
+    #[test]
+    fn q4_k_block() {
+        let mut b = k_quant_head();
         b.extend([0x73u8; 128]); // low nibble 3, high nibble 7
         let mut out = [0f32; 256];
         dequantize(GgmlType::Q4K, &b, &mut out);
@@ -558,17 +564,7 @@ mod tests {
 
     #[test]
     fn q5_k_block() {
-        let mut b = Vec::from(h(0.5)); // d
-        b.extend(h(0.25)); // dmin
-        let mut scales = [0u8; 12];
-        for j in 0..4 {
-            scales[j] = (j as u8) + 1;
-            scales[j + 4] = j as u8;
-        }
-        for j in 8..12 {
-            scales[j] = 9 | (5 << 4);
-        }
-        b.extend(scales);
+        let mut b = k_quant_head();
         // qh[l]: bit g is the 5th bit of element l of 32-element group g; set groups 1 and 6 for
         // l = 0, group 0 for l = 1
         let mut qh = [0u8; 32];

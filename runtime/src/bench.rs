@@ -58,9 +58,19 @@ pub struct BenchReport {
 
 /// Peak resident set size of this process (VmHWM), bytes.
 pub fn peak_rss_bytes() -> u64 {
+    proc_status_bytes("VmHWM:")
+}
+
+/// Resident set size of this process now (VmRSS), bytes.
+pub fn rss_bytes() -> u64 {
+    proc_status_bytes("VmRSS:")
+}
+
+/// A `kB` line of /proc/self/status, in bytes (0 where there is none).
+fn proc_status_bytes(key: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
         .map(|kib| kib * 1024)
         .unwrap_or(0)
 }

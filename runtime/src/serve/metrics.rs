@@ -2,18 +2,8 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::stream::StreamStats;
 use std::sync::Mutex;
-
-/// Streaming-engine figures, published by the worker after each request.
-#[derive(Debug, Clone, Default)]
-pub struct EngineFigures {
-    pub tokens: u64,
-    pub rows_needed: u64,
-    pub rows_loaded: u64,
-    pub bytes_read: u64,
-    pub read_requests: u64,
-    pub io_wait_ms: f64,
-}
 
 #[derive(Default)]
 pub struct Metrics {
@@ -28,7 +18,8 @@ pub struct Metrics {
     /// Waiting in the queue now (the one being answered is not counted).
     pub queued: AtomicU64,
     pub busy_us: AtomicU64,
-    pub engine: Mutex<Option<EngineFigures>>,
+    /// The streaming engine's counters, published by the worker after each request.
+    pub engine: Mutex<Option<StreamStats>>,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, kind: &str, rows: &[(&str, String)]) {
@@ -65,7 +56,7 @@ impl Metrics {
             counter(&mut s, "np_stream_read_requests_total", "Read requests issued to storage.", "counter", &one(e.read_requests.to_string()));
             counter(&mut s, "np_stream_rows_needed_total", "Rows the sparse layers needed.", "counter", &one(e.rows_needed.to_string()));
             counter(&mut s, "np_stream_rows_loaded_total", "Rows read because they were not resident.", "counter", &one(e.rows_loaded.to_string()));
-            let reuse = 1.0 - e.rows_loaded as f64 / e.rows_needed.max(1) as f64;
+            let reuse = e.reuse_ratio();
             counter(&mut s, "np_stream_reuse_ratio", "Share of needed rows already resident.", "gauge", &one(format!("{reuse:.6}")));
             counter(&mut s, "np_stream_io_wait_seconds_total", "Seconds compute waited for reads.", "counter", &one(format!("{:.6}", e.io_wait_ms / 1e3)));
         }
@@ -73,11 +64,3 @@ impl Metrics {
     }
 }
 
-/// The current resident set size (VmRSS).
-pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-        .map(|kib| kib * 1024)
-        .unwrap_or(0)
-}

@@ -125,7 +125,7 @@ async fn models(State(s): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
-    let body = s.metrics.render(s.config.queue_capacity, metrics::rss_bytes(), crate::bench::peak_rss_bytes());
+    let body = s.metrics.render(s.config.queue_capacity, crate::bench::rss_bytes(), crate::bench::peak_rss_bytes());
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

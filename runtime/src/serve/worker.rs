@@ -3,7 +3,7 @@
 //! tokens (its channel is closed).
 
 use super::api::{ApiError, Endpoint, Usage};
-use super::metrics::{EngineFigures, Metrics};
+use super::metrics::Metrics;
 use crate::generate::{Continuation, FinishReason, Session};
 use crate::sampler::Sampler;
 use crate::Opened;
@@ -64,10 +64,8 @@ impl Worker {
             self.metrics.busy_us.fetch_add(t.elapsed().as_micros() as u64, Relaxed);
             if let Some(e) = self.opened.engine() {
                 e.refresh_io_stats();
-                let s = &e.stats;
-                let f = EngineFigures { tokens: s.tokens, rows_needed: s.rows_needed, rows_loaded: s.rows_loaded, bytes_read: s.bytes_read, read_requests: s.read_requests, io_wait_ms: s.io_wait_ms };
                 if let Ok(mut g) = self.metrics.engine.lock() {
-                    *g = Some(f);
+                    *g = Some(e.stats.clone());
                 }
             }
         }
