@@ -38,6 +38,10 @@ pub struct ModelCompute {
     /// The bytes the planner counts as read from memory per token at that operating point
     /// (class A3): a plan touching other bytes scales the time by the ratio.
     pub memory_bytes_per_token: f64,
+    /// Compute-thread time per row read from storage (landing it in its slot), measured at a
+    /// tight budget.
+    #[serde(default)]
+    pub landed_row_s: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +96,9 @@ impl DeviceFile {
         for (i, m) in self.models.iter().enumerate() {
             positive(&format!("models[{i}].compute_s_per_token"), m.compute_s_per_token)?;
             positive(&format!("models[{i}].memory_bytes_per_token"), m.memory_bytes_per_token)?;
+            if !(m.landed_row_s.is_finite() && m.landed_row_s >= 0.0) {
+                return Err(format!("models[{i}].landed_row_s is {}: expected a time >= 0", m.landed_row_s));
+            }
         }
         Ok(())
     }

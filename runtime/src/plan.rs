@@ -115,6 +115,8 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usi
         transfers.push(Transfer { release_s: release, deadline_s: deadline, service_s: service });
     }
     let exposed = exposed_s(&transfers);
+    // landing the rows read is compute-thread work (measured per row where the device has it)
+    let compute_s = compute_s + requests * measured.map_or(0.0, |m| m.landed_row_s);
     Prediction {
         budget_bytes: p.budget_bytes,
         planned_bytes: p.total_bytes,
