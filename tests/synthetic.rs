@@ -542,3 +542,25 @@ fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
     let generated: usize = line.split(" generated").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
     assert!(generated < 1000, "{line}");
 }
+
+/// `runtime plan --shape`: a public model sized from its shape alone on a shipped device file,
+/// the frontier over 15-100% of its F16 size against llama.cpp's GGUFs.
+#[test]
+fn plan_sizes_a_shape_without_its_weights() {
+    let device = repo_root().join("devices/jetson-agx-orin-32gb-990pro.toml");
+    let (ok, out, err) = runtime_cli(&["plan", "--shape", "mistral-7b", "--device", device.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 8);
+    // 15% of 14.5 GB is below what the scorer holds (its Q4_K gate/up alone are 2.1 GB)
+    assert!(rows[0]["ours"]["refused_minimum_bytes"].as_u64().unwrap() > rows[0]["budget_bytes"].as_u64().unwrap());
+    let full = &rows[7];
+    assert!(full["ours"]["predicted_tok_per_s"].as_f64().unwrap() > 0.0);
+    let f16 = full["llama_cpp"].as_array().unwrap().iter().find(|q| q["quant"] == "F16").unwrap();
+    assert_eq!(f16["prediction"]["fits"], false, "the F16 file plus its KV cache exceed 100% of the F16 size");
+    let q2 = full["llama_cpp"].as_array().unwrap().iter().find(|q| q["quant"] == "Q2_K").unwrap();
+    assert_eq!(q2["prediction"]["fits"], true);
+    let (ok, _, err) = runtime_cli(&["plan", "--shape", "gpt-5", "--device", device.to_str().unwrap()]);
+    assert!(!ok && err.contains("mistral-7b"), "{err}");
+}

@@ -18,7 +18,7 @@
 //! it) or the planner assumes the needed set is independent of what is held (reuse = held /
 //! n_ff, a floor: sets of consecutive tokens overlap more).
 
-use crate::roofline::{exposed_s, Transfer};
+use crate::roofline::{exposed_with_stalls_s, Transfer};
 use crate::stream::StreamingEngine;
 use formats::device::DeviceFile;
 use serde::Serialize;
@@ -58,7 +58,8 @@ pub struct Prediction {
     pub compute_s_per_token: f64,
     pub compute_source: String,
     pub io_s_per_token: f64,
-    /// The roofline's exposed I/O: the largest window deficit (Theorem 1).
+    /// The roofline's exposed I/O: the largest window deficit (Theorem 1) for reads known
+    /// early (A1); for reads known inside their layer (A2) each layer's deficit, added up.
     pub exposed_io_s_per_token: f64,
     pub predicted_tok_per_s: f64,
 }
@@ -74,8 +75,13 @@ pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan) -> u64 {
 /// `embed_row_bytes`: one row of the stored embedding. `reuse`: the measured share of needed
 /// rows already held, if known.
 pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
-    let p = &e.plan;
-    let scorer = e.rule() == "scorer";
+    predict_plan(&e.plan, &e.rule(), e.read_span_bytes, model_name, n_layers, n_ff, embed_row_bytes, device, reuse)
+}
+
+/// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
+#[allow(clippy::too_many_arguments)]
+pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_layers: usize, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
+    let scorer = rule == "scorer";
     let n_sparse = p.set_sizes.len();
     let held_all = p.capacity.iter().all(|&c| c >= n_ff);
     let mean_slots = p.capacity.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
@@ -87,7 +93,7 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usi
     let a3 = memory_bytes_per_token(p);
     // measured on this device for this model (probe-storage --manifest), scaled by the bytes
     // this plan touches; else the bytes over the device's decode rate
-    let measured = device.models.iter().find(|m| m.model == model_name && m.selector == e.rule());
+    let measured = device.models.iter().find(|m| m.model == model_name && m.selector == rule);
     let (compute_s, compute_source) = match measured {
         Some(m) => (m.compute_s_per_token * a3 as f64 / m.memory_bytes_per_token, "measured on the device (probe-storage --manifest)"),
         None => (a3 as f64 / device.decode_bytes_per_s, "A3 bytes / decode_bytes_per_s"),
@@ -101,12 +107,12 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usi
         let layer = p.dense_prefix + i;
         let missing = k as f64 * (1.0 - reuse);
         let qd = (missing.ceil() as u32).clamp(1, 256);
-        let rs = device.request_s(e.read_span_bytes as u64, qd);
+        let rs = device.request_s(read_span_bytes as u64, qd);
         qd_max = qd_max.max(qd);
         request_s = rs;
         let service = missing * rs;
         requests += missing;
-        storage_bytes += missing * e.read_span_bytes as f64;
+        storage_bytes += missing * read_span_bytes as f64;
         io_s += service;
         // the layer's MLP is its second half; the held rows' sum is the window an A2 read has
         let mlp_start = (layer as f64 + 0.5) * per_layer_s;
@@ -114,14 +120,14 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usi
         let (release, deadline) = if scorer { (mlp_start, mlp_start + held_sum_s) } else { (per_layer_s, mlp_start + held_sum_s) };
         transfers.push(Transfer { release_s: release, deadline_s: deadline, service_s: service });
     }
-    let exposed = exposed_s(&transfers);
+    let exposed = exposed_with_stalls_s(&transfers);
     // landing the rows read is compute-thread work (measured per row where the device has it)
     let compute_s = compute_s + requests * measured.map_or(0.0, |m| m.landed_row_s);
     Prediction {
         budget_bytes: p.budget_bytes,
         planned_bytes: p.total_bytes,
         minimum_bytes: p.minimum_bytes,
-        selector: e.rule().to_string(),
+        selector: rule.to_string(),
         dense_prefix: p.dense_prefix,
         set_scale: p.set_scale,
         mean_set_rows: p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64,
@@ -135,7 +141,7 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usi
             a3_memory: a3,
         },
         requests_per_token: requests,
-        read_bytes: e.read_span_bytes,
+        read_bytes: read_span_bytes,
         queue_depth: qd_max,
         request_s,
         compute_s_per_token: compute_s,
@@ -167,4 +173,96 @@ pub fn predict_llama_cpp(file_bytes: u64, kv_cache_bytes: u64, budget_bytes: Opt
     let compute = file_bytes as f64 / device.decode_bytes_per_s;
     let io = reread as f64 / 131072.0 * device.request_s(131072, 1);
     LlamaCppPrediction { file_bytes, fits: reread == 0, reread_bytes_per_token: reread, predicted_tok_per_s: 1.0 / (compute + io) }
+}
+
+/// A public model shape the planner can size without its weights: as a native preparation of
+/// its Q4_K_M GGUF would hold it (Q4_K attention, gate/up and embedding, Q6_K head, records of
+/// Q4_K gate/up rows and a Q8_0 down row, layer 0 dense), with the published sizes of its GGUFs.
+pub struct KnownShape {
+    pub name: &'static str,
+    pub config: formats::model_dir::ModelConfig,
+    pub tokenizer_bytes: u64,
+    /// (llama.cpp type, file bytes) as published (TheBloke's and QuantFactory's GGUFs).
+    pub ggufs: Vec<(&'static str, u64)>,
+}
+
+pub const KNOWN_SHAPES: [&str; 2] = ["mistral-7b", "llama-3-8b"];
+
+pub fn known_shape(name: &str) -> Option<KnownShape> {
+    let cfg = |vocab: usize, rope_theta: f64, max_pos: usize| formats::model_dir::ModelConfig {
+        model_type: "llama".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        hidden_size: 4096,
+        intermediate_size: 14336,
+        num_hidden_layers: 32,
+        num_attention_heads: 32,
+        num_key_value_heads: Some(8),
+        head_dim: None,
+        rms_norm_eps: 1e-5,
+        rope_theta,
+        vocab_size: vocab,
+        max_position_embeddings: max_pos,
+        tie_word_embeddings: false,
+        bos_token_id: Some(1),
+        eos_token_id: None,
+        rope_scaling: None,
+        torch_dtype: None,
+    };
+    let gb = |x: f64| (x * 1e9) as u64;
+    match name {
+        "mistral-7b" => Some(KnownShape {
+            name: "mistral-7b",
+            config: cfg(32000, 10000.0, 32768),
+            tokenizer_bytes: 1_800_000,
+            ggufs: vec![("F16", gb(14.48)), ("Q8_0", gb(7.70)), ("Q4_K_M", gb(4.37)), ("Q3_K_M", gb(3.52)), ("Q2_K", gb(3.08))],
+        }),
+        "llama-3-8b" => Some(KnownShape {
+            name: "llama-3-8b",
+            config: cfg(128256, 500000.0, 8192),
+            tokenizer_bytes: 9_100_000,
+            ggufs: vec![("F16", gb(16.07)), ("Q8_0", gb(8.54)), ("Q4_K_M", gb(4.92)), ("Q3_K_M", gb(4.02)), ("Q2_K", gb(3.18))],
+        }),
+        _ => None,
+    }
+}
+
+/// The plan of a known shape under `settings` with the scorer (every layer after layer 0
+/// sparse, as `fit` sizes it), and the bytes one down-row read takes.
+pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> crate::Result<(crate::stream::MemoryPlan, usize, u64)> {
+    use formats::ggml_quants::GgmlType;
+    let c = &k.config;
+    let (d, n_ff, layers, vocab) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size);
+    let kv = c.n_kv_heads() * c.head_dim();
+    let q4k = |n: usize| (n / 256 * 144) as u64;
+    let q6k = |n: usize| (n / 256 * 210) as u64;
+    let embed = q4k(vocab * d);
+    let head = q6k(vocab * d);
+    let attention_per_layer = q4k(2 * d * d + 2 * kv * d) + 2 * (d as u64) * 4;
+    let d0 = 1;
+    let dense_mlp = d0 as u64 * q4k(3 * d * n_ff);
+    let shape = formats::records::RecordShape { d_model: d, gate_up: GgmlType::Q4K, down: GgmlType::Q8_0 };
+    let inputs = crate::stream::budget::PlanInputs {
+        label: k.name.to_string(),
+        config: c.clone(),
+        d0,
+        default_dense_from: d0,
+        resident_file_bytes: embed + head + layers as u64 * attention_per_layer + dense_mlp + d as u64 * 4,
+        head: crate::stream::budget::ResidentHead { embed_bytes: embed, head_bytes: head, head_quantized: true },
+        tokenizer_bytes: k.tokenizer_bytes,
+        record_bytes: shape.record_bytes(),
+        shape: Some(shape),
+    };
+    let gate_up_row = shape.gate_up_row_bytes() as u64;
+    let footprint = move |first: usize| crate::select::Footprint {
+        predictor_bytes: 0,
+        centroid_bytes: 0,
+        scorer_bytes: (layers - first.max(d0)) as u64 * n_ff as u64 * 2 * gate_up_row,
+        full_sets: vec![n_ff; layers - first.max(d0)],
+        set_unit: "n_ff",
+        min_set_scale: crate::stream::budget::MIN_SCORER_SHARE,
+        fit_tries_prefixes: false,
+    };
+    let sizing = crate::stream::budget::Sizing { footprint: &footprint, slot_row: crate::select::SlotRow::Down };
+    let plan = crate::stream::MemoryPlan::fit(&inputs, &sizing, settings)?;
+    Ok((plan, shape.down_section_bytes(), embed / vocab as u64))
 }

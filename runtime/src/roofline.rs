@@ -70,6 +70,32 @@ pub fn edf(transfers: &[Transfer]) -> (f64, Vec<usize>) {
     (lateness, order)
 }
 
+/// The exposed I/O when releases and deadlines move with the compute stalls before them: a
+/// transfer whose address is known only inside its own layer (A2) is released by the compute it
+/// then holds up, so each layer's deficit adds to the next layer's timeline (Budgeting Bytes:
+/// "A2 bytes remain exposed"). Transfers are served in release order (deadline order among
+/// equal releases: EDF where all are released together, as A1 sets after layer 0, where this
+/// equals [`exposed_s`]).
+pub fn exposed_with_stalls_s(transfers: &[Transfer]) -> f64 {
+    let mut order: Vec<&Transfer> = transfers.iter().collect();
+    order.sort_by(|a, b| a.release_s.total_cmp(&b.release_s).then(a.deadline_s.total_cmp(&b.deadline_s)));
+    // (nominal deadline, the stall it caused): a later release moves by the stalls due before it
+    let mut stalls: Vec<(f64, f64)> = Vec::new();
+    let mut io_free = f64::NEG_INFINITY;
+    let mut shift = 0f64;
+    for t in order {
+        let before: f64 = stalls.iter().filter(|(d, _)| *d <= t.release_s).map(|(_, s)| s).sum();
+        let finish = (t.release_s + before).max(io_free) + t.service_s;
+        io_free = finish;
+        let late = finish - (t.deadline_s + shift);
+        if late > 0.0 {
+            shift += late;
+            stalls.push((t.deadline_s, late));
+        }
+    }
+    shift
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +136,21 @@ mod tests {
     }
 
     #[test]
+    fn stalls_add_up_when_reads_are_released_by_their_own_layer() {
+        // three layers of 1 s; each layer's rows known at its middle, needed 0.2 s later, 0.5 s
+        // to read: 0.3 s exposed per layer, 0.9 s in all (the largest window deficit is 0.3)
+        let ts: Vec<Transfer> = (0..3).map(|l| t(l as f64 + 0.5, l as f64 + 0.7, 0.5)).collect();
+        assert!((exposed_with_stalls_s(&ts) - 0.9).abs() < 1e-12, "{}", exposed_with_stalls_s(&ts));
+        assert!((exposed_s(&ts) - 0.3).abs() < 1e-12);
+        // all released together (A1): the same as the window deficit
+        let ts = [t(1.0, 2.0, 0.8), t(1.0, 3.0, 0.8), t(1.0, 3.2, 0.9)];
+        assert!((exposed_with_stalls_s(&ts) - exposed_s(&ts)).abs() < 1e-12, "{} vs {}", exposed_with_stalls_s(&ts), exposed_s(&ts));
+        // hidden when every read fits its window
+        let ts: Vec<Transfer> = (0..3).map(|l| t(l as f64 + 0.5, l as f64 + 0.7, 0.1)).collect();
+        assert_eq!(exposed_with_stalls_s(&ts), 0.0);
+    }
+
+    #[test]
     fn edf_attains_the_deficit_on_random_cases() {
         let mut s = 0x9e3779b97f4a7c15u64;
         let mut next = || {
@@ -127,6 +168,9 @@ mod tests {
                 .collect();
             let (a, b) = (exposed_s(&ts), edf(&ts).0);
             assert!((a - b).abs() < 1e-9, "{ts:?}: window deficit {a}, EDF lateness {b}");
+            // with one common release, moving with stalls changes nothing
+            let common: Vec<Transfer> = ts.iter().map(|x| t(0.0, x.deadline_s, x.service_s)).collect();
+            assert!((exposed_with_stalls_s(&common) - exposed_s(&common)).abs() < 1e-9, "{common:?}");
         }
     }
 }

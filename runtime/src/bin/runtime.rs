@@ -404,8 +404,13 @@ enum Command {
     /// The operating point --mem-budget gets and the decode rate the windowed roofline predicts
     /// for it on a device (Budgeting Bytes), with its parts; llama.cpp's on each --gguf too.
     Plan {
-        /// A prepared model's manifest.toml.
-        manifest: PathBuf,
+        /// A prepared model's manifest.toml (or --shape).
+        manifest: Option<PathBuf>,
+        /// A public model shape instead of a preparation (mistral-7b, llama-3-8b), sized as a
+        /// native preparation of its Q4_K_M GGUF would be; without --mem-budget, the frontier
+        /// over 15-100% of its F16 size against llama.cpp's GGUFs.
+        #[arg(long, conflicts_with = "manifest")]
+        shape: Option<String>,
         /// A device file (runtime probe-storage writes one; devices/ ships some). Default:
         /// devices/this-machine.toml.
         #[arg(long)]
@@ -728,9 +733,11 @@ fn run(cli: Cli) -> Result<()> {
                 eprintln!("listening on http://{addr} (OpenAI API at http://{addr}/v1; context {ctx} tokens, queue {queue})");
             })?;
         }
-        Command::Plan { manifest, device, reuse, gguf, ctx, mode, json } => {
-            plan(&manifest, device, reuse, &gguf, ctx, &mode, json)?;
-        }
+        Command::Plan { manifest, shape, device, reuse, gguf, ctx, mode, json } => match (manifest, shape) {
+            (Some(m), None) => plan(&m, device, reuse, &gguf, ctx, &mode, json)?,
+            (None, Some(s)) => plan_shape(&s, device, reuse, ctx, &mode, json)?,
+            _ => anyhow::bail!("runtime plan needs a manifest.toml or --shape {}", runtime::plan::KNOWN_SHAPES.join("|")),
+        },
         Command::ProbeStorage { file, model, manifest, block_bytes, queue_depths, seconds, out, name, threads: _ } => {
             probe_storage(file, model, &manifest, &block_bytes, &queue_depths, seconds, &out, name)?;
         }
@@ -956,15 +963,74 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
     Ok(())
 }
 
-fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[PathBuf], ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
-    if !manifest.is_file() {
-        anyhow::bail!("{}: runtime plan needs a prepared model's manifest.toml", manifest.display());
-    }
+fn load_device(device: Option<PathBuf>) -> Result<(PathBuf, formats::device::DeviceFile)> {
     let device_path = device.unwrap_or_else(|| PathBuf::from("devices/this-machine.toml"));
     if !device_path.is_file() {
         anyhow::bail!("{}: no device file (runtime probe-storage measures this machine into one; devices/ ships some)", device_path.display());
     }
     let dev = formats::device::DeviceFile::load(&device_path)?;
+    Ok((device_path, dev))
+}
+
+/// A known shape on a device: one budget, or the frontier over fractions of its F16 size.
+fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
+    let k = runtime::plan::known_shape(name).ok_or_else(|| anyhow::anyhow!("--shape {name}: expected one of {}", runtime::plan::KNOWN_SHAPES.join(", ")))?;
+    if mode.in_memory || mode.dense_prefix.is_some() || mode.set_scale.is_some() || !matches!(mode.strategy, Strategy::Auto | Strategy::Scorer) || !mode.experiment.is_empty() {
+        anyhow::bail!("--shape plans the scorer at --dense-prefix fit with sets of 0.25 x n_ff: it takes only --mem-budget");
+    }
+    let (device_path, dev) = load_device(device)?;
+    let f16 = k.ggufs.iter().find(|g| g.0 == "F16").map_or(0, |g| g.1);
+    let budgets: Vec<Option<u64>> = match &mode.mem_budget {
+        Some(b) => vec![Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?)],
+        None => [0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0].iter().map(|f| Some((f * f16 as f64) as u64)).collect(),
+    };
+    let mut rows = Vec::new();
+    for b in budgets {
+        let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, ..Default::default() };
+        let ours = match runtime::plan::shape_plan(&k, &settings) {
+            Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.num_hidden_layers, k.config.intermediate_size, embed_row, &dev, reuse)),
+            Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),
+            Err(e) => return Err(e.into()),
+        };
+        let kv = (2 * k.config.num_hidden_layers * ctx * k.config.n_kv_heads() * k.config.head_dim() * 4) as u64;
+        let llama: Vec<(&str, runtime::plan::LlamaCppPrediction)> = k.ggufs.iter().map(|(q, bytes)| (*q, runtime::plan::predict_llama_cpp(*bytes, kv, b, &dev))).collect();
+        rows.push((b, ours, llama));
+    }
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(b, ours, llama)| {
+                serde_json::json!({
+                    "budget_bytes": b, "budget_fraction": b.map(|b| b as f64 / f16 as f64),
+                    "ours": match ours { Ok(p) => serde_json::to_value(p).unwrap_or_default(), Err(m) => serde_json::json!({"refused_minimum_bytes": m}) },
+                    "llama_cpp": llama.iter().map(|(q, l)| serde_json::json!({"quant": q, "prediction": l})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({"shape": k.name, "device": dev.name, "rows": v}));
+        return Ok(());
+    }
+    println!("{} on {} ({}), predicted decode tok/s; ctx {ctx}; ours: scorer, native Q4_K_M preparation", k.name, dev.name, device_path.display());
+    let quants: Vec<&str> = k.ggufs.iter().map(|g| g.0).collect();
+    println!("{:>18} | {:>22} | {}", "budget", "ours", quants.iter().map(|q| format!("{q:>14}")).collect::<Vec<_>>().join(" "));
+    for (b, ours, llama) in &rows {
+        let b = b.unwrap_or(0);
+        let ours = match ours {
+            Ok(p) => format!("{:.2} (reuse {:.2})", p.predicted_tok_per_s, p.reuse),
+            Err(m) => format!("needs {:.1} GB", *m as f64 / 1e9),
+        };
+        let ll: Vec<String> = llama.iter().map(|(_, l)| format!("{:>13.2}{}", l.predicted_tok_per_s, if l.fits { " " } else { "*" })).collect();
+        println!("{:>8.2} GB ({:>3.0}%) | {ours:>22} | {}", b as f64 / 1e9, 100.0 * b as f64 / f16 as f64, ll.join(" "));
+    }
+    println!("(* the GGUF does not fit: llama.cpp re-reads what the page cache cannot hold. Reuse is the floor held / n_ff unless --reuse is given.)");
+    Ok(())
+}
+
+fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[PathBuf], ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
+    if !manifest.is_file() {
+        anyhow::bail!("{}: runtime plan needs a prepared model's manifest.toml", manifest.display());
+    }
+    let (device_path, dev) = load_device(device)?;
     let (m, _, notes) = mode.mode(manifest, ctx)?;
     let PreparedMode::Stream(settings) = m else {
         anyhow::bail!("runtime plan predicts a streamed run: no --in-memory or --strategy dense");

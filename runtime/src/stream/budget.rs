@@ -54,6 +54,57 @@ impl ResidentHead {
     }
 }
 
+/// What a plan is sized from: a preparation's files ([`PlanInputs::of`]), or a model's shape
+/// alone (`runtime plan --shape`, [`crate::plan::shape_inputs`]).
+#[derive(Debug, Clone)]
+pub struct PlanInputs {
+    /// Names the preparation in messages.
+    pub label: String,
+    pub config: formats::model_dir::ModelConfig,
+    /// The prepared dense prefix, and the default first sparse layer.
+    pub d0: usize,
+    pub default_dense_from: usize,
+    pub resident_file_bytes: u64,
+    pub head: ResidentHead,
+    pub tokenizer_bytes: u64,
+    pub record_bytes: usize,
+    /// Version-2 records' layout (None: version 1, f16).
+    pub shape: Option<formats::records::RecordShape>,
+}
+
+impl PlanInputs {
+    pub fn of(manifest_path: &Path, m: &Manifest) -> Result<Self> {
+        let size = |role: &str| -> Result<u64> {
+            let p = m.artifact_path_of(manifest_path, role)?;
+            Ok(std::fs::metadata(&p).map_err(|e| formats::FormatError::io(&p, e))?.len())
+        };
+        Ok(PlanInputs {
+            label: manifest_path.display().to_string(),
+            config: m.model.clone(),
+            d0: m.sparsity.dense_prefix,
+            default_dense_from: m.sparsity.default_dense_from(),
+            resident_file_bytes: size("resident")?,
+            head: ResidentHead::of(manifest_path, m)?,
+            tokenizer_bytes: size("tokenizer")?,
+            record_bytes: m.records.record_bytes,
+            shape: crate::model::records_shape(manifest_path, m)?,
+        })
+    }
+}
+
+/// What a plan needs of a set selector: its footprint from a first sparse layer on, and what
+/// one slot holds.
+pub struct Sizing<'a> {
+    pub footprint: &'a dyn Fn(usize) -> crate::select::Footprint,
+    pub slot_row: crate::select::SlotRow,
+}
+
+impl<'a> Sizing<'a> {
+    pub fn of(sel: &'a dyn SetSelector) -> impl Fn(usize) -> crate::select::Footprint + 'a {
+        move |d| sel.footprint(d)
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
@@ -94,17 +145,16 @@ impl MemoryPlan {
     /// (never below its `dense_prefix`), then, with every layer after it sparse, the set scale
     /// lowered (from `s.set_scale`, in steps of 0.01, never below [`MIN_SET_SCALE`]); without a
     /// budget, the default.
-    pub fn fit(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings) -> Result<Self> {
-        let (d0, default) = (m.sparsity.dense_prefix, m.sparsity.default_dense_from());
-        let rh = ResidentHead::of(manifest_path, m)?;
+    pub fn fit(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings) -> Result<Self> {
+        let (d0, default) = (inputs.d0, inputs.default_dense_from);
         let mut minimum_at_default = None;
         let mut refusal = None;
-        let fp = sel.footprint(d0);
+        let fp = (sel.footprint)(d0);
         // a selector whose held rows all count (the scorer) gets more from memory as slots of
         // sparse layers than as dense layers: it goes straight to every layer from d0 sparse
         let prefixes = if fp.fit_tries_prefixes { d0..=default } else { d0..=d0 };
         for l in prefixes.rev() {
-            match Self::with_head(manifest_path, m, sel, s, l, s.set_scale, &rh) {
+            match Self::new(inputs, sel, s, l, s.set_scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
                     minimum_at_default.get_or_insert(minimum);
@@ -119,7 +169,7 @@ impl MemoryPlan {
         let floor_pct = (floor * 100.0).round() as u32;
         for pct in (floor_pct..(s.set_scale * 100.0).round() as u32).rev() {
             let scale = pct as f64 / 100.0;
-            match Self::with_head(manifest_path, m, sel, s, d0, scale, &rh) {
+            match Self::new(inputs, sel, s, d0, scale) {
                 Ok(p) => return Ok(p),
                 Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => refusal = Some((budget, minimum, breakdown, scale)),
                 Err(e) => return Err(e),
@@ -138,26 +188,15 @@ impl MemoryPlan {
 
     /// The plan with layers `dense_prefix..` sparse (the prepared prefix <= dense_prefix <= n_layers).
     /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_prefix: usize, set_scale: f64) -> Result<Self> {
-        Self::with_head(manifest_path, m, sel, s, dense_prefix, set_scale, &ResidentHead::of(manifest_path, m)?)
-    }
-
-    /// [`MemoryPlan::new`] with the resident embedding and head already sized (`fit` tries
-    /// many plans of one preparation).
-    #[allow(clippy::too_many_arguments)]
-    fn with_head(manifest_path: &Path, m: &Manifest, sel: &dyn SetSelector, s: &StreamSettings, dense_prefix: usize, set_scale: f64, rh: &ResidentHead) -> Result<Self> {
-        let fp = sel.footprint(dense_prefix.min(m.model.num_hidden_layers));
+    pub fn new(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings, dense_prefix: usize, set_scale: f64) -> Result<Self> {
+        let fp = (sel.footprint)(dense_prefix.min(inputs.config.num_hidden_layers));
         let unit = fp.set_unit;
         if !(set_scale > 0.0 && set_scale <= 1.0) {
             return Err(RuntimeError::Input(format!("set scale {set_scale}: expected a share of {unit} in (0, 1]")));
         }
-        let size = |role: &str| -> Result<u64> {
-            let p = m.artifact_path_of(manifest_path, role)?;
-            Ok(std::fs::metadata(&p).map_err(|e| formats::FormatError::io(&p, e))?.len())
-        };
-        let c = &m.model;
-        let rb = m.records.record_bytes;
+        let rh = &inputs.head;
+        let c = &inputs.config;
+        let rb = inputs.record_bytes;
         // An untied input embedding is only read a row per token (its address is known once the
         // token is sampled: Budgeting Bytes' class A0): its rows fault in from the mapped file on
         // use and are not held, so it is not counted. A tied one is the output head: all of it.
@@ -166,7 +205,7 @@ impl MemoryPlan {
         // row per token, as an untied one): the Q8_0 head takes its place.
         let head_f16_bytes = if s.head_q8 { rh.head_bytes } else { 0 };
         let row_read_embedding = !c.tie_word_embeddings || s.head_q8;
-        let resident_bytes = size("resident")? - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
+        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
         let head_q8_bytes = if s.head_q8 { formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size) } else { 0 };
         let (predictor_bytes, centroid_bytes, scorer_bytes) = (fp.predictor_bytes, fp.centroid_bytes, fp.scorer_bytes);
         let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
@@ -174,22 +213,22 @@ impl MemoryPlan {
         // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table
         // (f32, every position the model supports: Model::load builds it whole)
         let rope_bytes = (2 * c.max_position_embeddings.min(crate::model::ROPE_MAX_POSITIONS) * (c.head_dim() / 2) * 4) as u64;
-        let process_bytes = PROCESS_BASE_BYTES + 4 * size("tokenizer")? + rope_bytes;
-        let (d0, n_layers) = (m.sparsity.dense_prefix, c.num_hidden_layers);
+        let process_bytes = PROCESS_BASE_BYTES + 4 * inputs.tokenizer_bytes + rope_bytes;
+        let (d0, n_layers) = (inputs.d0, c.num_hidden_layers);
         if dense_prefix < d0 || dense_prefix > n_layers {
             return Err(RuntimeError::Input(format!(
                 "{}: dense prefix {dense_prefix}: this preparation has records and predictor heads for layers {d0}..{n_layers}, so it can run layers {d0}..={n_layers} sparse from",
-                manifest_path.display()
+                inputs.label
             )));
         }
-        let shape = crate::model::records_shape(manifest_path, m)?;
+        let shape = inputs.shape;
         // a layer run dense from records: f16 rows (version 1), or its gate/up blocks and an f16
         // down matrix rebuilt from the Q8_0 columns (version 2)
         let full_row_bytes = match shape {
             None => crate::select::SlotRow::GateUpDown.bytes(c.hidden_size),
             Some(s) => 2 * s.gate_up_row_bytes() + 2 * c.hidden_size,
         };
-        let srb = sel.slot_row().bytes_in(c.hidden_size, shape);
+        let srb = sel.slot_row.bytes_in(c.hidden_size, shape);
         let prefix_records_bytes = ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64;
         let fixed = resident_bytes + head_q8_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);

@@ -246,17 +246,22 @@ impl StreamingEngine {
             }
             SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
         };
-        let plan = match settings.dense_prefix {
-            DensePrefix::Fit => MemoryPlan::fit(manifest_path, manifest, selector.as_ref(), settings)?,
-            DensePrefix::Layer(l) => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, l, settings.set_scale)?,
-            DensePrefix::Default => MemoryPlan::new(manifest_path, manifest, selector.as_ref(), settings, default, settings.set_scale).map_err(|e| match e {
-                RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
-                    budget,
-                    minimum,
-                    breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-prefix fit` runs more layers sparse, down to layer {d0})"),
-                },
-                e => e,
-            })?,
+        let plan = {
+            let inputs = super::budget::PlanInputs::of(manifest_path, manifest)?;
+            let footprint = super::budget::Sizing::of(selector.as_ref());
+            let sizing = super::budget::Sizing { footprint: &footprint, slot_row: selector.slot_row() };
+            match settings.dense_prefix {
+                DensePrefix::Fit => MemoryPlan::fit(&inputs, &sizing, settings)?,
+                DensePrefix::Layer(l) => MemoryPlan::new(&inputs, &sizing, settings, l, settings.set_scale)?,
+                DensePrefix::Default => MemoryPlan::new(&inputs, &sizing, settings, default, settings.set_scale).map_err(|e| match e {
+                    RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
+                        budget,
+                        minimum,
+                        breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-prefix fit` runs more layers sparse, down to layer {d0})"),
+                    },
+                    e => e,
+                })?,
+            }
         };
         let first = plan.dense_prefix;
         let rb = manifest.records.record_bytes;
