@@ -923,8 +923,7 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         // every row held (compute alone), then at 5% over the minimum (what each row read costs
         // the compute thread: landing it in its slot, beyond the read itself)
         let bench_at = |budget: Option<u64>| -> Result<(runtime::bench::BenchReport, u64, f64, String)> {
-            let mut mode = ModeArgs::default();
-            mode.mem_budget = budget.map(|b| b.to_string());
+            let mode = ModeArgs { mem_budget: budget.map(|b| b.to_string()), ..Default::default() };
             let (pm, _, _) = mode.mode(m, 512)?;
             let mut opened = runtime::open_with(m, &pm, false)?;
             let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
