@@ -39,9 +39,21 @@ pub fn data_text(name: &str) -> PathBuf {
     p
 }
 
-/// A fresh scratch directory under target/.
+/// A fresh scratch directory under target/. The first call of a test binary removes the
+/// folders earlier runs left (named for a process that is gone: test binaries run one at a
+/// time, and every test of this one shares its pid).
 pub fn scratch(name: &str) -> PathBuf {
-    let d = repo_root().join("target/test-scratch").join(format!("{name}-{}", std::process::id()));
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let root = repo_root().join("target/test-scratch");
+    SWEPT.call_once(|| {
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let pid = e.file_name().to_string_lossy().rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    });
+    let d = root.join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -539,6 +539,15 @@ fn pool_threads(threads: Option<usize>) -> std::result::Result<usize, String> {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        // a closed stdout (`runtime plan ... | head`) ends the process quietly, as other Unix
+        // tools do; the server keeps Rust's default (ignored), so a client that goes away is an
+        // EPIPE on its socket, not the end of the server
+        // SAFETY: resetting one signal's disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let no_experiment = Vec::new();
     let experiment = match &cli.command {
         Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } | Command::Chat { mode, .. } | Command::Serve { mode, .. } | Command::Plan { mode, .. } => &mode.experiment,
