@@ -208,13 +208,7 @@ impl Session {
 /// Generates after `prompt` (a fresh cache); `on_text` receives each new piece of text.
 pub fn generate(runner: &mut Runner, tok: &Tokenizer, prompt: &str, opts: &GenerateOptions, sampler: &mut Sampler, mut on_text: impl FnMut(&str)) -> Result<GenerationReport> {
     let prompt_ids = tok.encode(prompt, opts.add_special)?;
-    if prompt_ids.is_empty() {
-        return Err(RuntimeError::Input("the prompt is empty".into()));
-    }
-    let needed = prompt_ids.len() + opts.max_new_tokens;
-    if needed > opts.ctx {
-        return Err(RuntimeError::ContextOverflow { needed, ctx: opts.ctx, prompt_tokens: prompt_ids.len() });
-    }
+    // (the session refuses an empty prompt, or one that does not fit opts.ctx with the new tokens)
     let eos = runner.model.config.eos_token_ids();
     let (end_ids, mask): (&[u32], &[u32]) = if opts.stop_at_eos { (&eos, &[]) } else { (&[], &eos) };
     let mut session = Session::new(runner.model, opts.ctx)?;

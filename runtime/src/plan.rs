@@ -74,15 +74,17 @@ pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan) -> u64 {
 /// The prediction for a streamed run whose engine (plan, slots, selector) is `e`;
 /// `embed_row_bytes`: one row of the stored embedding. `reuse`: the measured share of needed
 /// rows already held, if known.
-pub fn predict(e: &StreamingEngine, model_name: &str, n_layers: usize, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
-    predict_plan(&e.plan, &e.rule(), e.read_span_bytes, model_name, n_layers, n_ff, embed_row_bytes, device, reuse)
+pub fn predict(e: &StreamingEngine, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
+    predict_plan(&e.plan, &e.rule(), e.read_span_bytes, model_name, n_ff, embed_row_bytes, device, reuse)
 }
 
 /// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
 #[allow(clippy::too_many_arguments)]
-pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_layers: usize, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
+pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
     let scorer = rule == "scorer";
     let n_sparse = p.set_sizes.len();
+    // the sparse layers run to the last
+    let n_layers = p.dense_prefix + n_sparse;
     let held_all = p.capacity.iter().all(|&c| c >= n_ff);
     let mean_slots = p.capacity.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
     let (reuse, reuse_source) = match reuse {

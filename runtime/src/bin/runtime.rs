@@ -992,15 +992,15 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
         Some(b) => vec![Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?)],
         None => [0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0].iter().map(|f| Some((f * f16 as f64) as u64)).collect(),
     };
+    let kv = runtime::stream::budget::kv_cache_bytes(&k.config, ctx);
     let mut rows = Vec::new();
     for b in budgets {
         let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, ..Default::default() };
         let ours = match runtime::plan::shape_plan(&k, &settings) {
-            Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.num_hidden_layers, k.config.intermediate_size, embed_row, &dev, reuse)),
+            Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.intermediate_size, embed_row, &dev, reuse)),
             Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),
             Err(e) => return Err(e.into()),
         };
-        let kv = (2 * k.config.num_hidden_layers * ctx * k.config.n_kv_heads() * k.config.head_dim() * 4) as u64;
         let llama: Vec<(&str, runtime::plan::LlamaCppPrediction)> = k.ggufs.iter().map(|(q, bytes)| (*q, runtime::plan::predict_llama_cpp(*bytes, kv, b, &dev))).collect();
         rows.push((b, ours, llama));
     }
@@ -1050,7 +1050,7 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let engine = runtime::stream::StreamingEngine::new(manifest, &mf, &settings)?;
     let c = &mf.model;
     let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
-    let p = runtime::plan::predict(&engine, &mf.model_name, c.num_hidden_layers, c.intermediate_size, rh.embed_bytes / c.vocab_size as u64, &dev, reuse);
+    let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, rh.embed_bytes / c.vocab_size as u64, &dev, reuse);
     let mut llama = Vec::new();
     for g in ggufs {
         let bytes = std::fs::metadata(g).map_err(|e| anyhow::anyhow!("{}: {e}", g.display()))?.len();

@@ -55,11 +55,18 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    pub const ALL: [Endpoint; 2] = [Endpoint::Chat, Endpoint::Completion];
+
     pub fn name(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat",
             Endpoint::Completion => "completion",
         }
+    }
+
+    /// Its place in [`Endpoint::ALL`] (the metrics' per-endpoint counters).
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 

@@ -33,9 +33,10 @@ impl Metrics {
     pub fn render(&self, queue_capacity: usize, rss_bytes: u64, peak_rss_bytes: u64) -> String {
         let mut s = String::new();
         let mut rows = Vec::new();
-        for (i, ep) in ["chat", "completion"].iter().enumerate() {
+        for ep in super::api::Endpoint::ALL {
+            let i = ep.index();
             for (outcome, c) in [("ok", &self.requests_ok[i]), ("error", &self.requests_failed[i]), ("cancelled", &self.requests_cancelled[i])] {
-                rows.push((format!("{{endpoint=\"{ep}\",outcome=\"{outcome}\"}}"), c.load(Relaxed).to_string()));
+                rows.push((format!("{{endpoint=\"{}\",outcome=\"{outcome}\"}}", ep.name()), c.load(Relaxed).to_string()));
             }
         }
         let rows: Vec<(&str, String)> = rows.iter().map(|(l, v)| (l.as_str(), v.clone())).collect();

@@ -29,7 +29,7 @@ use metrics::Metrics;
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use worker::{Event, Job, Worker};
 
@@ -48,7 +48,7 @@ pub struct ServeConfig {
 
 /// What the handlers share.
 pub struct AppState {
-    jobs: SyncSender<Job>,
+    jobs: Sender<Job>,
     template: Option<ChatTemplate>,
     template_missing: String,
     config: ServeConfig,
@@ -73,7 +73,8 @@ fn unix_now() -> u64 {
 pub fn serve(opened: crate::Opened, template: Option<ChatTemplate>, template_missing: String, ctx: usize, config: ServeConfig, on_listen: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let worker = Worker::new(opened, ctx, metrics.clone())?;
-    let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(config.queue_capacity);
+    // the admission semaphore bounds what waits here (see AppState::admitted)
+    let (jobs, queue) = std::sync::mpsc::channel::<Job>();
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind(config.addr)).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
     let addr = listener.local_addr()?;
@@ -138,8 +139,9 @@ async fn completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
 }
 
 /// 503 with Retry-After: about one request's time per waiting request.
-fn busy(s: &AppState, message: String) -> ApiError {
+fn busy(s: &AppState) -> ApiError {
     s.metrics.requests_rejected.fetch_add(1, Relaxed);
+    let message = format!("the server is busy: {} requests are waiting (runtime serve --queue); retry later", s.config.queue_capacity);
     let mut err = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", message);
     err.code = Some("queue_full");
     let busy_s = s.metrics.busy_us.load(Relaxed) as f64 / 1e6;
@@ -149,8 +151,7 @@ fn busy(s: &AppState, message: String) -> ApiError {
 }
 
 async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
-    let busy_message = || format!("the server is busy: {} requests are waiting (runtime serve --queue); retry later", s.config.queue_capacity);
-    let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s, busy_message()))?;
+    let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s))?;
     // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await
@@ -190,12 +191,9 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
         received: std::time::Instant::now(),
     };
     s.metrics.queued.fetch_add(1, Relaxed);
-    if let Err(e) = s.jobs.try_send(job) {
+    if s.jobs.send(job).is_err() {
         s.metrics.queued.fetch_sub(1, Relaxed);
-        return Err(busy(&s, match e {
-            TrySendError::Full(_) => busy_message(),
-            TrySendError::Disconnected(_) => "the engine has stopped".to_string(),
-        }));
+        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine has stopped"));
     }
     match rx.recv().await {
         Some(Event::Started) => {}

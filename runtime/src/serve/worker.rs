@@ -72,7 +72,7 @@ impl Worker {
     }
 
     fn answer(&mut self, job: Job) {
-        let ep = if job.endpoint == Endpoint::Chat { 0 } else { 1 };
+        let ep = job.endpoint.index();
         let waited_s = job.received.elapsed().as_secs_f64();
         if job.events.is_closed() {
             self.metrics.requests_cancelled[ep].fetch_add(1, Relaxed);

@@ -208,7 +208,7 @@ impl MemoryPlan {
         let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
         let head_q8_bytes = if s.head_q8 { formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size) } else { 0 };
         let (predictor_bytes, centroid_bytes, scorer_bytes) = (fp.predictor_bytes, fp.centroid_bytes, fp.scorer_bytes);
-        let kv_cache_bytes = (2 * c.num_hidden_layers * s.ctx * c.n_kv_heads() * c.head_dim() * 4) as u64;
+        let kv_cache_bytes = kv_cache_bytes(c, s.ctx);
         let staging_bytes = s.io.staging_bytes.max(rb).div_ceil(4096) * 4096;
         // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table
         // (f32, every position the model supports: Model::load builds it whole)
@@ -284,6 +284,11 @@ impl MemoryPlan {
             total_bytes: fixed + slot_bytes,
         })
     }
+}
+
+/// The KV cache of `ctx` positions (f32 keys and values of every layer).
+pub fn kv_cache_bytes(c: &formats::model_dir::ModelConfig, ctx: usize) -> u64 {
+    (2 * c.num_hidden_layers * ctx * c.n_kv_heads() * c.head_dim() * 4) as u64
 }
 
 /// Parses a size: `155MiB`, `1.5GiB`, `500MB`, `4096` (bytes).
