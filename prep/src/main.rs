@@ -5,6 +5,7 @@ mod capture;
 mod cluster;
 mod import;
 mod importance;
+mod layers;
 mod scorer;
 mod pack;
 mod prepare;
@@ -198,6 +199,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Per-layer predictors (layer_predictors.safetensors + layers.json): for each layer from
+    /// --first-layer, a low-rank network from the layer's MLP input to a score per neuron,
+    /// trained to mark each token's largest |silu(g) * u| (`--strategy layers`).
+    Layers {
+        /// Canonical model directory (from `prep import`).
+        model: PathBuf,
+        /// Calibration text files or directories of .txt files (repeat the flag).
+        #[arg(long, required = true)]
+        corpus: Vec<PathBuf>,
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        /// First layer with a predictor (the preparation's dense prefix).
+        #[arg(long)]
+        first_layer: usize,
+        /// Settings as TOML (the recipe's [layers] table), e.g. 'epochs = 4'.
+        #[arg(long, default_value = "")]
+        settings: String,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// The resident 4-bit gate/up copy of layers D.. (scorer.safetensors): lets `--set-rule
     /// scorer` pick each layer's neurons from its own input and stream only down rows.
     Scorer {
@@ -371,6 +395,26 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
                 println!("importance over {} tokens ({} sequences) -> {} in {:.1} s", s.tokens, s.sequences, s.path, s.seconds);
+            }
+        }
+        Command::Layers { model, corpus, seq_len, first_layer, settings, out, json } => {
+            let settings: layers::LayersSettings = toml::from_str(&settings).map_err(|e| anyhow::anyhow!("--settings: {e}"))?;
+            let s = layers::train_layers(&model, &corpus, seq_len, first_layer, &out, &settings, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "per-layer predictors of rank {} for layers {}..{}: {:.2} MiB, {:.1}% of the 4-bit MLP; {} training and {} held-out tokens",
+                    s.spec.rank, s.spec.first_layer, s.spec.n_layers, s.predictor_bytes as f64 / 1048576.0, s.mlp_share * 100.0, s.train_tokens, s.heldout_tokens
+                );
+                let row = |name: &str, r: &[f64]| println!("{name:>22} {}", r.iter().map(|v| format!("{v:>7.3}")).collect::<String>());
+                row("held-out recall at", &s.recall_shares);
+                row("per-layer predictor", &s.recall);
+                if let Some(p) = &s.recall_previous {
+                    row("previous layer's input", p);
+                }
+                row("static set", &s.recall_static);
+                println!("reload: max |score diff| {:.2e}, top-set agreement {:.4}; -> {} ({:.1} s)", s.reload_max_abs_score_diff, s.reload_top_set_agreement, s.path, s.seconds);
             }
         }
         Command::Scorer { model, dense_prefix, out, json } => {

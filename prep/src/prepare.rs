@@ -5,7 +5,7 @@
 //! Every output is written under a temporary name and renamed, so an interrupted stage leaves
 //! no file that a later run could take for a good one.
 
-use crate::{capture, cluster, import, importance, pack, scorer, train};
+use crate::{capture, cluster, import, importance, layers, pack, scorer, train};
 use anyhow::{bail, Context, Result};
 use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
 use formats::model_dir::ModelConfig;
@@ -34,6 +34,9 @@ pub struct Recipe {
     /// Per-neuron importance (the ranking of cut sets); every field has a default.
     #[serde(default)]
     pub importance: ImportanceRecipe,
+    /// The per-layer predictors (`--strategy layers`); every field has a default.
+    #[serde(default)]
+    pub layers: layers::LayersSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -256,6 +259,14 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         train::train(&model_dir, &cap_dir, &cl_dir, d, &tr_dir, &r.train, show_progress).map(|_| ())
     })?;
 
+    // layers: the per-layer predictors of the sparse layers
+    let lp_dir = out.join("layers");
+    let lp_path = lp_dir.join("layer_predictors.safetensors");
+    let key = serde_json::json!({"model": model_fp, "seq_len": r.capture.seq_len, "first_layer": d, "settings": r.layers, "corpus": file_fingerprint(&corpus)?});
+    st.run("layers", &key, &[lp_path.clone(), lp_dir.join("layers.json")], || {
+        layers::train_layers(&model_dir, &corpus, r.capture.seq_len, d, &lp_dir, &r.layers, show_progress).map(|_| ())
+    })?;
+
     // pack
     let weights_fp = if weights_dir == model_dir {
         model_fp.clone()
@@ -318,6 +329,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("predictor", tr_dir.join("predictor.safetensors")),
         ("thresholds", cap_dir.join("thresholds.json")),
         ("importance", imp_path.clone()),
+        (runtime::layer_predictor::ARTIFACT_ROLE, lp_path.clone()),
         ("scorer", scorer_path.clone()),
         ("head_q8", head_path.clone()),
         ("tokenizer", tok_path.clone()),

@@ -7,6 +7,7 @@ pub mod chat;
 pub mod eval;
 pub mod generate;
 pub mod kv_cache;
+pub mod layer_predictor;
 pub mod model;
 pub mod ops;
 pub mod oracle;
@@ -46,11 +47,14 @@ pub struct InMemorySettings {
     /// With the scorer: tokens one at a time, as a streamed run sees them (batched prefill sums
     /// in another order, so a marginal neuron can flip).
     pub single_token: bool,
+    /// With the per-layer predictors or the gate: rank by each token's exact |h| instead (the
+    /// ceiling at a set size; `-X set-rule=oracle`).
+    pub oracle_ranking: bool,
 }
 
 impl Default for InMemorySettings {
     fn default() -> Self {
-        InMemorySettings { selector: stream::SelectorChoice::default(), dense_prefix: stream::DensePrefix::Default, set_scale: 1.0, slot_share: None, head_q8: false, single_token: false }
+        InMemorySettings { selector: stream::SelectorChoice::default(), dense_prefix: stream::DensePrefix::Default, set_scale: 1.0, slot_share: None, head_q8: false, single_token: false, oracle_ranking: false }
     }
 }
 
@@ -82,6 +86,9 @@ pub enum Sparsity {
     InMemory(Box<predictor::PredictedSparsity>),
     /// The 4-bit scorer's sets, every downT row in memory.
     Scored(Box<scorer::ScoredSparsity>),
+    /// A whole-record strategy's sets (layers, gate), every record in memory, the slots
+    /// simulated.
+    Layers(Box<layer_predictor::LayerPredictedSparsity>),
     Stream(Box<stream::StreamingEngine>),
 }
 
@@ -108,6 +115,7 @@ impl Opened {
             None => Runner::dense(model),
             Some(Sparsity::InMemory(p)) => Runner::with_hook(model, p.as_mut()),
             Some(Sparsity::Scored(p)) => Runner::with_hook(model, p.as_mut()),
+            Some(Sparsity::Layers(p)) => Runner::with_hook(model, p.as_mut()),
             Some(Sparsity::Stream(e)) => Runner::streamed(model, e.as_mut()),
         };
         (runner, &self.tokenizer)
@@ -253,6 +261,15 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     p.dense_prefix = prefix;
                     p.single_token = s.single_token;
                     Sparsity::Scored(Box::new(p))
+                }
+                stream::SelectorChoice::Layers | stream::SelectorChoice::Gate => {
+                    let kind = if s.selector == stream::SelectorChoice::Gate { layer_predictor::RankerKind::Gate } else { layer_predictor::RankerKind::Predictors };
+                    let mut p = layer_predictor::LayerPredictedSparsity::new(path, &manifest, kind)?;
+                    p.set_shares(s.set_scale, s.slot_share);
+                    p.dense_prefix = prefix;
+                    p.single_token = s.single_token;
+                    p.oracle = s.oracle_ranking;
+                    Sparsity::Layers(Box::new(p))
                 }
                 stream::SelectorChoice::Predictor { rule, neuron_rank } => {
                     let (a, note) = predictor::PredictorArtifacts::load(path, &manifest)?;

@@ -78,6 +78,10 @@ pub trait MlpHook {
     /// the SwiGLU product is their elementwise product.
     fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]);
 
+    /// The normed input of layer `layer`'s MLP, `[n_tokens, hidden_size]` (before
+    /// [`MlpHook::observe`] or [`MlpHook::mlp`]).
+    fn observe_input(&mut self, _layer: usize, _xn: &[f32]) {}
+
     /// The residual stream after layer `layer` (its output), `[n_tokens, hidden_size]`.
     fn after_layer(&mut self, _layer: usize, _hidden: &[f32]) {}
 
@@ -391,6 +395,9 @@ impl Model {
             self.attention_block(l, lw, n, pos0, cache, &mut s);
             // --- MLP block: down(silu(gate(xn)) * up(xn)) ---
             rmsnorm(&s.x, &lw.mlp_norm, c.rms_norm_eps as f32, &mut s.xn);
+            if let Some(obs) = observer.as_mut() {
+                obs.observe_input(l, &s.xn);
+            }
             if let Some(obs) = observer.as_mut().filter(|o| o.replaces_mlp(l)) {
                 obs.mlp(l, &s.xn, &mut s.proj)?;
             } else {

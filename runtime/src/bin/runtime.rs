@@ -28,8 +28,11 @@ struct ModeArgs {
     /// resident head is already GGML blocks), else the predictor. scorer: each sparse layer
     /// scores its neurons from its own input with resident 4-bit gate/up rows (the GGUF's own in
     /// a native preparation) and streams only the down rows it needs. predictor: the shared
-    /// predictor picks every sparse layer's set after layer 0 and streams whole records (f16
-    /// preparations). dense: every layer dense, every row in memory (the reference).
+    /// predictor picks every sparse layer's set after layer 0 and streams whole records.
+    /// layers: each sparse layer's own small predictor picks its set from the layer's input,
+    /// whole records are streamed and every held row counts (nothing of the MLP resident).
+    /// gate: as layers, ranked by the resident gate rows (|silu(gate . x)| x ||down||).
+    /// dense: every layer dense, every row in memory (the reference).
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     strategy: Strategy,
     /// The same sets with every row in memory and batched prefill (quality figures).
@@ -63,14 +66,17 @@ enum Strategy {
     Dense,
     Predictor,
     Scorer,
+    Layers,
+    Gate,
 }
 
 const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
-  set-rule=soft8|softN|top1|static|oracle  the predictor's set rule (oracle: --in-memory only)
+  set-rule=soft8|softN|top1|static|oracle  the predictor's set rule (oracle: --in-memory only;
+                                           with --strategy layers or gate: oracle ranking in memory)
   neuron-rank=importance|membership        how the predictor's cut sets rank neurons
   resident-bonus=F                         scorer: a held row counts F (>= 1) times its score
-  slot-share=C                             --in-memory scorer: rows each layer holds, share of n_ff
-  single-token                             --in-memory scorer: tokens one at a time, as streamed
+  slot-share=C                             --in-memory scorer, layers, gate: rows each layer holds, share of n_ff
+  single-token                             --in-memory scorer, layers, gate: tokens one at a time, as streamed
   head=q8|f16                              the output head (default: q8 with the scorer)
   pread                                    read records with pread instead of io_uring
   max-run-bytes=N                          longest coalesced read (default 1048576)
@@ -150,7 +156,7 @@ impl ModeArgs {
             // a model directory runs dense in memory: a streaming flag would silently do nothing
             // (--dense-prefix also says where oracle masks start)
             let prefix = self.dense_prefix.is_some() && x.oracle_thresholds.is_none();
-            let streaming = self.mem_budget.is_some() || self.in_memory || prefix || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer);
+            let streaming = self.mem_budget.is_some() || self.in_memory || prefix || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer | Strategy::Layers | Strategy::Gate);
             if streaming && model.is_dir() {
                 anyhow::bail!("{}: a model directory runs dense, in memory; --mem-budget, --in-memory, --strategy, --dense-prefix and --set-scale need a prepared model's manifest.toml (make prepare)", model.display());
             }
@@ -174,9 +180,9 @@ impl ModeArgs {
         let head_quantized = runtime::stream::budget::ResidentHead::of(model, &manifest)?.head_quantized;
         let head_q8 = match (x.head_q8, strategy) {
             (Some(h), _) => h,
-            (None, Strategy::Scorer) if head_quantized => false,
-            (None, Strategy::Scorer) if has("head_q8") => true,
-            (None, Strategy::Scorer) => {
+            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate) if head_quantized => false,
+            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate) if has("head_q8") => true,
+            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate) => {
                 notes.push(format!("{} has no head_q8 artifact: logits from the f16 head", model.display()));
                 false
             }
@@ -189,25 +195,35 @@ impl ModeArgs {
             return Ok((PreparedMode::Dense { head_q8 }, x, notes));
         }
         let scorer = strategy == Strategy::Scorer;
-        if scorer && (x.set_rule.is_some() || x.neuron_rank.is_some()) {
-            anyhow::bail!("--experiment set-rule and neuron-rank are the predictor's: use them with --strategy predictor");
+        let layers = matches!(strategy, Strategy::Layers | Strategy::Gate);
+        // the whole-record strategies take set-rule=oracle only (their in-memory ceiling)
+        let layer_oracle = layers && x.set_rule == Some(SetRule::Oracle);
+        if (scorer || layers) && ((x.set_rule.is_some() && !layer_oracle) || x.neuron_rank.is_some()) {
+            anyhow::bail!("--experiment set-rule and neuron-rank are the predictor's: use them with --strategy predictor (--strategy layers and gate take set-rule=oracle, in memory)");
         }
-        if !scorer && (x.resident_bonus.is_some() || x.slot_share.is_some() || x.single_token) {
-            anyhow::bail!("--experiment resident-bonus, slot-share and single-token are the scorer's: use them with --strategy scorer");
+        if !(scorer || layers) && (x.slot_share.is_some() || x.single_token) {
+            anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots: use them with --strategy scorer, layers or gate");
+        }
+        if !scorer && x.resident_bonus.is_some() {
+            anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
         }
         let selector = if scorer {
             SelectorChoice::Scorer { resident_bonus: x.resident_bonus.unwrap_or(1.0) }
+        } else if strategy == Strategy::Gate {
+            SelectorChoice::Gate
+        } else if layers {
+            SelectorChoice::Layers
         } else {
             SelectorChoice::Predictor { rule: x.set_rule.unwrap_or_default(), neuron_rank: x.neuron_rank.unwrap_or_default() }
         };
-        let set_scale = self.set_scale.unwrap_or(if scorer { SCORER_SET_SCALE } else { 1.0 });
+        let set_scale = self.set_scale.unwrap_or(if scorer || layers { SCORER_SET_SCALE } else { 1.0 });
         if self.in_memory {
             if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() {
                 anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
-            let dense_prefix = self.dense_prefix.unwrap_or(if scorer { DensePrefix::Layer(manifest.sparsity.dense_prefix) } else { DensePrefix::Default });
-            let s = runtime::InMemorySettings { selector, dense_prefix, set_scale, slot_share: x.slot_share, head_q8, single_token: x.single_token };
+            let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Layer(manifest.sparsity.dense_prefix) } else { DensePrefix::Default });
+            let s = runtime::InMemorySettings { selector, dense_prefix, set_scale, slot_share: x.slot_share, head_q8, single_token: x.single_token, oracle_ranking: layer_oracle };
             return Ok((PreparedMode::InMemory(s), x, notes));
         }
         if x.set_rule == Some(SetRule::Oracle) {
@@ -227,7 +243,7 @@ impl ModeArgs {
         if let Some(q) = x.queue_depth {
             io.queue_depth = q;
         }
-        let dense_prefix = self.dense_prefix.unwrap_or(if scorer { DensePrefix::Fit } else { DensePrefix::Default });
+        let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
         let s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head_q8, io, record_sets: false };
         Ok((PreparedMode::Stream(s), x, notes))
     }
@@ -478,6 +494,15 @@ fn sparsity_json(s: Option<&Sparsity>, n_ff: usize) -> serde_json::Value {
             "reuse_ratio": s.reuse_ratio(),
             "sparse_layer_density": s.density(),
         }),
+        Some(Sparsity::Layers(s)) => serde_json::json!({
+            "mode": "in-memory",
+            "set_rule": if s.oracle { "oracle".to_string() } else { s.ranker.name().to_string() },
+            "dense_prefix": s.dense_prefix,
+            "keep_share": s.keep as f64 / n_ff as f64,
+            "reuse_ratio": s.reuse_ratio(),
+            "recall": s.recall(),
+            "sparse_layer_density": s.density(),
+        }),
         Some(Sparsity::Stream(e)) => {
             let st = &e.stats;
             serde_json::json!({
@@ -506,6 +531,10 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
             "scored sparsity: {:.3} of sparse-layer neurons kept (layers >= {}, 4-bit gate/up scorer, {:.2} x n_ff needed, {:.2} held), reuse {:.3}",
             p.density(), p.dense_prefix, p.keep as f64 / n_ff as f64, p.slots as f64 / n_ff as f64, p.reuse_ratio()
         ),
+        Some(Sparsity::Layers(p)) => println!(
+            "{} sparsity: {:.3} of sparse-layer neurons summed (layers >= {}, sets of {:.2} x n_ff), recall of the oracle's set {:.3}, reuse {:.3}",
+            if p.oracle { "oracle" } else { p.ranker.name() }, p.density(), p.dense_prefix, p.keep as f64 / n_ff as f64, p.recall(), p.reuse_ratio()
+        ),
         Some(Sparsity::Stream(e)) => {
             e.refresh_io_stats();
             let st = &e.stats;
@@ -515,7 +544,7 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
                 e.dense_prefix,
                 e.rule(),
                 e.plan.set_scale,
-                if e.rule() == "scorer" { "n_ff" } else { "K_max" },
+                if matches!(e.choice, SelectorChoice::Predictor { .. }) { "K_max" } else { "n_ff" },
                 st.reuse_ratio(),
                 st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
                 e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,

@@ -8,6 +8,7 @@ pub mod matmul;
 pub mod qdot;
 pub mod qmatmul;
 pub mod qmatvec;
+pub mod record_sum;
 pub mod rmsnorm;
 pub mod rope;
 pub mod simd;

@@ -8,10 +8,15 @@
 //! - [`scored::ScoredSelector`]: the resident 4-bit gate/up scorer: each sparse layer scores
 //!   every neuron from its own input and keeps the largest; slots hold downT rows only, and
 //!   every row a layer holds counts.
+//! - [`layered::LayeredSelector`]: whole records ranked before they are read, by per-layer
+//!   predictors (LLM in a flash) or the resident gate rows: each sparse layer ranks its
+//!   neurons from its own input, reads the missing records of its set, and every row it holds
+//!   counts.
 //!
 //! A selector says when it chooses (after layer 0, or at each layer), what a slot holds, and
 //! which held rows count; the engine (`stream::engine`) does the slots, the reads and the sums.
 
+pub mod layered;
 pub mod predicted;
 pub mod scored;
 
@@ -111,6 +116,10 @@ pub trait SetSelector: Send {
     /// that chooses from the layer's own input scores every neuron's coefficient into `h`
     /// `[n_ff]`, keeps `k`, and plans the missing ones into `map`. None: the set was chosen after
     /// layer 0.
+    /// With [`SlotRow::GateUpDown`]: sparse layer `si` summed `neurons` with their exact
+    /// coefficients `h` (the same order), the held rows and then the read ones.
+    fn observe_coefficients(&mut self, _si: usize, _neurons: &[u32], _h: &[f32]) {}
+
     #[allow(clippy::too_many_arguments)]
     fn choose_at_layer(&mut self, _si: usize, _layer: usize, _xn: &[f32], _k: usize, _map: &mut SlotMap, _tick: u64, _h: &mut [f32]) -> Option<LayerChoice> {
         None

@@ -13,8 +13,7 @@ use super::reader::{ReaderOptions, RecordReader};
 use super::slots::{Load, SlotMap};
 use crate::error::{Result, RuntimeError};
 use crate::ops::down_sum::{down_sum, down_sum_q8_0};
-use crate::ops::simd::dot2_f16_f32;
-use crate::ops::swiglu::silu;
+use crate::ops::record_sum::RecordRows;
 use crate::predictor::{NeuronRank, SetRule};
 use crate::select::{predicted::PredictedSelector, scored::ScoredSelector, SetSelector, SlotRow};
 use half::f16;
@@ -90,6 +89,10 @@ pub enum SelectorChoice {
     Predictor { rule: SetRule, neuron_rank: NeuronRank },
     /// The resident 4-bit gate/up scorer; a held row counts `resident_bonus` (>= 1) times.
     Scorer { resident_bonus: f32 },
+    /// The per-layer predictors (`prep layers`), whole records streamed.
+    Layers,
+    /// The resident gate rows rank, whole records streamed.
+    Gate,
 }
 
 impl Default for SelectorChoice {
@@ -226,6 +229,8 @@ pub struct StreamingEngine {
     pub(crate) scratch: Option<crate::model::DecodeState>,
     /// Version-2 records: the slots' down rows are Q8_0 blocks.
     q8_down: bool,
+    /// How a whole record's payload is laid out in a slot ([`SlotRow::GateUpDown`]).
+    records: RecordRows,
 }
 
 impl StreamingEngine {
@@ -245,6 +250,8 @@ impl StreamingEngine {
                 Box::new(p)
             }
             SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
+            SelectorChoice::Layers => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Predictors)?),
+            SelectorChoice::Gate => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Gate)?),
         };
         let plan = {
             let inputs = super::budget::PlanInputs::of(manifest_path, manifest)?;
@@ -275,13 +282,7 @@ impl StreamingEngine {
         }
         let shape = crate::model::records_shape(manifest_path, manifest)?;
         let span = match (selector.slot_row(), shape) {
-            (SlotRow::GateUpDown, Some(s)) => {
-                return Err(RuntimeError::Input(format!(
-                    "{}: the shared predictor streams version-1 (f16) records; this preparation's records are version 2 ({} rows, Q8_0 down): use --strategy scorer (or auto)",
-                    manifest_path.display(),
-                    s.gate_up.name()
-                )))
-            }
+            (SlotRow::GateUpDown, Some(shape)) => RowSpan::RecordV2 { shape },
             (SlotRow::Down, Some(shape)) => RowSpan::DownSection { shape },
             (SlotRow::GateUpDown, None) => RowSpan::Record,
             (SlotRow::Down, None) => {
@@ -303,6 +304,7 @@ impl StreamingEngine {
         Ok(StreamingEngine {
             read_span_bytes,
             q8_down: shape.is_some(),
+            records: RecordRows::of(c.hidden_size, shape),
             plan,
             choice: settings.selector,
             selector,
@@ -408,8 +410,11 @@ impl StreamingEngine {
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
         let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
-        let q8 = self.q8_down;
-        sum_slots(slots, slot_row, q8, d, xn, h, &held, out);
+        let (q8, records) = (self.q8_down, self.records);
+        if let Some(c) = sum_slots(slots, slot_row, records, q8, d, xn, h, &held, out) {
+            let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
+            self.selector.observe_coefficients(si, &neurons, &c);
+        }
         let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
         // 2. the read rows, into their slots, then added (in neuron order)
         if !loads.is_empty() {
@@ -437,7 +442,10 @@ impl StreamingEngine {
             self.io.recycle(landed.rows);
             let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
             let mut part = vec![0f32; d];
-            sum_slots(slots, slot_row, q8, d, xn, h, &loaded, &mut part);
+            if let Some(c) = sum_slots(slots, slot_row, records, q8, d, xn, h, &loaded, &mut part) {
+                let neurons: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
+                self.selector.observe_coefficients(si, &neurons, &c);
+            }
             out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
             compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         }
@@ -450,31 +458,26 @@ impl StreamingEngine {
     }
 }
 
-/// `out` = the sum over `slots` of each row's coefficient times its downT row: from the slot's
-/// own gate and up rows ([`SlotRow::GateUpDown`]) or the selector's `h` ([`SlotRow::Down`]).
-/// `q8_down`: the slots hold Q8_0 down rows (version-2 records; the scorer only).
+/// `out` = the sum over `slots` of each row's coefficient times its down row: from the slot's
+/// own gate and up rows ([`SlotRow::GateUpDown`], laid out as `records`) or the selector's `h`
+/// ([`SlotRow::Down`]; `q8_down`: Q8_0 down rows of version-2 records, else f16). Whole records
+/// also give each slot's exact coefficient (in `slots`' order).
 #[allow(clippy::too_many_arguments)]
-fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, q8_down: bool, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) {
-    if q8_down {
-        let rb = d / 32 * 34;
-        let bytes = layer.buf.as_slice();
-        let neuron_of = &layer.map.neuron_of;
-        return down_sum_q8_0(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
-    }
-    let rows = layer.rows();
+fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, q8_down: bool, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) -> Option<Vec<f32>> {
+    let neuron_of = &layer.map.neuron_of;
     match slot_row {
         SlotRow::GateUpDown => {
-            let row = |s: u32| &rows[s as usize * 3 * d..(s as usize + 1) * 3 * d];
-            let coef = |_, s: u32| {
-                let r = row(s);
-                let (g, u) = dot2_f16_f32(&r[..d], &r[d..2 * d], xn);
-                silu(g) * u
-            };
-            down_sum(slots, coef, |s| &row(s)[2 * d..], out);
+            let (bytes, rb) = (layer.buf.as_slice(), records.row_bytes());
+            return Some(records.sum(slots, |s| &bytes[s as usize * rb..(s as usize + 1) * rb], xn, out));
+        }
+        SlotRow::Down if q8_down => {
+            let (bytes, rb) = (layer.buf.as_slice(), d / 32 * 34);
+            down_sum_q8_0(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
         }
         SlotRow::Down => {
-            let neuron_of = &layer.map.neuron_of;
+            let rows = layer.rows();
             down_sum(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &rows[s as usize * d..(s as usize + 1) * d], out);
         }
     }
+    None
 }

@@ -27,6 +27,10 @@ pub enum RowSpan {
     /// Version-2 records: the down section alone (one 512-aligned span after the header, which
     /// names its layer and neuron and carries its CRC32C). A landed row is the Q8_0 blocks.
     DownSection { shape: formats::records::RecordShape },
+    /// Whole version-2 records, coalesced as [`RowSpan::Record`]; each checked (header, types,
+    /// gate/up CRC32C, down section). A landed row is the gate and up blocks, then the Q8_0 down
+    /// row (`ops::record_sum::RecordRows::Blocks`).
+    RecordV2 { shape: formats::records::RecordShape },
 }
 
 /// Where a version-1 record's downT row lies: (512-aligned span offset, span bytes, the row's
@@ -42,7 +46,7 @@ impl RowSpan {
     /// Bytes one row's read takes from records.bin (before runs of neighbours coalesce).
     pub fn read_bytes(&self, record_bytes: usize, d_model: usize) -> usize {
         match self {
-            RowSpan::Record => record_bytes,
+            RowSpan::Record | RowSpan::RecordV2 { .. } => record_bytes,
             RowSpan::DownRow { .. } => down_row_span(d_model).1,
             RowSpan::DownSection { shape } => shape.down_section_bytes(),
         }
@@ -204,7 +208,18 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
         for lr in job.layers {
             let mut rows = shared.mailbox.lock().ok().and_then(|mut m| m.free.pop()).unwrap_or_default();
             let result = match &plan.span {
-                RowSpan::Record => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows),
+                RowSpan::Record => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows, |src, path, offset, neuron, rows| {
+                    check_record(src, path, offset, lr.layer as u32, neuron, plan.d_model)?;
+                    rows.extend_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 3 * plan.d_model * 2]);
+                    Ok(())
+                }),
+                RowSpan::RecordV2 { shape } => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows, |src, path, offset, neuron, rows| {
+                    let (g, u, d) = formats::records::check_record_v2(src, path, offset, lr.layer as u32, neuron, shape)?;
+                    rows.extend_from_slice(g);
+                    rows.extend_from_slice(u);
+                    rows.extend_from_slice(d);
+                    Ok(())
+                }),
                 RowSpan::DownRow { crc32c, first_layer, n_ff } => read_down_rows(&mut reader, &plan, lr.layer, &lr.loads, &crc32c[(lr.layer - first_layer) * n_ff..(lr.layer - first_layer + 1) * n_ff], &mut rows),
                 RowSpan::DownSection { shape } => read_down_sections(&mut reader, &plan, shape, lr.layer, &lr.loads, &mut rows),
             };
@@ -236,11 +251,11 @@ fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
     out
 }
 
-/// Whole records of `layer`: coalesced runs, batched to fill the staging buffer; each record
-/// checked; payloads appended to `rows` in load order.
-fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], rows: &mut Vec<u8>) -> Result<()> {
-    let (rb, d) = (plan.layout.record_bytes, plan.d_model);
-    let payload = 3 * d * 2;
+/// Whole records of `layer`: coalesced runs, batched to fill the staging buffer; `land(record,
+/// its file offset, neuron, rows)` checks each record and appends its payload to `rows`, in
+/// load order.
+fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], rows: &mut Vec<u8>, land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>) -> Result<()> {
+    let rb = plan.layout.record_bytes;
     let runs = runs_of(loads, plan.max_records);
     let mut r = 0;
     while r < runs.len() {
@@ -258,8 +273,7 @@ fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads:
         for (range, run) in &batch {
             for (k, load) in loads[range.clone()].iter().enumerate() {
                 let src = &staging[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
-                check_record(src, &reader.path, run.offset + (k * rb) as u64, layer as u32, load.neuron, d)?;
-                rows.extend_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + payload]);
+                land(src, &reader.path, run.offset + (k * rb) as u64, load.neuron, rows)?;
             }
         }
     }

@@ -1,0 +1,534 @@
+//! Ranking a sparse layer's neurons before their rows are in memory, for the strategies that
+//! stream whole records ([`Ranker`]): the per-layer predictors (layout
+//! `formats::layer_predictors`, training `prep layers`: `w2 relu(w1 x + b1) + b2`), or the
+//! resident gate rows alone (`|silu(gate . x)| x ||W_down[:, j]||`, from the scorer file); and
+//! [`LayerPredictedSparsity`], the in-memory run of exactly what a streamed run computes.
+//!
+//! At each sparse layer the layer's own normed input ranks every neuron, the `k` best are the
+//! set, the set's missing records are planned into the layer's slots (the held rows not in the
+//! set that contributed least lately make room, [`HeldHeat`]), and every row the layer then
+//! holds counts with its exact `h = silu(gate . x)(up . x)`, from its own record.
+
+use crate::error::{Result, RuntimeError};
+use crate::model::MlpHook;
+use crate::ops::matmul::matmul_f16;
+use crate::ops::record_sum::RecordRows;
+use crate::stream::slots::SlotMap;
+use crate::tensor::F16Matrix;
+use formats::layer_predictors::{LayerPredictorFile, LayerPredictorSpec, PredictorInput};
+use formats::manifest::Manifest;
+use std::path::Path;
+
+/// The artifact role of `layer_predictors.safetensors` in a manifest.
+pub const ARTIFACT_ROLE: &str = "layer_predictors";
+
+struct Net {
+    w1: F16Matrix, // [rank, d]
+    b1: Vec<f32>,  // [rank]
+    w2: F16Matrix, // [n_ff, rank]
+    b2: Vec<f32>,  // [n_ff]
+}
+
+pub struct LayerPredictors {
+    pub spec: LayerPredictorSpec,
+    /// Layers `spec.first_layer..spec.n_layers`.
+    nets: Vec<Net>,
+}
+
+impl LayerPredictors {
+    pub fn from_file(f: LayerPredictorFile) -> Self {
+        let s = f.spec;
+        let f32s = |v: &[half::f16]| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+        let nets = f
+            .layers
+            .into_iter()
+            .map(|w| Net {
+                b1: f32s(&w.b1),
+                b2: f32s(&w.b2),
+                w1: F16Matrix::owned(s.rank, s.d_model, w.w1),
+                w2: F16Matrix::owned(s.n_ff, s.rank, w.w2),
+            })
+            .collect();
+        LayerPredictors { spec: s, nets }
+    }
+
+    /// The file at `path`, checked against a model of this shape.
+    pub fn load(path: &Path, d_model: usize, n_ff: usize, n_layers: usize) -> Result<Self> {
+        Ok(Self::from_file(LayerPredictorFile::load(
+            path, d_model, n_ff, n_layers,
+        )?))
+    }
+
+    /// The preparation's predictors (artifact `layer_predictors`), covering its sparse layers.
+    pub fn of_manifest(manifest_path: &Path, m: &Manifest) -> Result<Self> {
+        let path = m.artifact_path_of(manifest_path, ARTIFACT_ROLE).map_err(|_| {
+            RuntimeError::Input(format!("{}: no {ARTIFACT_ROLE} artifact (rerun make prepare to train the per-layer predictors)", manifest_path.display()))
+        })?;
+        let c = &m.model;
+        let p = Self::load(
+            &path,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_hidden_layers,
+        )?;
+        if p.spec.input != PredictorInput::Own {
+            return Err(RuntimeError::Input(format!(
+                "{}: predictors of the previous layer's input are measured by prep, not run",
+                path.display()
+            )));
+        }
+        if p.spec.first_layer > m.records.first_layer {
+            return Err(RuntimeError::Input(format!(
+                "{}: predictors start at layer {}, but the records at layer {}",
+                path.display(),
+                p.spec.first_layer,
+                m.records.first_layer
+            )));
+        }
+        Ok(p)
+    }
+
+    /// Bytes of the predictors of layers `from..`.
+    pub fn bytes_from(&self, from: usize) -> u64 {
+        self.spec.bytes_from(from)
+    }
+
+    /// Drops the predictors of layers below `from`.
+    pub fn drop_layers_before(&mut self, from: usize) {
+        let drop = from
+            .saturating_sub(self.spec.first_layer)
+            .min(self.nets.len());
+        self.nets.drain(..drop);
+        self.spec.first_layer += drop;
+    }
+
+    /// `out` `[n, n_ff]` = each neuron's score for the `n` inputs `x` `[n, d]` of `layer`.
+    pub fn scores(&self, layer: usize, x: &[f32], n: usize, out: &mut [f32]) {
+        let net = &self.nets[layer - self.spec.first_layer];
+        let mut z = vec![0f32; n * self.spec.rank];
+        matmul_f16(x, n, &net.w1, &mut z);
+        for row in z.chunks_exact_mut(self.spec.rank) {
+            row.iter_mut()
+                .zip(&net.b1)
+                .for_each(|(v, b)| *v = (*v + b).max(0.0));
+        }
+        matmul_f16(&z, n, &net.w2, out);
+        for row in out.chunks_exact_mut(self.spec.n_ff) {
+            row.iter_mut().zip(&net.b2).for_each(|(v, b)| *v += b);
+        }
+    }
+}
+
+/// Which ranking a whole-record strategy uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankerKind {
+    /// The per-layer predictors (`--strategy layers`).
+    Predictors,
+    /// The resident gate rows (`--strategy gate`).
+    Gate,
+}
+
+/// The resident gate rows of the sparse layers (`formats::scorer::GateRowsFile`).
+pub struct GateRanker {
+    pub file: formats::scorer::GateRowsFile,
+}
+
+impl GateRanker {
+    fn scores(&self, layer: usize, xn: &[f32], out: &mut [f32]) {
+        let f = &self.file;
+        let li = layer - f.first_layer;
+        let rows = &f.rows[li * f.n_ff * f.row_bytes()..(li + 1) * f.n_ff * f.row_bytes()];
+        match f.blocks {
+            Some(ty) => {
+                let at = crate::ops::qmatmul::activation_type(ty)
+                    .expect("the loader accepts computed types only");
+                crate::ops::qmatmul::qmatvec_bytes(
+                    ty,
+                    rows,
+                    f.d_model,
+                    &crate::ops::qmatmul::QActivation::quantize(at, xn),
+                    out,
+                );
+            }
+            None => {
+                let sb = f.n_ff * f.d_model / formats::scorer::Q4_BLOCK;
+                crate::ops::qmatvec::matvec_q4(
+                    rows,
+                    &f.scales[li * sb..(li + 1) * sb],
+                    f.d_model,
+                    &crate::ops::qmatvec::Q8Vector::quantize(xn),
+                    out,
+                );
+            }
+        }
+        let norm = &f.down_norm[li * f.n_ff..(li + 1) * f.n_ff];
+        out.iter_mut()
+            .zip(norm)
+            .for_each(|(v, n)| *v = crate::ops::swiglu::silu(*v).abs() * n);
+    }
+
+    fn drop_layers_before(&mut self, from: usize) {
+        let f = &mut self.file;
+        let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
+        f.rows.drain(..drop * f.n_ff * f.row_bytes());
+        if f.blocks.is_none() {
+            f.scales
+                .drain(..drop * f.n_ff * f.d_model / formats::scorer::Q4_BLOCK);
+        }
+        f.down_norm.drain(..drop * f.n_ff);
+        f.first_layer += drop;
+        f.n_layers -= drop;
+    }
+}
+
+/// What ranks a layer's neurons from its own input, before any of their rows are read.
+pub enum Ranker {
+    Predictors(LayerPredictors),
+    Gate(GateRanker),
+}
+
+impl Ranker {
+    /// The preparation's predictors, or the gate rows of its scorer file.
+    pub fn of_manifest(manifest_path: &Path, m: &Manifest, kind: RankerKind) -> Result<Self> {
+        match kind {
+            RankerKind::Predictors => Ok(Ranker::Predictors(LayerPredictors::of_manifest(
+                manifest_path,
+                m,
+            )?)),
+            RankerKind::Gate => {
+                let a = m.artifacts.iter().find(|a| a.role == "scorer").ok_or_else(|| {
+                    RuntimeError::Input(format!("{}: no scorer artifact, whose gate rows --strategy gate ranks with (rerun make prepare)", manifest_path.display()))
+                })?;
+                let c = &m.model;
+                let d0 = m.sparsity.dense_prefix;
+                let file = formats::scorer::GateRowsFile::load(
+                    &m.artifact_path(manifest_path, a),
+                    d0,
+                    c.num_hidden_layers - d0,
+                    c.intermediate_size,
+                    c.hidden_size,
+                )?;
+                Ok(Ranker::Gate(GateRanker { file }))
+            }
+        }
+    }
+
+    /// The rule as reports name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Ranker::Predictors(_) => "layers",
+            Ranker::Gate(_) => "gate",
+        }
+    }
+
+    /// Bytes held for layers `from..`.
+    pub fn bytes_from(&self, from: usize) -> u64 {
+        match self {
+            Ranker::Predictors(p) => p.bytes_from(from),
+            Ranker::Gate(g) => {
+                let f = &g.file;
+                ((f.first_layer + f.n_layers).saturating_sub(from.max(f.first_layer))
+                    * f.layer_bytes()) as u64
+            }
+        }
+    }
+
+    pub fn drop_layers_before(&mut self, from: usize) {
+        match self {
+            Ranker::Predictors(p) => p.drop_layers_before(from),
+            Ranker::Gate(g) => g.drop_layers_before(from),
+        }
+    }
+
+    /// `out` `[n, n_ff]`: each neuron's score for the `n` inputs `x` `[n, d]` of `layer`.
+    pub fn scores(&self, layer: usize, x: &[f32], n: usize, out: &mut [f32]) {
+        match self {
+            Ranker::Predictors(p) => p.scores(layer, x, n, out),
+            Ranker::Gate(g) => {
+                let (d, n_ff) = (g.file.d_model, g.file.n_ff);
+                for (xr, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(n_ff)) {
+                    g.scores(layer, xr, o);
+                }
+            }
+        }
+    }
+}
+
+/// What a layer learns of its held rows from token to token: `[n_ff]` a moving average of each
+/// summed row's exact `|h|` (rows not held keep their last value). Slots evict the coolest held
+/// rows: a row that just mattered stays, whatever the predictor thinks of it now.
+pub struct HeldHeat {
+    pub heat: Vec<f32>,
+}
+
+impl HeldHeat {
+    pub fn new(n_ff: usize) -> Self {
+        HeldHeat {
+            heat: vec![0.0; n_ff],
+        }
+    }
+
+    /// `neurons` were summed with coefficients `h` (the same order).
+    pub fn update(&mut self, neurons: &[u32], h: &[f32]) {
+        for (&j, v) in neurons.iter().zip(h) {
+            let t = &mut self.heat[j as usize];
+            *t = crate::scorer::HEAT_DECAY * *t + (1.0 - crate::scorer::HEAT_DECAY) * v.abs();
+        }
+    }
+
+    /// The set's missing rows and their slots: the coolest held rows not in the set make room.
+    pub fn plan(
+        &self,
+        map: &mut SlotMap,
+        set: &[u32],
+        tick: u64,
+    ) -> Vec<crate::stream::slots::Load> {
+        map.plan_by_heat(set, tick, &self.heat)
+    }
+}
+
+/// The `k` largest of `scores` (ties: the lower index), ascending.
+pub fn top_k(scores: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..scores.len() as u32).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let better = |a: &u32, b: &u32| {
+        scores[*b as usize]
+            .total_cmp(&scores[*a as usize])
+            .then(a.cmp(b))
+    };
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, better);
+        idx.truncate(k);
+    }
+    idx.sort_unstable();
+    idx
+}
+
+/// How many of `set` (ascending) are among the `set.len()` largest `|h|`: the recall of the
+/// oracle's set of that size.
+pub fn oracle_hits(h: &[f32], set: &[u32]) -> usize {
+    let abs: Vec<f32> = h.iter().map(|v| v.abs()).collect();
+    let oracle = top_k(&abs, set.len());
+    let (mut i, mut j, mut hits) = (0, 0, 0);
+    while i < set.len() && j < oracle.len() {
+        match set[i].cmp(&oracle[j]) {
+            std::cmp::Ordering::Equal => {
+                hits += 1;
+                i += 1;
+                j += 1;
+            }
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+        }
+    }
+    hits
+}
+
+/// Sparse layers on a [`Ranker`]'s sets with every record in memory: the streamed
+/// run's slots simulated (`SlotMap`, the same plan), every held row summed from its record
+/// (`RecordRows::sum`, the engine's order), so a run token by token gives the streamed logits.
+pub struct LayerPredictedSparsity {
+    pub ranker: Ranker,
+    records: RecordRows,
+    /// Per layer from `records_first`: `[n_ff, row bytes]` the records' payloads.
+    rows: Vec<Vec<u8>>,
+    records_first: usize,
+    n_ff: usize,
+    pub dense_prefix: usize,
+    /// Neurons chosen per token and layer.
+    pub keep: usize,
+    maps: Vec<SlotMap>,
+    heat: Vec<HeldHeat>,
+    ticks: Vec<u64>,
+    /// Rank by each token's exact `|h|` instead (the ceiling at a set size; in memory only).
+    pub oracle: bool,
+    pub single_token: bool,
+    /// Tokens x layers seen, set neurons, rows loaded (the streamed run's reads), rows summed,
+    /// and set neurons among the oracle's set of the same size.
+    pub tokens: u64,
+    pub needed: u64,
+    pub loaded: u64,
+    pub computed: u64,
+    pub oracle_hits: u64,
+}
+
+impl LayerPredictedSparsity {
+    /// Reads every sparse layer's records (checked) into memory.
+    pub fn new(manifest_path: &Path, m: &Manifest, kind: RankerKind) -> Result<Self> {
+        let ranker = Ranker::of_manifest(manifest_path, m, kind)?;
+        let c = &m.model;
+        let records_path = m.artifact_path_of(manifest_path, "records")?;
+        let rf = crate::model::records_file(manifest_path, m, &records_path)?;
+        let records = RecordRows::of(c.hidden_size, rf.shape);
+        let first = m.records.first_layer;
+        let (d, n_ff) = (c.hidden_size, c.intermediate_size);
+        let rows = (first..c.num_hidden_layers)
+            .map(|l| {
+                let mut buf = Vec::with_capacity(n_ff * records.row_bytes());
+                for j in 0..n_ff {
+                    match rf.shape {
+                        None => {
+                            let r = rf.read(l, j)?;
+                            for v in [&r.gate, &r.up, &r.down_t] {
+                                buf.extend_from_slice(bytemuck::cast_slice(&v[..d]));
+                            }
+                        }
+                        Some(_) => {
+                            let r = rf.read_blocks(l, j)?;
+                            buf.extend_from_slice(&r.gate);
+                            buf.extend_from_slice(&r.up);
+                            buf.extend_from_slice(&r.down);
+                        }
+                    }
+                }
+                Ok(buf)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut s = LayerPredictedSparsity {
+            ranker,
+            records,
+            rows,
+            records_first: first,
+            n_ff,
+            dense_prefix: m.sparsity.default_dense_from(),
+            keep: 0,
+            maps: Vec::new(),
+            heat: Vec::new(),
+            ticks: Vec::new(),
+            oracle: false,
+            single_token: false,
+            tokens: 0,
+            needed: 0,
+            loaded: 0,
+            computed: 0,
+            oracle_hits: 0,
+        };
+        s.set_shares(0.25, None);
+        Ok(s)
+    }
+
+    /// Chooses `set_share` of n_ff per token; each layer holds `slot_share` of n_ff rows
+    /// (default: the set; at least the set). Empties the slots.
+    pub fn set_shares(&mut self, set_share: f64, slot_share: Option<f64>) {
+        self.keep = ((self.n_ff as f64 * set_share).round() as usize).clamp(1, self.n_ff);
+        let slots = slot_share
+            .map_or(self.keep, |c| (self.n_ff as f64 * c).round() as usize)
+            .clamp(self.keep, self.n_ff);
+        self.maps = (0..self.rows.len())
+            .map(|_| SlotMap::new(self.n_ff, slots))
+            .collect();
+        self.heat = (0..self.rows.len())
+            .map(|_| HeldHeat::new(self.n_ff))
+            .collect();
+        self.ticks = vec![0; self.rows.len()];
+    }
+
+    /// Rows summed over rows in the sparse layers.
+    pub fn density(&self) -> f64 {
+        self.computed as f64 / (self.tokens.max(1) as f64 * self.n_ff as f64)
+    }
+
+    /// Share of set neurons whose rows were already held.
+    pub fn reuse_ratio(&self) -> f64 {
+        1.0 - self.loaded as f64 / self.needed.max(1) as f64
+    }
+
+    /// Share of the oracle's top-k set (by exact |h|) inside the chosen set.
+    pub fn recall(&self) -> f64 {
+        self.oracle_hits as f64 / self.needed.max(1) as f64
+    }
+}
+
+impl MlpHook for LayerPredictedSparsity {
+    fn observe(&mut self, _layer: usize, _gate_silu: &[f32], _up: &[f32]) {}
+
+    fn replaces_mlp(&self, layer: usize) -> bool {
+        layer >= self.dense_prefix
+    }
+
+    fn single_token(&self) -> bool {
+        self.single_token
+    }
+
+    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
+        let (d, n_ff) = (self.records.d_model(), self.n_ff);
+        let li = layer - self.records_first;
+        let n = xn.len() / d;
+        let mut scores = vec![0f32; n * n_ff];
+        if !self.oracle {
+            self.ranker.scores(layer, xn, n, &mut scores);
+        }
+        let (rb, rows, records) = (self.records.row_bytes(), &self.rows[li], self.records);
+        let row = |j: u32| &rows[j as usize * rb..(j as usize + 1) * rb];
+        let all: Vec<u32> = (0..n_ff as u32).collect();
+        for (t, (x, o)) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+            // every neuron's exact h (the oracle's ranking, and the recall of the chosen set)
+            let mut h = vec![0f32; n_ff];
+            exact_h(&records, &all, row, x, &mut h);
+            let s = &mut scores[t * n_ff..(t + 1) * n_ff];
+            if self.oracle {
+                s.iter_mut().zip(&h).for_each(|(v, hj)| *v = hj.abs());
+            }
+            let set = top_k(s, self.keep);
+            self.oracle_hits += oracle_hits(&h, &set) as u64;
+            self.ticks[li] += 1;
+            let map = &mut self.maps[li];
+            let loads = self.heat[li].plan(map, &set, self.ticks[li]);
+            // the engine's order: rows held before (slot order), then the loaded ones
+            let held: Vec<u32> = map
+                .held_slots(&loads)
+                .iter()
+                .map(|&s| map.neuron_of[s as usize])
+                .collect();
+            let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
+            o.fill(0.0);
+            let h_held = records.sum(&held, row, x, o);
+            let mut part = vec![0f32; d];
+            let h_loaded = records.sum(&loaded, row, x, &mut part);
+            self.heat[li].update(&held, &h_held);
+            self.heat[li].update(&loaded, &h_loaded);
+            o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+            self.tokens += 1;
+            self.needed += set.len() as u64;
+            self.loaded += loads.len() as u64;
+            self.computed += (held.len() + loaded.len()) as u64;
+        }
+        Ok(())
+    }
+}
+
+/// `h[id] = silu(gate_id . x)(up_id . x)` for `ids`, from their records, as `RecordRows::sum`
+/// computes the coefficients.
+fn exact_h<'a>(
+    records: &RecordRows,
+    ids: &[u32],
+    row: impl Fn(u32) -> &'a [u8] + Sync,
+    x: &[f32],
+    h: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let coef = records.coefficients(x);
+    let vals: Vec<f32> = ids.par_iter().map(|&j| coef.of(row(j))).collect();
+    ids.iter().zip(vals).for_each(|(&j, v)| h[j as usize] = v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_and_oracle_hits() {
+        let s = [0.5f32, 3.0, -1.0, 3.0, 2.0];
+        assert_eq!(top_k(&s, 2), vec![1, 3]);
+        assert_eq!(top_k(&s, 3), vec![1, 3, 4]);
+        assert_eq!(top_k(&s, 9), vec![0, 1, 2, 3, 4]);
+        // |h| ranks: 1 (4.0), 2 (-3.0), 4
+        let h = [0.1f32, 4.0, -3.0, 0.2, 1.0];
+        assert_eq!(oracle_hits(&h, &[1, 2]), 2);
+        assert_eq!(oracle_hits(&h, &[0, 1]), 1);
+        assert_eq!(oracle_hits(&h, &[0, 3, 4]), 1);
+    }
+}
