@@ -15,7 +15,6 @@ pub mod gguf;
 pub mod head_q8;
 pub mod importance;
 pub mod layer_predictors;
-pub mod layout;
 pub mod manifest;
 pub mod model_dir;
 pub mod predictor;

@@ -357,8 +357,6 @@ pub struct RecordFile {
     pub n_layers: usize,
     /// Version-2 records; None: version 1 (f16).
     pub shape: Option<RecordShape>,
-    /// Where each neuron's record lies (`formats::layout`); None: neuron order.
-    pub order: Option<std::sync::Arc<crate::layout::NeuronOrder>>,
 }
 
 /// One neuron's version-2 rows: gate and up in the model's blocks, down in Q8_0.
@@ -389,23 +387,15 @@ impl RecordFile {
                 file_bytes: len,
             });
         }
-        Ok(RecordFile { path: path.to_path_buf(), file, d_model, first_layer, neurons_per_layer, n_layers, shape, order: None })
+        Ok(RecordFile { path: path.to_path_buf(), file, d_model, first_layer, neurons_per_layer, n_layers, shape })
     }
 
     pub fn record_bytes(&self) -> usize {
         self.shape.map_or(record_bytes(self.d_model), |s| s.record_bytes())
     }
 
-    /// Records laid out in `order` (a preparation with a layout artifact).
-    pub fn with_order(mut self, order: Option<std::sync::Arc<crate::layout::NeuronOrder>>) -> Self {
-        self.order = order;
-        self
-    }
-
-    /// Where the record of `neuron` of `layer` lies.
     pub fn offset(&self, layer: usize, neuron: usize) -> u64 {
-        let position = self.order.as_ref().map_or(neuron, |o| o.position(layer, neuron));
-        record_offset(self.first_layer, self.neurons_per_layer, self.record_bytes(), layer, position)
+        record_offset(self.first_layer, self.neurons_per_layer, self.record_bytes(), layer, neuron)
     }
 
     /// A version-2 record's blocks, checked (header, types, both CRC32Cs).

@@ -6,7 +6,6 @@ mod cluster;
 mod import;
 mod importance;
 mod layers;
-mod layout;
 mod scorer;
 mod pack;
 mod prepare;
@@ -177,25 +176,6 @@ enum Command {
         /// Layers 0..D stay dense and resident; D..n_layers go to records.bin.
         #[arg(long)]
         dense_prefix: usize,
-        #[arg(long)]
-        out: PathBuf,
-        /// Lay each layer's records out in this order (layout.safetensors, `prep layout`).
-        #[arg(long)]
-        layout: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-    },
-    /// A co-activation order of each sparse layer's records (layout.safetensors, layout.json)
-    /// from a capture's masks: neurons that fire together lie side by side in records.bin.
-    Layout {
-        /// Capture directory (`prep capture`).
-        capture: PathBuf,
-        /// First and end layer to order (the records' layers).
-        #[arg(long)]
-        first_layer: usize,
-        #[arg(long)]
-        n_layers: usize,
-        /// Output file (layout.safetensors).
         #[arg(long)]
         out: PathBuf,
         #[arg(long)]
@@ -448,24 +428,9 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Layout { capture, first_layer, n_layers, out, json } => {
-            let s = layout::layout(&capture, first_layer, n_layers, &out)?;
-            if json {
-                println!("{}", serde_json::to_string(&s)?);
-            } else {
-                println!("{} tokens: {:.1} runs of records per token's active set in neuron order, {:.1} in the co-activation order -> {} ({:.1} s)", s.tokens, s.runs_neuron_order, s.runs_coactivation, s.path, s.seconds);
-            }
-        }
-        Command::Pack { model, dense_prefix, out, layout, json } => {
+        Command::Pack { model, dense_prefix, out, json } => {
             let t0 = std::time::Instant::now();
-            let order = match &layout {
-                Some(p) => {
-                    let c = formats::model_dir::ModelConfig::load(&model)?;
-                    Some(formats::layout::NeuronOrder::load(p, dense_prefix, c.num_hidden_layers - dense_prefix, c.intermediate_size)?)
-                }
-                None => None,
-            };
-            let s = pack::pack(&model, dense_prefix, &out, order.as_ref(), !json)?;
+            let s = pack::pack(&model, dense_prefix, &out, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {

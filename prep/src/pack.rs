@@ -92,20 +92,12 @@ pub fn record_shape_of(model: &Path, layer: usize) -> Result<Option<RecordShape>
     Tensors::open(model)?.record_shape(model, ModelConfig::load(model)?.hidden_size, layer)
 }
 
-/// `order`: where each neuron's record goes (`formats::layout`; None: neuron order).
-pub fn pack(model: &Path, dense_prefix: usize, out: &Path, order: Option<&formats::layout::NeuronOrder>, show_progress: bool) -> Result<PackSummary> {
+pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<PackSummary> {
     let cfg = ModelConfig::load(model)?;
     let (n_layers, d, ff) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size);
     if dense_prefix > n_layers {
         bail!("--dense-prefix {dense_prefix} exceeds the model's {n_layers} layers ({})", model.display());
     }
-    if let Some(o) = order {
-        if o.first_layer != dense_prefix || o.n_layers() != n_layers - dense_prefix || o.n_ff != ff {
-            bail!("the layout orders {} layers of {} from layer {}; the records are {} layers of {ff} from {dense_prefix}", o.n_layers(), o.n_ff, o.first_layer, n_layers - dense_prefix);
-        }
-    }
-    // the neuron whose record lies at `position` of `layer`
-    let neuron_at = |layer: usize, position: usize| order.map_or(position, |o| o.neuron_at(layer, position));
     let t = Tensors::open(model)?;
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
 
@@ -130,8 +122,7 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, order: Option<&format
                     let (_, gate) = t.get(&n.gate_proj)?; // [ff, d]
                     let (_, up) = t.get(&n.up_proj)?; // [ff, d]
                     let (_, down) = t.get(&n.down_proj)?; // [d, ff]
-                    layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(position, rec)| {
-                        let neuron = neuron_at(layer, position);
+                    layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
                         let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
                         encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
                     });
@@ -143,8 +134,7 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, order: Option<&format
                     let (up, _) = t.raw(&n.up_proj)?;
                     let down = t.f32(&n.down_proj)?; // [d, ff]
                     let gb = sh.gate_up_row_bytes();
-                    layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(position, rec)| {
-                        let neuron = neuron_at(layer, position);
+                    layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
                         let col: Vec<f32> = (0..d).map(|i| down[i * ff + neuron]).collect();
                         let down_q8 = ggml_quants::quantize_q8_0(&col);
                         encode_record_v2(&sh, layer as u32, neuron as u32, &gate.bytes[neuron * gb..(neuron + 1) * gb], &up.bytes[neuron * gb..(neuron + 1) * gb], &down_q8, rec);

@@ -5,7 +5,7 @@
 //! Every output is written under a temporary name and renamed, so an interrupted stage leaves
 //! no file that a later run could take for a good one.
 
-use crate::{capture, cluster, import, importance, layers, layout, pack, scorer, train};
+use crate::{capture, cluster, import, importance, layers, pack, scorer, train};
 use anyhow::{bail, Context, Result};
 use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
 use formats::model_dir::ModelConfig;
@@ -89,18 +89,6 @@ pub struct PackRecipe {
     /// calibration stages read the f16 model either way).
     #[serde(default)]
     pub weights: Weights,
-    /// How each layer's records are ordered in records.bin: "neuron" (their index) or
-    /// "coactivation" (`prep layout`: neurons that fire together side by side).
-    #[serde(default)]
-    pub layout: RecordOrder,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecordOrder {
-    #[default]
-    Neuron,
-    Coactivation,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,27 +273,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     } else {
         file_fingerprint(&[weights_dir.join("config.json"), weights_dir.join("model.safetensors")]).with_context(|| format!("{}: pack.weights = \"native\" needs the GGUF's own blocks there (give a GGUF source)", weights_dir.display()))?
     };
-    // layout: the records' order (co-activation, from the capture), before pack writes them
-    let layout_path = out.join("layout/layout.safetensors");
-    let order = match r.pack.layout {
-        RecordOrder::Neuron => {
-            let _ = std::fs::remove_dir_all(out.join("layout"));
-            None
-        }
-        RecordOrder::Coactivation => {
-            let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?, "dense_prefix": d});
-            st.run("layout", &key, &[layout_path.clone(), out.join("layout/layout.json")], || layout::layout(&cap_dir, d, n_layers, &layout_path).map(|_| ()))?;
-            Some(formats::layout::NeuronOrder::load(&layout_path, d, n_layers - d, cfg.intermediate_size)?)
-        }
-    };
     let mut key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
     if weights_dir != model_dir {
         key["records_version"] = serde_json::json!(2);
     }
-    if order.is_some() {
-        key["layout"] = serde_json::json!(file_fingerprint(std::slice::from_ref(&layout_path))?);
-    }
-    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, &out, order.as_ref(), show_progress).map(|_| ()))?;
+    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, &out, show_progress).map(|_| ()))?;
 
     // scorer: the resident 4-bit gate/up rows of the sparse layers (`--strategy scorer`)
     // and the output head in Q8_0 (`-X head=q8`)
@@ -364,7 +336,6 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     ]
     .into_iter()
     .chain(chat_template)
-    .chain(order.is_some().then(|| (formats::layout::ARTIFACT_ROLE, layout_path.clone())))
     {
         let rel = pathdiff(&path, &out);
         artifacts.push(Artifact { role: role.into(), path: rel, bytes: std::fs::metadata(&path)?.len(), sha256: sha256_file(&path)? });

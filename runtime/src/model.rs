@@ -225,24 +225,11 @@ pub(crate) fn records_shape(manifest_path: &Path, manifest: &formats::manifest::
     manifest.records.shape(manifest.model.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))
 }
 
-/// Where each neuron's record lies in records.bin: the preparation's layout artifact (None:
-/// neuron order).
-pub(crate) fn records_order(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<std::sync::Arc<formats::layout::NeuronOrder>>> {
-    let Some(a) = manifest.artifacts.iter().find(|a| a.role == formats::layout::ARTIFACT_ROLE) else {
-        return Ok(None);
-    };
-    let c = &manifest.model;
-    let first = manifest.records.first_layer;
-    let order = formats::layout::NeuronOrder::load(&manifest.artifact_path(manifest_path, a), first, c.num_hidden_layers - first, c.intermediate_size)?;
-    Ok(Some(std::sync::Arc::new(order)))
-}
-
 /// The manifest's records.bin, opened with its version and layout.
 pub(crate) fn records_file(manifest_path: &Path, manifest: &formats::manifest::Manifest, records_path: &Path) -> Result<formats::records::RecordFile> {
     let c = &manifest.model;
     let shape = records_shape(manifest_path, manifest)?;
-    let order = records_order(manifest_path, manifest)?;
-    Ok(formats::records::RecordFile::open_v(records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?.with_order(order))
+    Ok(formats::records::RecordFile::open_v(records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?)
 }
 
 /// Positions the RoPE table covers at most (the model's max_position_embeddings otherwise).

@@ -296,8 +296,7 @@ impl StreamingEngine {
         let reader = RecordReader::open(&records_path, &ReaderOptions { queue_depth: settings.io.queue_depth, force_pread: settings.io.force_pread, staging_bytes: plan.staging_bytes, register_staging: true })?;
         let fallback = reader.fallback.clone();
         let n_sparse = c.num_hidden_layers - first;
-        let order = crate::model::records_order(manifest_path, manifest)?;
-        let io = IoThread::start(reader, manifest.records.clone(), order, c.hidden_size, span, settings.io.max_run_bytes, n_sparse)?;
+        let io = IoThread::start(reader, manifest.records.clone(), c.hidden_size, span, settings.io.max_run_bytes, n_sparse)?;
         let stats = StreamStats {
             layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
             ..Default::default()

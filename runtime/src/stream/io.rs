@@ -130,8 +130,6 @@ pub struct IoThread {
 /// How the thread reads: the file's layout and what a row is.
 struct ReadPlan {
     layout: RecordsLayout,
-    /// Where each neuron's record lies (None: neuron order).
-    order: Option<Arc<formats::layout::NeuronOrder>>,
     d_model: usize,
     span: RowSpan,
     /// Records per coalesced read at most (whole records).
@@ -141,9 +139,7 @@ struct ReadPlan {
 impl IoThread {
     /// Starts the thread over `reader` for `n_sparse` sparse layers. `max_run_bytes` bounds a
     /// coalesced read of whole records.
-    /// `order`: where each neuron's record lies (a preparation's layout; None: neuron order).
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(reader: RecordReader, layout: RecordsLayout, order: Option<Arc<formats::layout::NeuronOrder>>, d_model: usize, span: RowSpan, max_run_bytes: usize, n_sparse: usize) -> Result<Self> {
+    pub fn start(reader: RecordReader, layout: RecordsLayout, d_model: usize, span: RowSpan, max_run_bytes: usize, n_sparse: usize) -> Result<Self> {
         let rb = layout.record_bytes;
         let max_records = (max_run_bytes / rb).max(1).min(reader.staging_len() / rb);
         if max_records == 0 {
@@ -151,7 +147,7 @@ impl IoThread {
         }
         let shared = Arc::new(Shared { mailbox: Mutex::new(Mailbox { landed: (0..n_sparse).map(|_| None).collect(), ..Default::default() }), cv: Condvar::new() });
         let (tx, rx) = channel();
-        let plan = ReadPlan { layout, order, d_model, span, max_records };
+        let plan = ReadPlan { layout, d_model, span, max_records };
         let worker = {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -209,12 +205,7 @@ impl Drop for IoThread {
 fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &Shared) {
     while let Ok(job) = rx.recv() {
         let t0 = Instant::now();
-        for mut lr in job.layers {
-            // read in record order, so neighbours on disk coalesce; the landed loads say which
-            // row went to which slot
-            if let Some(o) = &plan.order {
-                lr.loads.sort_by_key(|l| o.position(lr.layer, l.neuron as usize));
-            }
+        for lr in job.layers {
             let mut rows = shared.mailbox.lock().ok().and_then(|mut m| m.free.pop()).unwrap_or_default();
             let result = match &plan.span {
                 RowSpan::Record => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows, |src, path, offset, neuron, rows| {
@@ -247,24 +238,12 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
     }
 }
 
-impl ReadPlan {
-    /// Where the record of `neuron` of `layer` lies among its layer's records.
-    fn position(&self, layer: usize, neuron: u32) -> usize {
-        self.order.as_ref().map_or(neuron as usize, |o| o.position(layer, neuron as usize))
-    }
-
-    fn offset(&self, layer: usize, neuron: u32) -> u64 {
-        self.layout.offset(layer, self.position(layer, neuron))
-    }
-}
-
-/// Groups loads sorted by record position into runs of consecutive records (<= max_records
-/// each); `position(neuron)` is where a neuron's record lies.
-fn runs_of(loads: &[Load], max_records: usize, position: impl Fn(u32) -> usize) -> Vec<std::ops::Range<usize>> {
+/// Groups sorted loads into runs of consecutive neurons (<= max_records each).
+fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
     for i in 1..=loads.len() {
-        if i == loads.len() || position(loads[i].neuron) != position(loads[i - 1].neuron) + 1 || i - start >= max_records {
+        if i == loads.len() || loads[i].neuron != loads[i - 1].neuron + 1 || i - start >= max_records {
             out.push(start..i);
             start = i;
         }
@@ -277,14 +256,14 @@ fn runs_of(loads: &[Load], max_records: usize, position: impl Fn(u32) -> usize) 
 /// load order.
 fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], rows: &mut Vec<u8>, land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>) -> Result<()> {
     let rb = plan.layout.record_bytes;
-    let runs = runs_of(loads, plan.max_records, |j| plan.position(layer, j));
+    let runs = runs_of(loads, plan.max_records);
     let mut r = 0;
     while r < runs.len() {
         let mut batch = Vec::new();
         let mut used = 0usize;
         while r < runs.len() && used + runs[r].len() * rb <= reader.staging_len() {
             let first = &loads[runs[r].start];
-            batch.push((runs[r].clone(), Run { offset: plan.offset(layer, first.neuron), bytes: runs[r].len() * rb, staging_offset: used }));
+            batch.push((runs[r].clone(), Run { offset: plan.layout.offset(layer, first.neuron as usize), bytes: runs[r].len() * rb, staging_offset: used }));
             used += runs[r].len() * rb;
             r += 1;
         }
@@ -311,7 +290,7 @@ fn read_spans(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &
         let runs: Vec<Run> = part
             .iter()
             .enumerate()
-            .map(|(k, l)| Run { offset: plan.offset(layer, l.neuron) + offset_in_record as u64, bytes: span_bytes, staging_offset: k * span_bytes })
+            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + offset_in_record as u64, bytes: span_bytes, staging_offset: k * span_bytes })
             .collect();
         reader.read_runs(&runs)?;
         let staging = reader.staging();
@@ -384,7 +363,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (path, layout) = records_file(&dir);
         let reader = RecordReader::open(&path, &ReaderOptions { staging_bytes: 1 << 16, ..Default::default() }).unwrap();
-        let io = IoThread::start(reader, layout, None, D, RowSpan::Record, 1 << 20, 1).unwrap();
+        let io = IoThread::start(reader, layout, D, RowSpan::Record, 1 << 20, 1).unwrap();
         let reads = |neurons: &[u32]| vec![LayerReads { si: 0, layer: 1, loads: loads(neurons) }];
         // token 1 lands and is never collected; token 2 is submitted while `wait` holds the stale rows
         io.submit(1, reads(&[0, 1, 2])).unwrap();
