@@ -14,7 +14,7 @@ of n_ff, for
 and, with --hellaswag N, HellaSwag accuracy on N items at --hellaswag-share. Beside each
 method, the bytes it keeps resident for the sparse layers. Dense first, as the reference.
 
-Writes bench/results/selectors-<model>.json and .png.
+Writes bench/results/selectors-<model>[-<tag>].json and .png.
 """
 import argparse, json, os, subprocess, sys, tomllib
 from pathlib import Path
@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--dense-prefix", type=int, default=None, help="sparse layers from here (default: the preparation's dense prefix)")
     ap.add_argument("--hellaswag", type=int, default=0, help="HellaSwag items (0: none)")
     ap.add_argument("--hellaswag-share", type=float, default=0.25)
+    ap.add_argument("--tag", default="", help="write selectors-<model>-<tag>.* (a separate grid)")
     a = ap.parse_args()
     manifest = ROOT / f"artifacts/{a.model}/manifest.toml"
     m = tomllib.loads(manifest.read_text())
@@ -67,7 +68,7 @@ def main():
         "soft8": arts["predictor"]["bytes"] + arts["centroids"]["bytes"],
         "oracle": None,
     }
-    out = ROOT / f"bench/results/selectors-{a.model}.json"
+    out = ROOT / f"bench/results/selectors-{a.model}{'-' + a.tag if a.tag else ''}.json"
     dense = run(["perplexity", str(manifest), "--text", a.text, "--chunks", str(a.chunks), "--strategy", "dense"])
     res = {"model": a.model, "text": os.path.relpath(a.text, ROOT), "chunks": a.chunks, "dense_prefix": prefix, "n_ff": n_ff,
            "dense_perplexity": dense["perplexity"], "resident_bytes": resident, "points": []}
