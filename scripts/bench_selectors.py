@@ -40,6 +40,29 @@ def mode(method, share, k_max_mean, n_ff, prefix):
     return ["--strategy", method, "--dense-prefix", str(prefix), "--set-scale", str(share)]
 
 
+def plot(res, out):
+    """Perplexity ratio and recall against set size, one line per method -> <out>.png."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for method in sorted({p['method'] for p in res['points']}, key=METHODS.index):
+            pts = [p for p in res["points"] if p["method"] == method]
+            axes[0].plot([p["share"] for p in pts], [p["perplexity_ratio"] for p in pts], marker="o", label=method)
+            if pts and pts[0]["recall"] is not None:
+                axes[1].plot([p["share"] for p in pts], [p["recall"] for p in pts], marker="o", label=method)
+        axes[0].set(xlabel="set size (share of n_ff)", ylabel="perplexity / dense", title=f"{res['model']}: quality at a set size", yscale="log")
+        axes[1].set(xlabel="set size (share of n_ff)", ylabel="recall of the oracle's set", title="recall")
+        for ax in axes:
+            ax.legend()
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out.with_suffix(".png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no PNG", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -51,7 +74,12 @@ def main():
     ap.add_argument("--hellaswag", type=int, default=0, help="HellaSwag items (0: none)")
     ap.add_argument("--hellaswag-share", type=float, default=0.25)
     ap.add_argument("--tag", default="", help="write selectors-<model>-<tag>.* (a separate grid)")
+    ap.add_argument("--from-json", action="store_true", help="no runs: redraw the PNG from the JSON")
     a = ap.parse_args()
+    if a.from_json:
+        out = ROOT / f"bench/results/selectors-{a.model}{'-' + a.tag if a.tag else ''}.json"
+        plot(json.loads(out.read_text()), out)
+        return
     manifest = ROOT / f"artifacts/{a.model}/manifest.toml"
     m = tomllib.loads(manifest.read_text())
     n_ff = m["model"]["intermediate_size"]
@@ -93,25 +121,7 @@ def main():
             hs = f", HellaSwag {p['hellaswag']:.3f} ({p['hellaswag_ratio']:.3f}x)" if "hellaswag" in p else ""
             print(f"s={share:.2f} {method:>7}: perplexity {p['perplexity']:.3f} ({p['perplexity_ratio']:.3f}x){rec}, density {p['density']:.3f}{hs}", flush=True)
             out.write_text(json.dumps(res, indent=2))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for method in a.methods.split(","):
-            pts = [p for p in res["points"] if p["method"] == method]
-            axes[0].plot([p["share"] for p in pts], [p["perplexity_ratio"] for p in pts], marker="o", label=method)
-            if pts and pts[0]["recall"] is not None:
-                axes[1].plot([p["share"] for p in pts], [p["recall"] for p in pts], marker="o", label=method)
-        axes[0].set(xlabel="set size (share of n_ff)", ylabel="perplexity / dense", title=f"{a.model}: quality at a set size", yscale="log")
-        axes[1].set(xlabel="set size (share of n_ff)", ylabel="recall of the oracle's set", title="recall")
-        for ax in axes:
-            ax.legend()
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out.with_suffix(".png"), dpi=110)
-    except ImportError:
-        print("matplotlib missing: no PNG", file=sys.stderr)
+    plot(res, out)
     print(f"-> {out}")
 
 
