@@ -256,6 +256,7 @@ fn fuzz_scorer() {
     let (d0, n_sparse, n_ff, d, _) = shape();
     fuzz("scorer", &seed_of("scorer/scorer.safetensors"), &work("scorer").join("scorer.safetensors"), |p| {
         let _ = formats::scorer::GateUpScorerFile::load(p, d0, n_sparse, n_ff, d);
+        let _ = formats::scorer::GateRowsFile::load(p, d0, n_sparse, n_ff, d);
     });
 }
 
@@ -271,6 +272,14 @@ fn fuzz_head_q8() {
 fn fuzz_predictor() {
     fuzz("predictor", &seed_of("predictor/predictor.safetensors"), &work("predictor").join("predictor.safetensors"), |p| {
         let _ = runtime::predictor::Predictor::load(p);
+    });
+}
+
+#[test]
+fn fuzz_layer_predictors() {
+    let (d0, n_sparse, n_ff, d, _) = shape();
+    fuzz("layer-predictors", &seed_of("layers/layer_predictors.safetensors"), &work("layer-predictors").join("layer_predictors.safetensors"), |p| {
+        let _ = formats::layer_predictors::LayerPredictorFile::load(p, d, n_ff, d0 + n_sparse);
     });
 }
 

@@ -104,7 +104,7 @@ fn flipped_byte_is_a_crc_error() {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     // the other artifacts are referenced relative to the manifest: link their folders
-    for d in ["cluster", "predictor", "capture", "importance", "scorer"] {
+    for d in ["cluster", "predictor", "capture", "importance", "scorer", "layers"] {
         std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
     }
     let manifest = formats::manifest::Manifest::load(m).unwrap();
@@ -354,7 +354,7 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
     // drop the two [[artifacts]] blocks
     let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !b.contains("role = \"scorer\"") && !b.contains("role = \"head_q8\"")).collect();
     std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
-    for f in ["records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja", "cluster", "predictor", "capture", "importance"] {
+    for f in ["records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja", "cluster", "predictor", "capture", "importance", "layers"] {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
     }
     let mpath = dir.join("manifest.toml");
