@@ -156,15 +156,12 @@ impl GateUpScorerFile {
                 (q4, scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect::<Vec<f16>>())
             }
         };
-        let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let down_norm = read_down_norm(&f, path, first_layer, n_layers, n_ff)?;
         let down_crc32c: Vec<u32> = f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
         let start_of = |name: &str| f.tensors[name].byte_range.start as u64;
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let per_layer = n_ff * 2 * d_model / Q4_BLOCK;
             return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("gate_up_scale") + 2 * i as u64, what: format!("scale of layer {} neuron {} is {}", first_layer + i / per_layer, i % per_layer / (2 * d_model / Q4_BLOCK), scales[i]) });
-        }
-        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("down_norm") + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
         }
         Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks, scales, down_norm, down_crc32c })
     }
@@ -210,6 +207,15 @@ fn open_scorer(path: &Path, first_layer: usize, d_model: usize) -> Result<(Mappe
     Ok((f, blocks))
 }
 
+/// The `down_norm` tensor `[n_layers, n_ff]`, each norm checked finite and >= 0.
+fn read_down_norm(f: &MappedSafetensors, path: &Path, first_layer: usize, n_layers: usize, n_ff: usize) -> Result<Vec<f32>> {
+    let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
+        return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
+    }
+    Ok(down_norm)
+}
+
 /// The gate rows alone of a scorer file (`--strategy gate`): what ranks a layer's neurons by
 /// `|silu(gate . x)| x ||W_down[:, j]||` with nothing else of the MLP in memory.
 #[derive(Debug, Clone, PartialEq)]
@@ -249,10 +255,7 @@ impl GateRowsFile {
                 (rows, scales)
             }
         };
-        let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
-        }
+        let down_norm = read_down_norm(&f, path, first_layer, n_layers, n_ff)?;
         Ok(GateRowsFile { first_layer, n_layers, n_ff, d_model, rows, blocks, scales, down_norm })
     }
 

@@ -484,10 +484,13 @@ impl MlpHook for LayerPredictedSparsity {
                 .map(|&s| map.neuron_of[s as usize])
                 .collect();
             let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
+            // every neuron's h is known already (`exact_h`): only the down rows are summed
+            let h_held: Vec<f32> = held.iter().map(|&j| h[j as usize]).collect();
+            let h_loaded: Vec<f32> = loaded.iter().map(|&j| h[j as usize]).collect();
             o.fill(0.0);
-            let h_held = records.sum(&held, row, x, o);
+            records.down_sum(&held, &h_held, row, o);
             let mut part = vec![0f32; d];
-            let h_loaded = records.sum(&loaded, row, x, &mut part);
+            records.down_sum(&loaded, &h_loaded, row, &mut part);
             self.heat[li].update(&held, &h_held);
             self.heat[li].update(&loaded, &h_loaded);
             o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);

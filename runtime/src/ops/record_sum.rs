@@ -74,22 +74,18 @@ impl RecordRows {
             .with_min_len(64)
             .map(|&id| c.of(row(id)))
             .collect();
+        self.down_sum(ids, &coefs, row, out);
+        coefs
+    }
+
+    /// `out` `[d]` = `sum_i coefs[i] down_i` over `ids` (coefficients already computed, in
+    /// `ids`' order): the down half of [`RecordRows::sum`], in the same order.
+    pub fn down_sum<'a>(&self, ids: &[u32], coefs: &[f32], row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
         let coef = |k: usize, _| coefs[k];
         match *self {
-            RecordRows::F16 { d_model: d } => down_sum(
-                ids,
-                coef,
-                |id| &bytemuck::cast_slice::<u8, f16>(row(id))[2 * d..],
-                out,
-            ),
-            RecordRows::Blocks { shape } => down_sum_q8_0(
-                ids,
-                coef,
-                |id| &row(id)[2 * shape.gate_up_row_bytes()..],
-                out,
-            ),
+            RecordRows::F16 { d_model: d } => down_sum(ids, coef, |id| &bytemuck::cast_slice::<u8, f16>(row(id))[2 * d..], out),
+            RecordRows::Blocks { shape } => down_sum_q8_0(ids, coef, |id| &row(id)[2 * shape.gate_up_row_bytes()..], out),
         }
-        coefs
     }
 }
 
