@@ -191,10 +191,10 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     let top = |v: &[f32]| v.chunks(49152).map(|r| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect::<Vec<_>>();
     eprintln!("scorer-all vs dense: relative L2 {rel}, top tokens {:?} vs {:?}", top(&a), top(&b));
     assert!(rel < 0.02 && top(&a) == top(&b), "the scorer holding every row differs from dense: relative L2 {rel}");
-    // at its (lower) minimum, inside a cgroup memory limit of budget + 10%
-    let budget = minimum_budget(&native_out.join("manifest.toml"), &[]) + (4 << 20);
+    // the scorer at its (lower) minimum, inside a cgroup memory limit of budget + 10%
+    let budget = minimum_budget(&native_out.join("manifest.toml"), &["--strategy", "scorer"]) + (4 << 20);
     let limit = budget + budget / 10;
-    let (out, failcnt) = bench_in_memory_cgroup("native", &native_out.join("manifest.toml"), budget, limit, &[]);
+    let (out, failcnt) = bench_in_memory_cgroup("native", &native_out.join("manifest.toml"), budget, limit, &["--strategy", "scorer"]);
     assert!(out.status.success(), "bench under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(r["peak_rss_bytes"].as_u64().unwrap() <= limit && r["set_rule"] == "scorer" && !r["head_q8"].as_bool().unwrap(), "{r}");
@@ -237,6 +237,58 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         }
     }
     per_layer_predictor_files_refused(native_out);
+    auto_sizes_as_the_selectors_and_runs_the_best_that_fits(native_out);
+}
+
+/// `--strategy auto` sizes every candidate from its files' headers exactly as the loaded
+/// selector sizes its run, and runs the best-quality one whose plan fits: the scorer, then the
+/// gate rows, then the per-layer predictors; below all three, one refusal naming each minimum.
+fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path) {
+    use runtime::stream::{auto, SelectorChoice, StreamSettings, StreamingEngine};
+    let manifest = out.join("manifest.toml");
+    let m = formats::manifest::Manifest::load(&manifest).unwrap();
+    let settings = |budget: Option<u64>| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: budget, dense_prefix: runtime::stream::DensePrefix::Fit, ..Default::default() };
+    let minimum_of = |c: &auto::Candidate| match &c.plan {
+        Ok(p) => p.minimum_bytes,
+        Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
+        Err(e) => panic!("{e}"),
+    };
+    // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff)
+    let cands = auto::candidates(&manifest, &m, &settings(Some(1))).unwrap();
+    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "gate", "layers"]);
+    let mins: Vec<u64> = cands.iter().map(minimum_of).collect();
+    eprintln!("auto: minimums scorer {} gate {} layers {}", mins[0], mins[1], mins[2]);
+    assert!(mins[2] < mins[1] && mins[1] < mins[0], "{mins:?}: the fixture's minimums order as Qwen's");
+    // the header sizing plans what the loaded selector plans, at several budgets
+    for budget in [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 19)), Some(mins[2] - 1)] {
+        for c in auto::candidates(&manifest, &m, &settings(budget)).unwrap() {
+            let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, ..settings(budget) });
+            match (&c.plan, engine) {
+                (Ok(p), Ok(e)) => {
+                    let (a, b) = (serde_json::to_value(p).unwrap(), serde_json::to_value(&e.plan).unwrap());
+                    assert_eq!(a, b, "{} at {budget:?}: the header-sized plan differs from the loaded one", c.name);
+                    assert_eq!(c.read_span_bytes, e.read_span_bytes, "{}", c.name);
+                }
+                (Err(_), Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. })) => assert_eq!(minimum, minimum_of(&c), "{}", c.name),
+                (p, e) => panic!("{} at {budget:?}: header sizing {:?}, loaded {:?}", c.name, p.as_ref().map(|p| p.total_bytes), e.map(|e| e.plan.total_bytes)),
+            }
+        }
+    }
+    // each budget runs the best that fits
+    let expect = [(mins[0] + (1 << 20), SelectorChoice::Scorer { resident_bonus: 1.0 }, "scorer"), ((mins[0] + mins[1]) / 2, SelectorChoice::Gate, "gate"), ((mins[1] + mins[2]) / 2, SelectorChoice::Layers, "layers")];
+    for (budget, want, name) in expect {
+        let (choice, note) = auto::choose(&manifest, &m, &settings(Some(budget))).unwrap().unwrap();
+        assert_eq!(choice, want, "at {budget}");
+        assert_eq!(note.is_some(), name != "scorer", "{note:?}");
+        // the CLI's default strategy is auto: the same choice, and the note says why
+        let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &budget.to_string(), "-n", "2", "--json"]);
+        assert!(ok, "{err}");
+        let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+        assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
+        assert_eq!(err.contains(&format!("--strategy auto runs {name}")), name != "scorer", "{err}");
+    }
+    let err = auto::choose(&manifest, &m, &settings(Some(mins[2] - 1))).err().unwrap().to_string();
+    assert!(err.contains(&format!("at least {}", mins[2])) && err.contains("scorer needs") && err.contains("gate needs") && err.contains("--strategy layers"), "{err}");
 }
 
 /// A whole-record strategy streamed at a budget between its minimum and every row equals the

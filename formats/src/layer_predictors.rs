@@ -115,28 +115,37 @@ pub struct LayerPredictorFile {
     pub layers: Vec<LayerPredictorWeights>,
 }
 
+/// The spec of the file at `path`, checked, from its header alone (the weights are neither
+/// read nor checked: what `--strategy auto` sizes a plan from).
+pub fn read_spec(path: &Path) -> Result<LayerPredictorSpec> {
+    Ok(open_checked_spec(path)?.1)
+}
+
+fn open_checked_spec(path: &Path) -> Result<(MappedSafetensors, LayerPredictorSpec)> {
+    let f = MappedSafetensors::open(path)?;
+    let text = f
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get(SPEC_KEY))
+        .ok_or_else(|| {
+            FormatError::invalid(
+                path,
+                format!("no '{SPEC_KEY}' in the safetensors metadata (not a layer predictor file?)"),
+            )
+        })?;
+    let spec: LayerPredictorSpec =
+        serde_json::from_str(text).map_err(|source| FormatError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    spec.check(path)?;
+    Ok((f, spec))
+}
+
 impl LayerPredictorFile {
     /// Reads `path`, checking it was made for a model of `d_model`, `n_ff` and `n_layers`.
     pub fn load(path: &Path, d_model: usize, n_ff: usize, n_layers: usize) -> Result<Self> {
-        let f = MappedSafetensors::open(path)?;
-        let text = f
-            .metadata
-            .as_ref()
-            .and_then(|m| m.get(SPEC_KEY))
-            .ok_or_else(|| {
-                FormatError::invalid(
-                    path,
-                    format!(
-                        "no '{SPEC_KEY}' in the safetensors metadata (not a layer predictor file?)"
-                    ),
-                )
-            })?;
-        let spec: LayerPredictorSpec =
-            serde_json::from_str(text).map_err(|source| FormatError::Json {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        spec.check(path)?;
+        let (f, spec) = open_checked_spec(path)?;
         if (spec.d_model, spec.n_ff, spec.n_layers) != (d_model, n_ff, n_layers) {
             return Err(FormatError::invalid(
                 path,

@@ -207,6 +207,30 @@ fn open_scorer(path: &Path, first_layer: usize, d_model: usize) -> Result<(Mappe
     Ok((f, blocks))
 }
 
+/// Bytes per layer the two readers of a scorer file hold, from its header alone (shapes
+/// checked, nothing copied): `(GateUpScorerFile, GateRowsFile)`, what `--strategy auto` sizes
+/// its plans from before it loads either.
+pub fn held_bytes_per_layer(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<(usize, usize)> {
+    let (f, blocks) = open_scorer(path, first_layer, d_model)?;
+    let (row, scale_row) = match blocks {
+        Some(t) => {
+            let rb = d_model / t.block_elements() * t.block_bytes();
+            f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, rb])?;
+            (rb, 0)
+        }
+        None => {
+            f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?;
+            f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
+            (d_model / 2, d_model / Q4_BLOCK * 2)
+        }
+    };
+    f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?;
+    f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?;
+    // the scorer: gate and up rows (and scales), a down norm and a checksum per neuron; the
+    // gate reader: the gate row (and its scales) and the down norm
+    Ok((n_ff * (2 * (row + scale_row) + 8), n_ff * (row + scale_row + 4)))
+}
+
 /// The `down_norm` tensor `[n_layers, n_ff]`, each norm checked finite and >= 0.
 fn read_down_norm(f: &MappedSafetensors, path: &Path, first_layer: usize, n_layers: usize, n_ff: usize) -> Result<Vec<f32>> {
     let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();

@@ -88,11 +88,6 @@ impl LayerPredictors {
         Ok(p)
     }
 
-    /// Bytes of the predictors of layers `from..`.
-    pub fn bytes_from(&self, from: usize) -> u64 {
-        self.spec.bytes_from(from)
-    }
-
     /// Drops the predictors of layers below `from`.
     pub fn drop_layers_before(&mut self, from: usize) {
         let drop = from
@@ -221,15 +216,11 @@ impl Ranker {
         }
     }
 
-    /// Bytes held for layers `from..`.
-    pub fn bytes_from(&self, from: usize) -> u64 {
+    /// Bytes held for each sparse layer.
+    pub fn layer_bytes(&self) -> u64 {
         match self {
-            Ranker::Predictors(p) => p.bytes_from(from),
-            Ranker::Gate(g) => {
-                let f = &g.file;
-                ((f.first_layer + f.n_layers).saturating_sub(from.max(f.first_layer))
-                    * f.layer_bytes()) as u64
-            }
+            Ranker::Predictors(p) => p.spec.layer_parameters() as u64 * 2,
+            Ranker::Gate(g) => g.file.layer_bytes() as u64,
         }
     }
 

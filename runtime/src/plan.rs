@@ -6,8 +6,9 @@
 //! - A0, known at sampling: the token's embedding row (resident: read from memory).
 //! - A1, known after an early layer: the shared predictor's sets (known after layer 0), read
 //!   from storage when not held; their window reaches from layer 1 to the layer's use.
-//! - A2, known inside their layer: the scorer's down rows (known once the layer has scored its
-//!   neurons), read when not held; their window is the sum over the rows already held.
+//! - A2, known inside their layer: the scorer's down rows, or the whole records the gate rows
+//!   and the per-layer predictors choose (known once the layer has ranked its neurons from its
+//!   input), read when not held; their window is the sum over the rows already held.
 //! - A3, always read: everything resident (attention, norms, the head, the scorer's gate/up,
 //!   dense layers, held rows): read from memory, which is the compute time.
 //!
@@ -28,9 +29,10 @@ use serde::Serialize;
 pub struct ClassBytes {
     /// The token's embedding row (from memory).
     pub a0_memory: u64,
-    /// Rows known after layer 0 (the predictor's), read from storage.
+    /// Rows known after layer 0 (the shared predictor's), read from storage.
     pub a1_storage: u64,
-    /// Rows known inside their layer (the scorer's), read from storage.
+    /// Rows known inside their layer (the scorer's, gate's and per-layer predictors'), read
+    /// from storage.
     pub a2_storage: u64,
     /// Read from memory every token.
     pub a3_memory: u64,
@@ -65,9 +67,13 @@ pub struct Prediction {
 }
 
 /// Class A3, the bytes a token reads from memory: everything planned but the slots, the KV
-/// cache, staging and the process, plus the rows each token sums (held or just read).
-pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan) -> u64 {
-    let rows_summed: u64 = p.set_sizes.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
+/// cache, staging and the process, plus the rows each token sums (held or just read): its sets,
+/// or with the whole-record strategies (`rule` gate or layers) every held record, whose gate
+/// and up rows give each its exact h. (The scorer's held down rows are left out: its compute is
+/// calibrated by probe-storage's measurement with this count.)
+pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, rule: &str) -> u64 {
+    let summed = if matches!(rule, "gate" | "layers") { &p.capacity } else { &p.set_sizes };
+    let rows_summed: u64 = summed.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
     p.resident_bytes + p.head_q8_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
 }
 
@@ -81,7 +87,8 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_ff: usize, embed_row_byt
 /// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
 #[allow(clippy::too_many_arguments)]
 pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
-    let scorer = rule == "scorer";
+    // the scorer, gate and layers rank at the layer (A2); the shared predictor after layer 0 (A1)
+    let in_layer = matches!(rule, "scorer" | "gate" | "layers");
     let n_sparse = p.set_sizes.len();
     // the sparse layers run to the last
     let n_layers = p.dense_prefix + n_sparse;
@@ -92,7 +99,7 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
         None if held_all => (1.0, "every row held (after the first tokens)".to_string()),
         None => (mean_slots / n_ff as f64, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
     };
-    let a3 = memory_bytes_per_token(p);
+    let a3 = memory_bytes_per_token(p, rule);
     // measured on this device for this model (probe-storage --manifest), scaled by the bytes
     // this plan touches; else the bytes over the device's decode rate
     let measured = device.models.iter().find(|m| m.model == model_name && m.selector == rule);
@@ -119,7 +126,7 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
         // the layer's MLP is its second half; the held rows' sum is the window an A2 read has
         let mlp_start = (layer as f64 + 0.5) * per_layer_s;
         let held_sum_s = k as f64 * reuse * p.slot_row_bytes as f64 / device.decode_bytes_per_s;
-        let (release, deadline) = if scorer { (mlp_start, mlp_start + held_sum_s) } else { (per_layer_s, mlp_start + held_sum_s) };
+        let (release, deadline) = if in_layer { (mlp_start, mlp_start + held_sum_s) } else { (per_layer_s, mlp_start + held_sum_s) };
         transfers.push(Transfer { release_s: release, deadline_s: deadline, service_s: service });
     }
     let exposed = exposed_with_stalls_s(&transfers);
@@ -138,8 +145,8 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
         reuse_source,
         bytes_per_token: ClassBytes {
             a0_memory: embed_row_bytes,
-            a1_storage: if scorer { 0 } else { storage_bytes.round() as u64 },
-            a2_storage: if scorer { storage_bytes.round() as u64 } else { 0 },
+            a1_storage: if in_layer { 0 } else { storage_bytes.round() as u64 },
+            a2_storage: if in_layer { storage_bytes.round() as u64 } else { 0 },
             a3_memory: a3,
         },
         requests_per_token: requests,

@@ -45,12 +45,6 @@ impl GateUpScorer {
         Ok(GateUpScorer { file })
     }
 
-    /// Bytes of layers `from..` (what a run whose sparse layers start there holds).
-    pub fn bytes_from(&self, from: usize) -> u64 {
-        let f = &self.file;
-        (f.n_bytes() / f.n_layers.max(1) * (f.first_layer + f.n_layers).saturating_sub(from.max(f.first_layer))) as u64
-    }
-
     /// Drops the layers below `from` (a run whose sparse layers start there).
     pub fn drop_layers_before(&mut self, from: usize) {
         let f = &mut self.file;

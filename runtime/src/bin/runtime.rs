@@ -164,13 +164,15 @@ impl ModeArgs {
         }
         let manifest = formats::manifest::Manifest::load(model)?;
         let has = |role: &str| manifest.artifacts.iter().any(|a| a.role == role);
-        // auto: the scorer wherever the preparation has it. It is the better choice at every
-        // budget measured, and its smallest plan is below the predictor's on both models (Qwen2.5-
-        // Coder-1.5B: 1,195 vs 1,272 MiB), so no budget runs the predictor but not the scorer.
+        // auto: with a budget, the best-quality strategy whose plan fits it (runtime::stream::auto,
+        // decided below once the settings are known); without one, the scorer (every row held:
+        // the dense MLP). The scorer, gate and layers share their defaults (head, sets of
+        // 0.25 x n_ff, fit), so the provisional choice sizes the settings of whichever runs.
         let strategy = match self.strategy {
             Strategy::Auto if has("scorer") => Strategy::Scorer,
+            Strategy::Auto if has(runtime::layer_predictor::ARTIFACT_ROLE) => Strategy::Layers,
             Strategy::Auto => {
-                notes.push(format!("{} has no scorer artifact: the auto strategy runs the shared predictor (rerun make prepare to add the scorer)", model.display()));
+                notes.push(format!("{} has no scorer or layer_predictors artifact: the auto strategy runs the shared predictor (rerun make prepare to add them)", model.display()));
                 Strategy::Predictor
             }
             s => s,
@@ -244,7 +246,17 @@ impl ModeArgs {
             io.queue_depth = q;
         }
         let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
-        let s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head_q8, io, record_sets: false };
+        let mut s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head_q8, io, record_sets: false };
+        if self.strategy == Strategy::Auto && mem_budget_bytes.is_some() && (scorer || layers) {
+            if let Some((choice, note)) = runtime::stream::auto::choose(model, &manifest, &s)? {
+                s.selector = match choice {
+                    SelectorChoice::Scorer { .. } => selector,
+                    _ if x.resident_bonus.is_some() => anyhow::bail!("--experiment resident-bonus is the scorer's, and {}", note.unwrap_or_default()),
+                    c => c,
+                };
+                notes.extend(note);
+            }
+        }
         Ok((PreparedMode::Stream(s), x, notes))
     }
 }
@@ -967,7 +979,7 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
             let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
             let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a manifest streams by default") };
             let r = runtime::bench::bench(model, tokenizer, engine, "The history of the printing press begins in the fifteenth century, when", 24)?;
-            Ok((r, engine.plan.minimum_bytes, runtime::plan::memory_bytes_per_token(&engine.plan) as f64, engine.rule().to_string()))
+            Ok((r, engine.plan.minimum_bytes, runtime::plan::memory_bytes_per_token(&engine.plan, &engine.rule()) as f64, engine.rule().to_string()))
         };
         let (all, minimum, memory_bytes, selector) = bench_at(None)?;
         let compute_s = (1.0 / all.decode_tok_per_s - all.io_wait_ms_per_token / 1e3).max(1e-6);
@@ -1080,13 +1092,37 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let c = &mf.model;
     let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
     let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, rh.embed_bytes / c.vocab_size as u64, &dev, reuse);
+    // --strategy auto: every candidate at this budget, with its predicted rate
+    let embed_row_bytes = rh.embed_bytes / c.vocab_size as u64;
+    let candidates: Vec<(String, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
+        runtime::stream::auto::candidates(manifest, &mf, &settings)?
+            .into_iter()
+            .map(|cand| {
+                let r = match &cand.plan {
+                    Ok(plan) => Ok(runtime::plan::predict_plan(plan, cand.name, cand.read_span_bytes, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, None)),
+                    Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(format!("needs {:.1} MiB", *minimum as f64 / 1048576.0)),
+                    Err(e) => Err(e.to_string()),
+                };
+                (cand.name.to_string(), r)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut llama = Vec::new();
     for g in ggufs {
         let bytes = std::fs::metadata(g).map_err(|e| anyhow::anyhow!("{}: {e}", g.display()))?.len();
         llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(bytes, engine.plan.kv_cache_bytes, engine.plan.budget_bytes, &dev)));
     }
     if json {
-        let v = serde_json::json!({"device": dev.name, "ours": p, "llama_cpp": llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>()});
+        let cands: Vec<serde_json::Value> = candidates
+            .iter()
+            .map(|(name, r)| match r {
+                Ok(p) => serde_json::json!({"strategy": name, "fits": true, "prediction": p}),
+                Err(why) => serde_json::json!({"strategy": name, "fits": false, "refused": why}),
+            })
+            .collect();
+        let v = serde_json::json!({"device": dev.name, "ours": p, "auto_candidates": cands, "llama_cpp": llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>()});
         println!("{v}");
         return Ok(());
     }
@@ -1120,6 +1156,13 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
         p.exposed_io_s_per_token * 1e3,
         p.predicted_tok_per_s
     );
+    for (name, r) in &candidates {
+        let chosen = if *name == p.selector { "  <- runs (the first that fits, best quality first)" } else { "" };
+        match r {
+            Ok(c) => println!("auto candidate {name}: plan {:.1} MiB (minimum {:.1} MiB), predicted {:.2} tok/s{chosen}", mib(c.planned_bytes), mib(c.minimum_bytes), c.predicted_tok_per_s),
+            Err(why) => println!("auto candidate {name}: {why}"),
+        }
+    }
     for (g, l) in &llama {
         println!(
             "llama.cpp on {g} ({:.0} MiB): {} -> predicted {:.2} tok/s",

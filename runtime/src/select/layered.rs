@@ -59,17 +59,11 @@ impl SetSelector for LayeredSelector {
 
     fn footprint(&self, first_layer: usize) -> Footprint {
         let first = first_layer.max(self.first_layer);
-        let ranker_bytes = self.ranker.bytes_from(first);
-        let gate = matches!(self.ranker, Ranker::Gate(_));
-        Footprint {
-            predictor_bytes: if gate { 0 } else { ranker_bytes },
-            centroid_bytes: 0,
-            scorer_bytes: if gate { ranker_bytes } else { 0 },
-            full_sets: vec![self.n_ff; self.n_layers.saturating_sub(first)],
-            set_unit: "n_ff",
-            min_set_scale: crate::stream::budget::MIN_SCORER_SHARE,
-            fit_tries_prefixes: false,
-        }
+        let held_as = match self.ranker {
+            Ranker::Gate(_) => super::HeldAs::Scorer,
+            Ranker::Predictors(_) => super::HeldAs::Predictor,
+        };
+        Footprint::per_layer(first, self.n_layers, self.n_ff, self.ranker.layer_bytes(), held_as)
     }
 
     fn keep_layers_from(&mut self, first_layer: usize) {

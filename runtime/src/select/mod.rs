@@ -68,6 +68,35 @@ pub struct Footprint {
     pub fit_tries_prefixes: bool,
 }
 
+/// Where a strategy that ranks every neuron counts what it holds for a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldAs {
+    /// 4-bit gate/up (or gate) rows: `scorer_bytes`.
+    Scorer,
+    /// Small networks: `predictor_bytes`.
+    Predictor,
+}
+
+impl Footprint {
+    /// A strategy that ranks every neuron of each sparse layer from its own input (its sets are
+    /// shares of n_ff; the scorer, the gate rows, the per-layer predictors) and holds
+    /// `per_layer_bytes` for each sparse layer `first..n_layers`: one sizing for the loaded
+    /// selectors and for `--strategy auto`, which sizes them from their files' headers.
+    pub fn per_layer(first: usize, n_layers: usize, n_ff: usize, per_layer_bytes: u64, held_as: HeldAs) -> Footprint {
+        let sparse = n_layers.saturating_sub(first);
+        let held = sparse as u64 * per_layer_bytes;
+        Footprint {
+            predictor_bytes: if held_as == HeldAs::Predictor { held } else { 0 },
+            centroid_bytes: 0,
+            scorer_bytes: if held_as == HeldAs::Scorer { held } else { 0 },
+            full_sets: vec![n_ff; sparse],
+            set_unit: "n_ff",
+            min_set_scale: crate::stream::budget::MIN_SCORER_SHARE,
+            fit_tries_prefixes: false,
+        }
+    }
+}
+
 /// One sparse layer's set, chosen from the layer's own input.
 pub struct LayerChoice {
     /// The neurons needed (ascending).

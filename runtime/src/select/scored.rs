@@ -48,15 +48,8 @@ impl SetSelector for ScoredSelector {
 
     fn footprint(&self, first_layer: usize) -> Footprint {
         let f = &self.scorer.file;
-        Footprint {
-            predictor_bytes: 0,
-            centroid_bytes: 0,
-            scorer_bytes: self.scorer.bytes_from(first_layer),
-            full_sets: vec![f.n_ff; (f.first_layer + f.n_layers).saturating_sub(first_layer.max(f.first_layer))],
-            set_unit: "n_ff",
-            min_set_scale: crate::stream::budget::MIN_SCORER_SHARE,
-            fit_tries_prefixes: false,
-        }
+        let first = first_layer.max(f.first_layer);
+        Footprint::per_layer(first, f.first_layer + f.n_layers, f.n_ff, (f.n_bytes() / f.n_layers.max(1)) as u64, super::HeldAs::Scorer)
     }
 
     fn keep_layers_from(&mut self, first_layer: usize) {

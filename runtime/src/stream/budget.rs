@@ -12,7 +12,7 @@
 //! every layer after the dense prefix sparse does not fit, the largest set scale (down to
 //! [`MIN_SET_SCALE`]) that does.
 
-use super::engine::StreamSettings;
+use super::engine::{DensePrefix, StreamSettings};
 use crate::error::{Result, RuntimeError};
 use crate::select::SetSelector;
 use formats::manifest::Manifest;
@@ -141,6 +141,24 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// The plan `s.dense_prefix` asks for: [`MemoryPlan::fit`], a given layer, or the
+    /// manifest's default dense prefix.
+    pub fn for_settings(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings) -> Result<Self> {
+        let (d0, default) = (inputs.d0, inputs.default_dense_from);
+        match s.dense_prefix {
+            DensePrefix::Fit => Self::fit(inputs, sel, s),
+            DensePrefix::Layer(l) => Self::new(inputs, sel, s, l, s.set_scale),
+            DensePrefix::Default => Self::new(inputs, sel, s, default, s.set_scale).map_err(|e| match e {
+                RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
+                    budget,
+                    minimum,
+                    breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-prefix fit` runs more layers sparse, down to layer {d0})"),
+                },
+                e => e,
+            }),
+        }
+    }
+
     /// The plan with the manifest's default dense prefix lowered as far as the budget needs
     /// (never below its `dense_prefix`), then, with every layer after it sparse, the set scale
     /// lowered (from `s.set_scale`, in steps of 0.01, never below [`MIN_SET_SCALE`]); without a

@@ -241,7 +241,6 @@ impl StreamingEngine {
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let d0 = manifest.sparsity.dense_prefix;
-        let default = manifest.sparsity.default_dense_from();
         let mut notes = Vec::new();
         let mut selector: Box<dyn SetSelector> = match settings.selector {
             SelectorChoice::Predictor { rule, neuron_rank } => {
@@ -257,18 +256,7 @@ impl StreamingEngine {
             let inputs = super::budget::PlanInputs::of(manifest_path, manifest)?;
             let footprint = super::budget::Sizing::of(selector.as_ref());
             let sizing = super::budget::Sizing { footprint: &footprint, slot_row: selector.slot_row() };
-            match settings.dense_prefix {
-                DensePrefix::Fit => MemoryPlan::fit(&inputs, &sizing, settings)?,
-                DensePrefix::Layer(l) => MemoryPlan::new(&inputs, &sizing, settings, l, settings.set_scale)?,
-                DensePrefix::Default => MemoryPlan::new(&inputs, &sizing, settings, default, settings.set_scale).map_err(|e| match e {
-                    RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
-                        budget,
-                        minimum,
-                        breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-prefix fit` runs more layers sparse, down to layer {d0})"),
-                    },
-                    e => e,
-                })?,
-            }
+            MemoryPlan::for_settings(&inputs, &sizing, settings)?
         };
         let first = plan.dense_prefix;
         let rb = manifest.records.record_bytes;
@@ -291,7 +279,7 @@ impl StreamingEngine {
             }
         };
         selector.keep_layers_from(first);
-        let read_span_bytes = span.read_bytes(rb, c.hidden_size);
+        let read_span_bytes = super::io::read_span_bytes(selector.slot_row(), shape, rb, c.hidden_size);
         let layers = plan.capacity.iter().map(|&cap| LayerSlots { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) }).collect();
         let reader = RecordReader::open(&records_path, &ReaderOptions { queue_depth: settings.io.queue_depth, force_pread: settings.io.force_pread, staging_bytes: plan.staging_bytes, register_staging: true })?;
         let fallback = reader.fallback.clone();

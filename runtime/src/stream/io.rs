@@ -42,14 +42,14 @@ fn down_row_span(d_model: usize) -> (usize, usize, usize) {
     (span_offset, span_bytes, down_offset - span_offset)
 }
 
-impl RowSpan {
-    /// Bytes one row's read takes from records.bin (before runs of neighbours coalesce).
-    pub fn read_bytes(&self, record_bytes: usize, d_model: usize) -> usize {
-        match self {
-            RowSpan::Record | RowSpan::RecordV2 { .. } => record_bytes,
-            RowSpan::DownRow { .. } => down_row_span(d_model).1,
-            RowSpan::DownSection { shape } => shape.down_section_bytes(),
-        }
+/// Bytes one needed row's read takes from records.bin (before runs of neighbours coalesce) for
+/// slots of `slot_row` over records of `shape` (None: version 1).
+pub fn read_span_bytes(slot_row: crate::select::SlotRow, shape: Option<formats::records::RecordShape>, record_bytes: usize, d_model: usize) -> usize {
+    use crate::select::SlotRow;
+    match (slot_row, shape) {
+        (SlotRow::GateUpDown, _) => record_bytes,
+        (SlotRow::Down, None) => down_row_span(d_model).1,
+        (SlotRow::Down, Some(s)) => s.down_section_bytes(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! per-layer slot buffers (see `engine`), within a memory budget (`budget`).
 
 pub mod aligned;
+pub mod auto;
 pub mod budget;
 pub mod engine;
 pub mod io;

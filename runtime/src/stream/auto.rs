@@ -1,0 +1,118 @@
+//! `--strategy auto`: which strategy a budget runs, decided before anything large is loaded.
+//!
+//! The candidates, best quality first at equal memory as measured on SmolLM2 and
+//! Qwen2.5-Coder-1.5B at every budget and set size tried (docs/RESULTS.md, "Issue #17 (part 1)";
+//! Qwen at 849 MiB: scorer 1.26x dense perplexity, gate 1.88x; the predictors need a smaller
+//! budget to fit but are worse wherever both fit):
+//! 1. `scorer`: resident 4-bit gate/up rows rank every neuron, the down rows stream (a budget
+//!    that holds every row computes the dense MLP);
+//! 2. `gate`: resident gate rows rank, whole records stream;
+//! 3. `layers`: the per-layer predictors rank, whole records stream (the smallest minimum).
+//!
+//! Each candidate's plan is sized from its files' headers with the same [`MemoryPlan`] the run
+//! uses (`Footprint::per_layer`), and the first that fits the budget runs; `runtime plan
+//! --strategy auto` prints every candidate with the windowed roofline's predicted tok/s. A
+//! preparation with none of these artifacts runs the shared predictor.
+
+use super::budget::{PlanInputs, Sizing};
+use super::{MemoryPlan, SelectorChoice, StreamSettings};
+use crate::error::{Result, RuntimeError};
+use crate::select::{Footprint, HeldAs, SlotRow};
+use formats::manifest::Manifest;
+use std::path::Path;
+
+/// One strategy `auto` considered.
+pub struct Candidate {
+    pub name: &'static str,
+    pub choice: SelectorChoice,
+    /// Its plan at the budget, or why not (the budget is below its minimum).
+    pub plan: Result<MemoryPlan>,
+    /// Bytes one needed row's read takes.
+    pub read_span_bytes: usize,
+}
+
+/// What one candidate holds per sparse layer, from its artifact's header; None without the
+/// artifact.
+fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(usize, u64, HeldAs, SlotRow)>> {
+    let c = &m.model;
+    let d0 = m.sparsity.dense_prefix;
+    let scorer = || -> Result<Option<(u64, u64)>> {
+        let Some(a) = m.artifacts.iter().find(|a| a.role == "scorer") else { return Ok(None) };
+        let (s, g) = formats::scorer::held_bytes_per_layer(&m.artifact_path(manifest_path, a), d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+        Ok(Some((s as u64, g as u64)))
+    };
+    Ok(match name {
+        "scorer" => scorer()?.map(|(s, _)| (d0, s, HeldAs::Scorer, SlotRow::Down)),
+        "gate" => scorer()?.map(|(_, g)| (m.records.first_layer, g, HeldAs::Scorer, SlotRow::GateUpDown)),
+        "layers" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
+            None => None,
+            Some(a) => {
+                let spec = formats::layer_predictors::read_spec(&m.artifact_path(manifest_path, a))?;
+                (spec.input == formats::layer_predictors::PredictorInput::Own)
+                    .then(|| (m.records.first_layer, spec.layer_parameters() as u64 * 2, HeldAs::Predictor, SlotRow::GateUpDown))
+            }
+        },
+        _ => unreachable!("a candidate name"),
+    })
+}
+
+/// The footprint `--strategy <name>` would have (scorer, gate or layers) from its files'
+/// headers, and the rows its slots hold; None when the preparation lacks its artifact.
+pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(impl Fn(usize) -> Footprint, SlotRow)>> {
+    let (n_layers, n_ff) = (m.model.num_hidden_layers, m.model.intermediate_size);
+    Ok(sizing_of(manifest_path, m, name)?.map(|(first, per_layer, held_as, slot_row)| {
+        (move |l: usize| Footprint::per_layer(l.max(first), n_layers, n_ff, per_layer, held_as), slot_row)
+    }))
+}
+
+/// Every candidate the preparation has, in `auto`'s order, planned at `s`'s budget (its
+/// selector is ignored).
+pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Result<Vec<Candidate>> {
+    let inputs = PlanInputs::of(manifest_path, m)?;
+    let mut out = Vec::new();
+    for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: 1.0 }), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
+        let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
+        let sizing = Sizing { footprint: &footprint, slot_row };
+        let settings = StreamSettings { selector: choice, ..s.clone() };
+        let plan = MemoryPlan::for_settings(&inputs, &sizing, &settings);
+        if let Err(e) = &plan {
+            if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
+                return Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())));
+            }
+        }
+        let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
+        out.push(Candidate { name, choice, plan, read_span_bytes });
+    }
+    Ok(out)
+}
+
+/// The strategy `auto` runs at `s`'s budget: the first candidate whose plan fits, with a note
+/// naming the better ones that did not (None when the first fits); None when the preparation has none of them (the
+/// shared predictor runs). Refused when the budget is below every candidate's minimum.
+pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Result<Option<(SelectorChoice, Option<String>)>> {
+    let cands = candidates(manifest_path, m, s)?;
+    if cands.is_empty() {
+        return Ok(None);
+    }
+    let minimum = |c: &Candidate| match &c.plan {
+        Ok(p) => p.minimum_bytes,
+        Err(RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
+        Err(_) => unreachable!("candidates returns only refusals"),
+    };
+    let skipped: Vec<String> = cands.iter().take_while(|c| c.plan.is_err()).map(|c| format!("{} needs {:.0} MiB", c.name, minimum(c) as f64 / 1048576.0)).collect();
+    match cands.iter().find(|c| c.plan.is_ok()) {
+        Some(c) => {
+            let note = (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.name, skipped.join(", ")));
+            Ok(Some((c.choice, note)))
+        }
+        None => {
+            let smallest = cands.iter().min_by_key(|c| minimum(c)).expect("not empty");
+            let Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) = &smallest.plan else { unreachable!("every candidate was refused") };
+            Err(RuntimeError::BudgetTooSmall {
+                budget: *budget,
+                minimum: *minimum,
+                breakdown: format!("no strategy fits ({}); the smallest, --strategy {}: {breakdown}", skipped.join(", "), smallest.name),
+            })
+        }
+    }
+}
