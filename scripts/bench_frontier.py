@@ -250,7 +250,10 @@ def main():
                     if key in seen and seen[key].get("hellaswag") is not None:
                         row["hellaswag"], row["hellaswag_same_plan_as"] = seen[key]["hellaswag"], seen[key]["budget_bytes"]
                     else:
-                        row["hellaswag"] = run_rt_json(ours_quality_cmd("hellaswag", manifest, b, a, a.threads))["accuracy"]
+                        e = run_rt_json(ours_quality_cmd("hellaswag", manifest, b, a, a.threads))
+                        if e.get("refused"):
+                            sys.exit(f"bench-frontier: runtime eval refused --mem-budget {b} where runtime perplexity ran: {e}")
+                        row["hellaswag"] = e["accuracy"]
                 seen.setdefault(key, row)
                 quality["ours"][str(fr)] = row
                 log(f"quality ours at {fr}: perplexity {row['perplexity']:.4f}, HellaSwag {row.get('hellaswag')} "

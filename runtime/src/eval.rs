@@ -112,8 +112,8 @@ pub fn load_hellaswag(path: &Path, limit: Option<usize>) -> Result<Vec<McItem>> 
     Ok(items)
 }
 
-/// Log-likelihood of each choice after the context.
-pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem) -> Result<Vec<f64>> {
+/// Log-likelihood of each choice after the context, in a KV cache of at most `ctx` positions.
+pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem, ctx: usize) -> Result<Vec<f64>> {
     let model = runner.model;
     let ctx_ids = tok.encode(&item.context, true)?;
     let conts: Vec<Vec<u32>> = item
@@ -126,7 +126,10 @@ pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem) -> Result
         })
         .collect::<Result<_>>()?;
     let max_cont = conts.iter().map(Vec::len).max().unwrap_or(0);
-    let mut cache = model.new_cache((ctx_ids.len() + max_cont).min(model.max_context()))?;
+    if ctx_ids.len() + max_cont > ctx {
+        return Err(RuntimeError::ContextOverflow { needed: ctx_ids.len() + max_cont, ctx, prompt_tokens: ctx_ids.len() });
+    }
+    let mut cache = model.new_cache(ctx_ids.len() + max_cont)?;
     let vocab = model.vocab_size();
     let last = runner.forward(&ctx_ids, &mut cache, ctx_ids.len() - 1)?;
     let n_ctx = cache.len;
@@ -144,7 +147,7 @@ pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem) -> Result
     Ok(out)
 }
 
-pub fn evaluate(runner: &mut Runner, tok: &Tokenizer, task: &str, data: &Path, limit: Option<usize>, mut on_item: impl FnMut(usize, usize, f64)) -> Result<EvalReport> {
+pub fn evaluate(runner: &mut Runner, tok: &Tokenizer, task: &str, data: &Path, limit: Option<usize>, ctx: usize, mut on_item: impl FnMut(usize, usize, f64)) -> Result<EvalReport> {
     if task != "hellaswag" {
         return Err(RuntimeError::Input(format!("--task {task}: unknown task (known: hellaswag)")));
     }
@@ -156,7 +159,7 @@ pub fn evaluate(runner: &mut Runner, tok: &Tokenizer, task: &str, data: &Path, l
     let t0 = std::time::Instant::now();
     let (mut norm_hits, mut raw_hits) = (0usize, 0usize);
     for (i, item) in items.iter().enumerate() {
-        let ll = score_item(runner, tok, item)?;
+        let ll = score_item(runner, tok, item, ctx)?;
         let argmax = |v: Vec<f64>| v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b }).0;
         let norm: Vec<f64> = ll.iter().zip(&item.choices).map(|(l, c)| l / c.chars().count().max(1) as f64).collect();
         norm_hits += (argmax(norm) == item.gold) as usize;

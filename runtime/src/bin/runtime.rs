@@ -339,6 +339,10 @@ enum Command {
         /// Score only the first N items.
         #[arg(long)]
         limit: Option<usize>,
+        /// KV cache positions (a streamed run's plan holds them); an item longer than this is
+        /// refused. HellaSwag's longest items take about 200.
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
         #[command(flatten)]
         mode: ModeArgs,
         #[arg(long)]
@@ -728,11 +732,11 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Eval { model, task, data, limit, mode, threads: _, json } => {
-            let (mut opened, _) = open(&model, &mode, 2048)?;
+        Command::Eval { model, task, data, limit, ctx, mode, threads: _, json } => {
+            let (mut opened, _) = open(&model, &mode, ctx)?;
             let n_ff = opened.model.config.intermediate_size;
             let (mut runner, tokenizer) = opened.runner_and_tokenizer();
-            let r = runtime::eval::evaluate(&mut runner, tokenizer, &task, &data, limit, |i, n, acc| {
+            let r = runtime::eval::evaluate(&mut runner, tokenizer, &task, &data, limit, ctx, |i, n, acc| {
                 if !json {
                     eprint!("\r[{i}/{n}] accuracy so far {acc:.4}");
                 }
