@@ -121,26 +121,42 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
     return j
 
 
-def throttled_device(device, mib_s):
-    """The device file with every read capped at `mib_s` MiB/s (a blkio throttle caps bytes)."""
-    if not mib_s:
-        return device
+def derived_device(device, mib_s, llama_overhead_s):
+    """The device file with every read capped at `mib_s` MiB/s (a blkio throttle caps bytes),
+    and llama.cpp's calibrated per-token overhead."""
     text = Path(device).read_text()
     d = tomllib.loads(text)
-    cap = mib_s * 2**20
     lines, block = [], None
     for line in text.splitlines():
         m = re.match(r"\s*block_bytes\s*=\s*(\d+)", line)
         if m:
             block = int(m.group(1))
         m = re.match(r"(\s*iops\s*=\s*)([\d.eE+]+)", line)
-        if m and block:
-            line = f"{m.group(1)}{min(float(m.group(2)), cap / block):.1f}"
+        if m and block and mib_s:
+            line = f"{m.group(1)}{min(float(m.group(2)), mib_s * 2**20 / block):.1f}"
+        if line.startswith("llama_cpp_token_overhead_s"):
+            continue
         lines.append(line)
-    lines[0:0] = [f"# {d.get('name', 'device')} with reads capped at {mib_s} MiB/s (bench-frontier's throttle)"]
-    path = ROOT / f"target/frontier-device-{Path(device).stem}-{mib_s}mibs.toml"
+    # a top-level key goes before the first table
+    first_table = next(i for i, l in enumerate(lines) if l.startswith("["))
+    lines.insert(first_table, f"llama_cpp_token_overhead_s = {llama_overhead_s:.6f}")
+    lines.insert(0, f"# {d.get('name', 'device')}: reads capped at {mib_s or 'no'} MiB/s, llama.cpp's overhead calibrated (bench-frontier)")
+    path = ROOT / f"target/frontier-device-{Path(device).stem}-{mib_s or 'none'}mibs.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def llama_overhead_s(res, device):
+    """llama.cpp's per-token cost beyond streaming its file, from its unconfined runs: the
+    median over GGUFs of 1 / tok/s - file bytes / decode_bytes_per_s (>= 0)."""
+    rate = tomllib.loads(Path(device).read_text())["decode_bytes_per_s"]
+    per = []
+    for q, g in res["ggufs"].items():
+        t = [r["decode_tok_per_s"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q and r["budget_fraction"] is None
+             and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
+        if t:
+            per.append(max(1 / statistics.median(t) - (ROOT / g).stat().st_size / rate, 0.0))
+    return statistics.median(per) if per else 0.0
 
 
 def plan_json(manifest, budget, ggufs, device, reuse=None):
@@ -162,19 +178,26 @@ def ours_budget(f16_bytes, fr):
 
 def predict(res, manifest, device):
     """The planner's predictions for every budget and throttle of the runs: a priori (reuse at
-    its floor), for ours and llama.cpp on each GGUF, and for ours with the run's measured reuse."""
+    its floor) for ours at its budget and for llama.cpp on each GGUF at the limit, and for ours
+    with the run's measured reuse."""
     runs = res["runs"]
     ggufs = [ROOT / g for g in res["ggufs"].values()]
-    res["predictions"], res["predictions_measured_reuse"] = {}, {}
+    res["llama_cpp_token_overhead_s"] = llama_overhead_s(res, device)
+    res["predictions"], res["predictions_llama_cpp"], res["predictions_measured_reuse"] = {}, {}, {}
     for th in sorted({r["throttle_mib_per_s"] for r in runs}, key=lambda t: t or 0):
-        devf = throttled_device(device, th)
+        devf = derived_device(device, th, res["llama_cpp_token_overhead_s"])
         for fr in sorted({r["budget_fraction"] for r in runs}, key=lambda f: -(f or 9)):
-            b = ours_budget(res["f16_bytes"], fr)
-            res["predictions"][f"{fr}|{th}"] = plan_json(manifest, b, ggufs, devf)
+            key = f"{fr}|{th}"
+            p = plan_json(manifest, ours_budget(res["f16_bytes"], fr), [], devf)
+            res["predictions"][key] = p["ours"] if p else None
+            if ggufs:
+                limit = int(res["f16_bytes"] * fr) if fr else None
+                p = plan_json(manifest, limit, ggufs, devf)
+                res["predictions_llama_cpp"][key] = {Path(x["gguf"]).name: x["prediction"] for x in p["llama_cpp"]} if p else None
             reuse = [r["reuse_ratio"] for r in runs if r["system"] == "ours" and r["budget_fraction"] == fr and r["throttle_mib_per_s"] == th and r.get("reuse_ratio") is not None]
             if reuse:
-                p = plan_json(manifest, b, [], devf, statistics.median(reuse))
-                res["predictions_measured_reuse"][f"{fr}|{th}"] = p["ours"]["predicted_tok_per_s"] if p else None
+                p = plan_json(manifest, ours_budget(res["f16_bytes"], fr), [], devf, statistics.median(reuse))
+                res["predictions_measured_reuse"][key] = p["ours"]["predicted_tok_per_s"] if p else None
     res["device_file"] = os.path.relpath(device, ROOT)
 
 
@@ -363,14 +386,14 @@ def finish(res, out):
     pred = res.get("predictions", {})
     for r in runs:
         r["perplexity_ratio"], r["hellaswag_ratio"] = quality_of(res, r["system"], r["quant"], r["budget_fraction"])
-        p = pred.get(f"{r['budget_fraction']}|{r['throttle_mib_per_s']}")
-        if p and r["system"] == "ours":
-            r["predicted_tok_per_s"] = p["ours"]["predicted_tok_per_s"]
-        elif p:
-            gg = res["ggufs"].get(r["quant"])
-            r["predicted_tok_per_s"] = next((x["prediction"]["predicted_tok_per_s"] for x in p["llama_cpp"] if x["gguf"].endswith(Path(gg).name)), None) if gg else None
+        key = f"{r['budget_fraction']}|{r['throttle_mib_per_s']}"
+        if r["system"] == "ours":
+            p = pred.get(key)
+            r["predicted_tok_per_s"] = p["predicted_tok_per_s"] if p else None
         else:
-            r["predicted_tok_per_s"] = None
+            p = (res.get("predictions_llama_cpp") or {}).get(key) or {}
+            x = p.get(Path(res["ggufs"][r["quant"]]).name)
+            r["predicted_tok_per_s"] = x["predicted_tok_per_s"] if x else None
     settings = []
     for th in throttles:
         for fr in fractions:

@@ -56,10 +56,19 @@ pub struct DeviceFile {
     /// per token): compute time per layer is its resident bytes over this.
     pub decode_bytes_per_s: f64,
     pub reads: Vec<ReadRate>,
+    /// llama.cpp's fixed cost per decoded token beyond streaming its weights (thread wake-ups
+    /// and synchronisation, per op; optional, default 0): `make bench-frontier` calibrates it
+    /// from llama.cpp's unconfined runs (1 / tok/s - file bytes / decode_bytes_per_s).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub llama_cpp_token_overhead_s: f64,
     /// Measured compute of prepared models (optional; without it compute is bytes over
     /// decode_bytes_per_s).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<ModelCompute>,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl DeviceFile {
@@ -84,6 +93,9 @@ impl DeviceFile {
         }
         positive("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)?;
         positive("decode_bytes_per_s", self.decode_bytes_per_s)?;
+        if !(self.llama_cpp_token_overhead_s.is_finite() && self.llama_cpp_token_overhead_s >= 0.0) {
+            return Err(format!("llama_cpp_token_overhead_s is {}: expected a time >= 0", self.llama_cpp_token_overhead_s));
+        }
         if self.reads.is_empty() {
             return Err("no [[reads]] rows: the read rate at some block size and queue depth is needed".into());
         }
@@ -137,6 +149,7 @@ mod tests {
             threads: 2,
             memory_bandwidth_bytes_per_s: 1e10,
             decode_bytes_per_s: 5e9,
+            llama_cpp_token_overhead_s: 0.0,
             reads: vec![
                 ReadRate { block_bytes: 4096, queue_depth: 1, iops: 10_000.0 },
                 ReadRate { block_bytes: 131072, queue_depth: 1, iops: 2_000.0 },

@@ -161,8 +161,8 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     }
 }
 
-/// llama.cpp on a GGUF of `file_bytes` under a budget: bandwidth-bound when the file, the KV
-/// cache and the process fit; otherwise each token re-reads what the page cache cannot keep
+/// llama.cpp on a GGUF of `file_bytes` under a budget: bandwidth-bound (plus the device's
+/// per-token overhead for llama.cpp) when the file, the KV cache and the process fit; otherwise each token re-reads what the page cache cannot keep
 /// (the file less the room left, at the device's 128 KiB rate: mmap faults read ahead) and
 /// streams the rest from memory.
 #[derive(Debug, Clone, Serialize)]
@@ -179,7 +179,7 @@ pub const LLAMA_CPP_PROCESS_BYTES: u64 = 64 << 20;
 pub fn predict_llama_cpp(file_bytes: u64, kv_cache_bytes: u64, budget_bytes: Option<u64>, device: &DeviceFile) -> LlamaCppPrediction {
     let room = budget_bytes.map(|b| b.saturating_sub(kv_cache_bytes + LLAMA_CPP_PROCESS_BYTES));
     let reread = room.map_or(0, |r| file_bytes.saturating_sub(r));
-    let compute = file_bytes as f64 / device.decode_bytes_per_s;
+    let compute = file_bytes as f64 / device.decode_bytes_per_s + device.llama_cpp_token_overhead_s;
     let io = reread as f64 / 131072.0 * device.request_s(131072, 1);
     LlamaCppPrediction { file_bytes, fits: reread == 0, reread_bytes_per_token: reread, predicted_tok_per_s: 1.0 / (compute + io) }
 }

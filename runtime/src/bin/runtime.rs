@@ -1019,6 +1019,7 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         memory_bandwidth_bytes_per_s: bw.round(),
         decode_bytes_per_s: decode.round(),
         reads,
+        llama_cpp_token_overhead_s: 0.0,
         models,
     };
     d.save(out)?;
@@ -1094,15 +1095,54 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
         anyhow::bail!("{}: runtime plan needs a prepared model's manifest.toml", manifest.display());
     }
     let (device_path, dev) = load_device(device)?;
-    let (m, _, notes) = mode.mode(manifest, ctx)?;
-    let PreparedMode::Stream(settings) = m else {
-        anyhow::bail!("runtime plan predicts a streamed run: no --in-memory or --strategy dense");
+    let mf = formats::manifest::Manifest::load(manifest)?;
+    // llama.cpp's rate on each GGUF at the budget, whether or not ours fits it
+    let budget = match &mode.mem_budget {
+        Some(b) => Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?),
+        None => None,
+    };
+    let mut llama = Vec::new();
+    for g in ggufs {
+        let bytes = std::fs::metadata(g).map_err(|e| anyhow::anyhow!("{}: {e}", g.display()))?.len();
+        llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(bytes, runtime::stream::budget::kv_cache_bytes(&mf.model, ctx), budget, &dev)));
+    }
+    let llama_json = || llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let print_llama = || {
+        for (g, l) in &llama {
+            println!(
+                "llama.cpp on {g} ({:.0} MiB): {} -> predicted {:.2} tok/s",
+                mib(l.file_bytes),
+                if l.fits { "fits".to_string() } else { format!("re-reads {:.0} MiB per token", mib(l.reread_bytes_per_token)) },
+                l.predicted_tok_per_s
+            );
+        }
+    };
+    let opened = mode.mode(manifest, ctx).and_then(|(m, _, notes)| {
+        let PreparedMode::Stream(settings) = m else {
+            anyhow::bail!("runtime plan predicts a streamed run: no --in-memory or --strategy dense");
+        };
+        let engine = runtime::stream::StreamingEngine::new(manifest, &mf, &settings)?;
+        Ok((settings, notes, engine))
+    });
+    let (settings, notes, engine) = match opened {
+        Ok(o) => o,
+        // below our minimum, llama.cpp's predictions are still the answer asked for
+        Err(e) if !llama.is_empty() && matches!(e.downcast_ref::<runtime::RuntimeError>(), Some(runtime::RuntimeError::BudgetTooSmall { .. })) => {
+            let why = formats::error::display_chain(e.as_ref());
+            if json {
+                println!("{}", serde_json::json!({"device": dev.name, "ours": null, "ours_refused": why, "llama_cpp": llama_json()}));
+            } else {
+                println!("device: {} ({})\nours: refused: {why}", dev.name, device_path.display());
+                print_llama();
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(e),
     };
     for n in &notes {
         eprintln!("note: {n}");
     }
-    let mf = formats::manifest::Manifest::load(manifest)?;
-    let engine = runtime::stream::StreamingEngine::new(manifest, &mf, &settings)?;
     let c = &mf.model;
     let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
     let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, rh.embed_bytes / c.vocab_size as u64, &dev, reuse);
@@ -1123,11 +1163,6 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     } else {
         Vec::new()
     };
-    let mut llama = Vec::new();
-    for g in ggufs {
-        let bytes = std::fs::metadata(g).map_err(|e| anyhow::anyhow!("{}: {e}", g.display()))?.len();
-        llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(bytes, engine.plan.kv_cache_bytes, engine.plan.budget_bytes, &dev)));
-    }
     if json {
         let cands: Vec<serde_json::Value> = candidates
             .iter()
@@ -1136,11 +1171,10 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
                 Err(why) => serde_json::json!({"strategy": name, "fits": false, "refused": why}),
             })
             .collect();
-        let v = serde_json::json!({"device": dev.name, "ours": p, "auto_candidates": cands, "llama_cpp": llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>()});
+        let v = serde_json::json!({"device": dev.name, "ours": p, "auto_candidates": cands, "llama_cpp": llama_json()});
         println!("{v}");
         return Ok(());
     }
-    let mib = |b: u64| b as f64 / 1048576.0;
     println!("device: {} ({})", dev.name, device_path.display());
     println!(
         "operating point: {} sets, layers {}.. sparse, sets of {:.2} ({:.0} rows), {:.0} slots per layer; plan {:.1} MiB of {} (minimum {:.1} MiB)",
@@ -1177,14 +1211,7 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
             Err(why) => println!("auto candidate {name}: {why}"),
         }
     }
-    for (g, l) in &llama {
-        println!(
-            "llama.cpp on {g} ({:.0} MiB): {} -> predicted {:.2} tok/s",
-            mib(l.file_bytes),
-            if l.fits { "fits".to_string() } else { format!("re-reads {:.0} MiB per token", mib(l.reread_bytes_per_token)) },
-            l.predicted_tok_per_s
-        );
-    }
+    print_llama();
     Ok(())
 }
 
