@@ -396,11 +396,21 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     assert!(all["ours"]["predicted_tok_per_s"].as_f64() > ours["predicted_tok_per_s"].as_f64());
     let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", "1MiB", "--device", device.to_str().unwrap(), "--no-verify"]);
     assert!(!ok && err.contains("at least"), "{err}");
+    // below our minimum, llama.cpp's prediction is still answered, beside our refusal
+    let (ok, out, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", "1MiB", "--device", device.to_str().unwrap(), "--gguf", fixture_gguf().to_str().unwrap(), "--json", "--no-verify"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["ours"].is_null() && v["ours_refused"].as_str().unwrap().contains("at least"), "{v}");
+    let l = &v["llama_cpp"][0]["prediction"];
+    assert!(!l["fits"].as_bool().unwrap() && l["predicted_tok_per_s"].as_f64().unwrap() > 0.0, "{v}");
     let dir = scratch("plan-device");
     let bad = dir.join("device.toml");
     std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "threads = 0\n# was ", 1)).unwrap();
     let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", bad.to_str().unwrap(), "--no-verify"]);
     assert!(!ok && err.contains("device.toml") && err.contains("threads"), "{err}");
+    std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "llama_cpp_token_overhead_s = -0.01\nthreads = ", 1)).unwrap();
+    let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", bad.to_str().unwrap(), "--no-verify"]);
+    assert!(!ok && err.contains("device.toml") && err.contains("llama_cpp_token_overhead_s"), "{err}");
 }
 
 /// Every device file shipped in devices/ loads and passes its checks.
