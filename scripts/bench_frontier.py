@@ -475,8 +475,7 @@ def goals(res, settings):
     }
 
 
-def tps(v):
-    return "" if v is None else f"{v:.2f}" if v >= 0.1 else f"{v:.3g}"
+tps = edge.tps  # tok/s with 3 significant digits below 0.1
 
 
 def markdown(res, settings):

@@ -1145,9 +1145,9 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     }
     let c = &mf.model;
     let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
-    let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, rh.embed_bytes / c.vocab_size as u64, &dev, reuse);
-    // --strategy auto: every candidate at this budget, with its predicted rate
     let embed_row_bytes = rh.embed_bytes / c.vocab_size as u64;
+    let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, reuse);
+    // --strategy auto: every candidate at this budget, with its predicted rate
     let candidates: Vec<(String, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
         runtime::stream::auto::candidates(manifest, &mf, &settings)?
             .into_iter()
