@@ -238,6 +238,90 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     }
     per_layer_predictor_files_refused(native_out);
     auto_sizes_as_the_selectors_and_runs_the_best_that_fits(native_out);
+    down_rows_in_fewer_bits(&dir.join("native"), native_out);
+}
+
+/// `[pack] down = "Q5_0"`: the records' down rows in 5 bits (512-byte down sections on the
+/// fixture, against Q8_0's 1,024). Re-preparing reruns pack, not the capture; the scorer holding every row
+/// stays close to dense, its minimum budget falls, and the streamed run equals the in-memory one.
+/// A type that does not divide d_model, or no type at all, is refused before any stage runs.
+fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Path) {
+    use runtime::stream::{DensePrefix, SelectorChoice, StreamSettings};
+    use runtime::{InMemorySettings, PreparedMode};
+    let dir = native_dir.with_file_name("native-q5_0");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("artifacts");
+    assert!(std::process::Command::new("cp").args(["-a", q8_out.to_str().unwrap(), out.to_str().unwrap()]).status().unwrap().success());
+    let recipe = std::fs::read_to_string(native_dir.join("recipe.toml")).unwrap().replace(q8_out.to_str().unwrap(), out.to_str().unwrap());
+    let write = |name: &str, down: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, recipe.replace("[pack]\n", &format!("[pack]\ndown = \"{down}\"\n"))).unwrap();
+        p
+    };
+    for (down, want) in [("Q4_K", vec!["pack.down = \"Q4_K\"", "d_model 576 is not whole Q4_K blocks"]), ("Q7_0", vec!["pack.down", "'Q7_0'", "Q8_0, Q5_0, Q4_1, Q4_K"])] {
+        let o = run_bin("prep", &["prepare", write(&format!("{down}.toml"), down).to_str().unwrap(), "--json"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && want.iter().all(|w| err.contains(w)) && !err.contains("prepare: pack"), "down = {down}: {err}");
+    }
+    let o = run_bin("prep", &["prepare", write("recipe.toml", "Q5_0").to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ran: Vec<&str> = report["stages"].as_array().unwrap().iter().filter(|s| s["skipped"] == false).map(|s| s["stage"].as_str().unwrap()).collect();
+    // (cluster and train key on their inputs' absolute paths under the copied folder, so
+    // they rerun here; the capture, the layers and the scorer do not)
+    assert!(ran.contains(&"pack") && !ran.iter().any(|s| ["capture", "importance", "layers", "scorer"].contains(s)), "{report}");
+    let m = formats::manifest::Manifest::load(&out.join("manifest.toml")).unwrap();
+    let shape = m.records.shape(576).unwrap().unwrap();
+    assert_eq!((shape.down, shape.down_section_bytes(), m.records.down_type.as_deref()), (GgmlType::Q5_0, 512, Some("Q5_0")));
+    // the down row is W_down's column in Q5_0: within one Q5_0 step of the Q8_0 record's
+    let open_rf = |o: &std::path::Path, m: &formats::manifest::Manifest| formats::records::RecordFile::open_v(&o.join("records.bin"), 576, 20, 30, 1536, m.records.shape(576).unwrap()).unwrap();
+    let q8m = formats::manifest::Manifest::load(&q8_out.join("manifest.toml")).unwrap();
+    let (r5, r8) = (open_rf(&out, &m).read_blocks(25, 700).unwrap(), open_rf(q8_out, &q8m).read_blocks(25, 700).unwrap());
+    let (mut c5, mut c8) = (vec![0f32; 576], vec![0f32; 576]);
+    formats::ggml_quants::dequantize(GgmlType::Q5_0, &r5.down, &mut c5);
+    formats::ggml_quants::dequantize(GgmlType::Q8_0, &r8.down, &mut c8);
+    for (a, b) in c5.chunks(32).zip(c8.chunks(32)) {
+        let step = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 16.0;
+        assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 0.6 * step + 1e-6), "{a:?} vs {b:?}");
+    }
+    assert_eq!(r5.gate, r8.gate, "gate rows are the GGUF's blocks either way");
+    let manifest = out.join("manifest.toml");
+    let logits_of = |mode: &PreparedMode| {
+        let mut o = runtime::open(&manifest, mode).unwrap();
+        let ids = o.tokenizer.encode("The capital of France is", true).unwrap();
+        let mut cache = o.model.new_cache(128).unwrap();
+        o.runner().forward(&ids, &mut cache, 0).unwrap()
+    };
+    let all = InMemorySettings { selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, dense_prefix: DensePrefix::Layer(20), set_scale: 1.0, slot_share: Some(1.0), single_token: false, ..Default::default() };
+    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head_q8: false }));
+    let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
+    eprintln!("Q5_0 down rows, scorer holding every row vs dense: relative L2 {rel}");
+    assert!(rel < 0.05, "relative L2 {rel}");
+    // a lower minimum, and streamed = in-memory at it
+    let (min5, min8) = (minimum_budget(&manifest, &["--strategy", "scorer"]), minimum_budget(&q8_out.join("manifest.toml"), &["--strategy", "scorer"]));
+    eprintln!("scorer minimum: Q5_0 down {min5}, Q8_0 down {min8}");
+    assert!(min5 < min8, "{min5} vs {min8}");
+    let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
+    let mut s = runtime::open(&manifest, &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: Some(min5 + (256 << 10)), ..Default::default() })).unwrap();
+    let (slots, first) = {
+        let e = s.engine().unwrap();
+        (e.plan.capacity[0], e.dense_prefix)
+    };
+    let mem_settings = InMemorySettings { selector, dense_prefix: DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, ..Default::default() };
+    let mut mem = runtime::open(&manifest, &PreparedMode::InMemory(mem_settings)).unwrap();
+    let (want, got) = (logits_of_opened(&mut mem), logits_of_opened(&mut s));
+    let diff = max_abs_diff(&want, &got);
+    assert!(s.engine().unwrap().stats.rows_loaded > 0 && diff < 2e-3, "streamed scorer over Q5_0 down rows differs from in-memory by {diff}");
+    for selector in [SelectorChoice::Layers, SelectorChoice::Gate] {
+        streamed_whole_records_equal_in_memory(&out, selector);
+    }
+}
+
+fn logits_of_opened(o: &mut runtime::Opened) -> Vec<f32> {
+    let ids = o.tokenizer.encode("The capital of France is", true).unwrap();
+    let mut cache = o.model.new_cache(128).unwrap();
+    o.runner().forward(&ids, &mut cache, 0).unwrap()
 }
 
 /// `--strategy auto` sizes every candidate from its files' headers exactly as the loaded

@@ -200,6 +200,63 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// `x` (a multiple of 32 values) as Q4_1 blocks, llama.cpp's quantize_row_q4_1_ref: per block
+/// d = (max - min) / 15 and m = min (both f16), q = min(15, trunc((x - min) / d + 0.5)).
+pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(32));
+    let mut out = Vec::with_capacity(x.len() / 32 * 20);
+    for b in x.chunks_exact(32) {
+        let (min, max) = b.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+        let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
+        out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
+    }
+    out
+}
+
+/// `x` (a multiple of 32 values) as Q5_0 blocks, llama.cpp's quantize_row_q5_0_ref: per block
+/// the value of largest magnitude `max`, d = max / -16 (f16), q = min(31, trunc(x / d + 16.5)),
+/// the fifth bits in `qh`.
+pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(32));
+    let mut out = Vec::with_capacity(x.len() / 32 * 22);
+    for b in x.chunks_exact(32) {
+        let max = b.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = |v: f32| ((v * id + 16.5) as i32).clamp(0, 31) as u32;
+        let (mut qh, mut qs) = (0u32, [0u8; 16]);
+        for j in 0..16 {
+            let (x0, x1) = (q(b[j]), q(b[j + 16]));
+            qs[j] = ((x0 & 0x0F) | ((x1 & 0x0F) << 4)) as u8;
+            qh |= ((x0 & 0x10) >> 4) << j;
+            qh |= ((x1 & 0x10) >> 4) << (j + 16);
+        }
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&qh.to_le_bytes());
+        out.extend_from_slice(&qs);
+    }
+    out
+}
+
+/// The types [`quantize`] writes (llama.cpp's reference quantizers, no importance matrix).
+pub const QUANTIZABLE: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4K];
+
+/// `x` as blocks of `t` (one of [`QUANTIZABLE`]); None for another type. `x.len()` must be a
+/// multiple of the type's block (the callers check, naming the tensor).
+pub fn quantize(t: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
+    Some(match t {
+        GgmlType::Q8_0 => quantize_q8_0(x),
+        GgmlType::Q5_0 => quantize_q5_0(x),
+        GgmlType::Q4_1 => quantize_q4_1(x),
+        GgmlType::Q4K => quantize_q4_k(x),
+        _ => return None,
+    })
+}
+
 /// llama.cpp's `nearest_int`: round half to even.
 fn nearest_int(v: f32) -> i32 {
     v.round_ties_even() as i32
@@ -337,14 +394,10 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// Dequantizes `bytes` (a whole number of blocks of type `t`) into `out`.
-/// Panics if the sizes disagree or the type is unsupported: callers validate first
-/// (`GgufFile::open` checks sizes, `GgufFile::dequantize_f32` checks support).
-pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    let be = t.block_elements();
-    let bb = t.block_bytes();
-    assert_eq!(bytes.len() / bb * be, out.len(), "dequantize: byte and element counts disagree");
-    let f: fn(&[u8], &mut [f32]) = match t {
+/// The function that dequantizes one block of `t` (`t.block_bytes()` in, `t.block_elements()`
+/// out); None for a type this crate does not compute.
+pub fn block_dequantizer(t: GgmlType) -> Option<fn(&[u8], &mut [f32])> {
+    Some(match t {
         GgmlType::F32 => |b, o| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, o| o[0] = f16_at(b, 0),
         GgmlType::BF16 => |b, o| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
@@ -355,8 +408,18 @@ pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4K => dequant_block_q4_k,
         GgmlType::Q5K => dequant_block_q5_k,
         GgmlType::Q6K => dequant_block_q6_k,
-        other => panic!("dequantize: {other:?} is not supported"),
-    };
+        _ => return None,
+    })
+}
+
+/// Dequantizes `bytes` (a whole number of blocks of type `t`) into `out`.
+/// Panics if the sizes disagree or the type is unsupported: callers validate first
+/// (`GgufFile::open` checks sizes, `GgufFile::dequantize_f32` checks support).
+pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let be = t.block_elements();
+    let bb = t.block_bytes();
+    assert_eq!(bytes.len() / bb * be, out.len(), "dequantize: byte and element counts disagree");
+    let f = block_dequantizer(t).unwrap_or_else(|| panic!("dequantize: {t:?} is not supported"));
     for (b, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
         f(b, o);
     }
@@ -650,5 +713,28 @@ mod tests {
             assert!(b.iter().zip(c).all(|(p, q)| (p - q).abs() <= range / 15.0), "{b:?} vs {c:?}");
         }
         assert!(quantize_q4_k(&[0.0; 256]).iter().skip(4).all(|&b| b == 0));
+    }
+
+    /// Q4_1 and Q5_0 round-trip within one step of their grids, and `quantize` dispatches every
+    /// type it names.
+    #[test]
+    fn q4_1_and_q5_0_quantizers_round_trip() {
+        let x: Vec<f32> = (0..256).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 37 == 0 { 5.0 } else { 1.0 }).collect();
+        let mut back = vec![0f32; 256];
+        dequantize(GgmlType::Q4_1, &quantize_q4_1(&x), &mut back);
+        for (b, c) in back.chunks(32).zip(x.chunks(32)) {
+            let range = c.iter().fold(f32::MIN, |m, v| m.max(*v)) - c.iter().fold(f32::MAX, |m, v| m.min(*v));
+            assert!(b.iter().zip(c).all(|(p, q)| (p - q).abs() <= 0.51 * range / 15.0 + 1e-3), "{b:?} vs {c:?}");
+        }
+        dequantize(GgmlType::Q5_0, &quantize_q5_0(&x), &mut back);
+        for (b, c) in back.chunks(32).zip(x.chunks(32)) {
+            let step = c.iter().fold(0f32, |m, v| m.max(v.abs())) / 16.0;
+            assert!(b.iter().zip(c).all(|(p, q)| (p - q).abs() <= 0.51 * step + 1e-3), "{b:?} vs {c:?}");
+        }
+        for t in QUANTIZABLE {
+            let q = quantize(t, &x).unwrap();
+            assert_eq!(q.len(), 256 / t.block_elements() * t.block_bytes(), "{}", t.name());
+        }
+        assert!(quantize(GgmlType::Q6K, &x).is_none());
     }
 }

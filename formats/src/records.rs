@@ -20,7 +20,8 @@
 //!
 //! Version 2 (a preparation that ships a GGUF's own blocks): the gate and up rows in the
 //! model's block type, byte-equal to its rows (a GGUF gate/up row is one neuron's blocks), and
-//! the W_down column requantized along d_model to Q8_0. The down row comes first, in a section of
+//! the W_down column requantized along d_model (Q8_0 by default; `[pack] down` picks Q5_0, Q4_1
+//! or Q4_K, the header names it). The down row comes first, in a section of
 //! its own that checks itself, so the scorer reads it alone with one 512-aligned O_DIRECT read:
 //!
 //! ```text
@@ -32,14 +33,15 @@
 //!     20           4  gate/up GGML type id (u32)
 //!     24           4  d_model (u32)
 //!     28           4  CRC32C of the gate and up rows (u32)
-//!     32           4  down GGML type id (u32, 8 = Q8_0)
+//!     32           4  down GGML type id (u32: 8 = Q8_0, 6 = Q5_0, 3 = Q4_1, 12 = Q4_K)
 //!     36         476  zero
 //!    512          16  down section: layer (u32), neuron (u32), CRC32C of the down row (u32), zero
-//!    528           -  down row: W_down[:, neuron] as Q8_0 blocks, zero padding to a multiple of 512
+//!    528           -  down row: W_down[:, neuron] as blocks of the down type, zero padding to a multiple of 512
 //!      G           -  gate row, up row (blocks), zero padding to a multiple of 512
 //! ```
-//! Qwen2.5-1.5B (d 1536, Q4_K): 512 + 2,048 + 2,048 = 4,608 bytes (v1: 9,728); Mistral-7B
-//! (d 4096, Q4_K): 512 + 4,608 + 4,608 = 9,728 (v1: 25,088).
+//! Qwen2.5-1.5B (d 1536, Q4_K): 512 + 2,048 + 2,048 = 4,608 bytes (v1: 9,728), with Q4_K down
+//! rows 512 + 1,024 + 2,048 = 3,584; Mistral-7B (d 4096, Q4_K): 512 + 4,608 + 4,608 = 9,728
+//! (v1: 25,088), with Q4_K down rows 512 + 2,560 + 4,608 = 7,680.
 
 use crate::error::{FormatError, Result};
 use crate::ggml_quants::GgmlType;
@@ -277,6 +279,13 @@ mod tests {
         assert_eq!(shape.record_bytes(), 4608);
         assert_eq!(RecordShape { d_model: 4096, ..shape }.record_bytes(), 9728);
         assert_eq!(RecordShape { d_model: 576, gate_up: GgmlType::Q4_1, down: GgmlType::Q8_0 }.record_bytes(), 2560);
+        // fewer-bit down rows: one 512-byte sector less per down section where it pays
+        let q4k = RecordShape { down: GgmlType::Q4K, ..shape };
+        assert_eq!((q4k.down_section_bytes(), q4k.record_bytes()), (1024, 3584));
+        assert_eq!(RecordShape { d_model: 4096, ..q4k }.record_bytes(), 7680);
+        let smol = RecordShape { d_model: 576, gate_up: GgmlType::Q4_1, down: GgmlType::Q5_0 };
+        assert_eq!((smol.down_section_bytes(), smol.record_bytes()), (512, 2048));
+        assert!(RecordShape { down: GgmlType::Q4K, ..smol }.check().unwrap_err().contains("576 is not whole Q4_K blocks"));
         let (gb, db) = (shape.gate_up_row_bytes(), shape.down_row_bytes());
         let gate: Vec<u8> = (0..gb).map(|i| i as u8).collect();
         let up: Vec<u8> = (0..gb).map(|i| (i * 7) as u8).collect();

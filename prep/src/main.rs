@@ -176,6 +176,10 @@ enum Command {
         /// Layers 0..D stay dense and resident; D..n_layers go to records.bin.
         #[arg(long)]
         dense_prefix: usize,
+        /// Version-2 records (a model of GGML blocks): the type W_down's columns are
+        /// requantized to along d_model (Q8_0, Q5_0, Q4_1, Q4_K).
+        #[arg(long, default_value = "Q8_0")]
+        down: String,
         #[arg(long)]
         out: PathBuf,
         #[arg(long)]
@@ -428,9 +432,9 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Pack { model, dense_prefix, out, json } => {
+        Command::Pack { model, dense_prefix, down, out, json } => {
             let t0 = std::time::Instant::now();
-            let s = pack::pack(&model, dense_prefix, &out, !json)?;
+            let s = pack::pack(&model, dense_prefix, pack::down_type(&down)?, &out, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {

@@ -70,16 +70,16 @@ impl Tensors {
         Ok((RawTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: f.bytes(e).to_vec() }, e.ggml))
     }
 
-    /// The records layer `layer` packs into: version 2 (its gate/up blocks, down in Q8_0) when
-    /// its gate and up are GGML blocks of one type, else version 1 (f16).
-    fn record_shape(&self, model: &Path, d_model: usize, layer: usize) -> Result<Option<RecordShape>> {
+    /// The records layer `layer` packs into: version 2 (its gate/up blocks, down requantized
+    /// to `down`) when its gate and up are GGML blocks of one type, else version 1 (f16).
+    fn record_shape(&self, model: &Path, d_model: usize, layer: usize, down: GgmlType) -> Result<Option<RecordShape>> {
         let n = model_dir::layer_tensor_names(layer);
         let (gate, up) = (self.entry(&n.gate_proj)?.1.ggml, self.entry(&n.up_proj)?.1.ggml);
         match (gate, up) {
             (None, _) => Ok(None),
             (Some(g), Some(u)) if g == u => {
-                let shape = RecordShape { d_model, gate_up: g, down: GgmlType::Q8_0 };
-                shape.check().map_err(|e| anyhow::anyhow!("{}: records v2: {e}", model.display()))?;
+                let shape = RecordShape { d_model, gate_up: g, down };
+                shape.check().map_err(|e| anyhow::anyhow!("{}: records v2 with {} down rows: {e}", model.display(), down.name()))?;
                 Ok(Some(shape))
             }
             (g, u) => bail!("{}: layer {layer}'s gate ({}) and up ({}) differ in type: version-2 records hold one type", model.display(), g.map_or("f16", |t| t.name()), u.map_or("f16", |t| t.name())),
@@ -88,11 +88,19 @@ impl Tensors {
 }
 
 /// The records a model directory packs into, judged by layer `layer` (see `Tensors::record_shape`).
-pub fn record_shape_of(model: &Path, layer: usize) -> Result<Option<RecordShape>> {
-    Tensors::open(model)?.record_shape(model, ModelConfig::load(model)?.hidden_size, layer)
+pub fn record_shape_of(model: &Path, layer: usize, down: GgmlType) -> Result<Option<RecordShape>> {
+    Tensors::open(model)?.record_shape(model, ModelConfig::load(model)?.hidden_size, layer, down)
 }
 
-pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<PackSummary> {
+/// The down-row type named `name` (`[pack] down`, `prep pack --down`): one that
+/// `ggml_quants::quantize` writes.
+pub fn down_type(name: &str) -> Result<GgmlType> {
+    let names: Vec<&str> = ggml_quants::QUANTIZABLE.iter().map(|t| t.name()).collect();
+    ggml_quants::GgmlType::from_name(name).filter(|t| ggml_quants::QUANTIZABLE.contains(t)).with_context(|| format!("down rows of type '{name}': records hold {}", names.join(", ")))
+}
+
+/// `down`: the type version-2 records requantize W_down's columns to (ignored for f16 records).
+pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_progress: bool) -> Result<PackSummary> {
     let cfg = ModelConfig::load(model)?;
     let (n_layers, d, ff) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size);
     if dense_prefix > n_layers {
@@ -102,7 +110,7 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
 
     // records.bin
-    let shapes: Vec<Option<RecordShape>> = (dense_prefix..n_layers).map(|l| t.record_shape(model, d, l)).collect::<Result<_>>()?;
+    let shapes: Vec<Option<RecordShape>> = (dense_prefix..n_layers).map(|l| t.record_shape(model, d, l, down)).collect::<Result<_>>()?;
     let shape = shapes.first().copied().flatten();
     if shapes.iter().any(|s| *s != shape) {
         bail!("{}: the sparse layers' gate/up types differ from layer to layer: version-2 records hold one type", model.display());
@@ -129,15 +137,15 @@ pub fn pack(model: &Path, dense_prefix: usize, out: &Path, show_progress: bool) 
                 }
                 Some(sh) => {
                     // gate/up: row `neuron` is that neuron's blocks, copied; down: its column,
-                    // exact from the blocks, requantized to Q8_0 along d_model
+                    // exact from the blocks, requantized to `down` along d_model
                     let (gate, _) = t.raw(&n.gate_proj)?; // [ff, row_bytes]
                     let (up, _) = t.raw(&n.up_proj)?;
                     let down = t.f32(&n.down_proj)?; // [d, ff]
                     let gb = sh.gate_up_row_bytes();
                     layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
                         let col: Vec<f32> = (0..d).map(|i| down[i * ff + neuron]).collect();
-                        let down_q8 = ggml_quants::quantize_q8_0(&col);
-                        encode_record_v2(&sh, layer as u32, neuron as u32, &gate.bytes[neuron * gb..(neuron + 1) * gb], &up.bytes[neuron * gb..(neuron + 1) * gb], &down_q8, rec);
+                        let down_blocks = ggml_quants::quantize(sh.down, &col).expect("down_type admits only quantizable types");
+                        encode_record_v2(&sh, layer as u32, neuron as u32, &gate.bytes[neuron * gb..(neuron + 1) * gb], &up.bytes[neuron * gb..(neuron + 1) * gb], &down_blocks, rec);
                     });
                 }
             }

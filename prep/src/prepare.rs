@@ -89,6 +89,10 @@ pub struct PackRecipe {
     /// calibration stages read the f16 model either way).
     #[serde(default)]
     pub weights: Weights,
+    /// Version-2 records: the type of the W_down columns, requantized along d_model: "Q8_0"
+    /// (the default), "Q5_0", "Q4_1" or "Q4_K" (d_model a multiple of 256).
+    #[serde(default)]
+    pub down: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,6 +200,8 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     }
     let cfg = ModelConfig::load(&model_dir)?;
     let n_layers = cfg.num_hidden_layers;
+    // checked before any stage runs: a typo must not cost the capture first
+    let down = pack::down_type(r.pack.down.as_deref().unwrap_or("Q8_0")).with_context(|| format!("{}: pack.down", recipe_path.display()))?;
     let d = r.pack.dense_prefix;
     if d > n_layers {
         bail!("{}: pack.dense_prefix {d} exceeds the model's {n_layers} layers", recipe_path.display());
@@ -204,6 +210,13 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         if l < d || l > n_layers {
             bail!("{}: pack.default_dense_from {l} is outside dense_prefix..=n_layers ({d}..={n_layers})", recipe_path.display());
         }
+    }
+    if r.pack.weights == Weights::Native {
+        // the sparse layers' record shape (gate/up type, down type and d_model agree), before
+        // any stage runs
+        pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down).with_context(|| format!("{}: pack.down = \"{}\"", recipe_path.display(), down.name()))?;
+    } else if r.pack.down.is_some() {
+        bail!("{}: pack.down applies to version-2 records (pack.weights = \"native\"); f16 records hold f16 down rows", recipe_path.display());
     }
     let model_fp = file_fingerprint(&model_files)?;
 
@@ -276,8 +289,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let mut key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
     if weights_dir != model_dir {
         key["records_version"] = serde_json::json!(2);
+        if down != formats::ggml_quants::GgmlType::Q8_0 {
+            key["down"] = serde_json::json!(down.name());
+        }
     }
-    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, &out, show_progress).map(|_| ()))?;
+    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, down, &out, show_progress).map(|_| ()))?;
 
     // scorer: the resident 4-bit gate/up rows of the sparse layers (`--strategy scorer`)
     // and the output head in Q8_0 (`-X head=q8`)
@@ -295,7 +311,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     })?;
 
     // manifest
-    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)))?;
+    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down)?;
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
     let mut k_max = vec![0usize; n_layers - d];
     for l in cl["layers"].as_array().context("cluster.json: no layers")? {

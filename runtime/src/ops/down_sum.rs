@@ -2,7 +2,8 @@
 //! row_i`, the one summation every sparse path uses (streamed predictor and scorer, and the
 //! in-memory scorer), so streamed and in-memory runs add the same terms in the same order.
 
-use crate::ops::simd::axpy_f16;
+use crate::ops::simd::{axpy, axpy_f16};
+use formats::ggml_quants::{self, GgmlType};
 use half::f16;
 use rayon::prelude::*;
 
@@ -17,10 +18,26 @@ pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: i
     chunked_sum(ids, |k, id, acc| axpy_f16(coef(k, id), row(id), acc), out)
 }
 
-/// [`down_sum`] over rows of Q8_0 blocks (version-2 records: 32 int8 and one f16 scale per
-/// block): each term is `c x d_block x q`, in the same chunk order.
-pub fn down_sum_q8_0<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
-    chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out)
+/// [`down_sum`] over rows of GGML blocks of type `ty` (version-2 records' down rows: Q8_0,
+/// Q5_0, Q4_1 or Q4_K), in the same chunk order.
+pub fn down_sum_blocks<'a>(ty: GgmlType, ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
+    if ty == GgmlType::Q8_0 {
+        return chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out);
+    }
+    let dequant = ggml_quants::block_dequantizer(ty).unwrap_or_else(|| panic!("down rows of {}: no dequantizer (the records' shape is checked at open)", ty.name()));
+    chunked_sum(ids, |k, id, acc| axpy_blocks(ty, dequant, coef(k, id), row(id), acc), out)
+}
+
+/// `y += a x row`, `row` blocks of `ty` holding `y.len()` values: each block dequantized on
+/// the stack, then one vector axpy.
+pub fn axpy_blocks(ty: GgmlType, dequant: fn(&[u8], &mut [f32]), a: f32, row: &[u8], y: &mut [f32]) {
+    let (be, bb) = (ty.block_elements(), ty.block_bytes());
+    debug_assert_eq!(row.len(), y.len() / be * bb);
+    let mut buf = [0f32; 256];
+    for (b, ys) in row.chunks_exact(bb).zip(y.chunks_exact_mut(be)) {
+        dequant(b, &mut buf[..be]);
+        axpy(a, &buf[..be], ys);
+    }
 }
 
 /// `y += a x row`, `row` Q8_0 blocks of `y.len()` values.
@@ -72,6 +89,33 @@ mod tests {
             for _ in 0..5 {
                 assert_eq!(sum(threads), one, "{threads} threads");
             }
+        }
+    }
+
+    /// Every down-row type sums to the dequantized rows' f32 sum (the same values, so only
+    /// the summation's rounding differs).
+    #[test]
+    fn block_rows_sum_as_their_dequantized_values() {
+        use formats::ggml_quants::{dequantize, quantize, GgmlType, QUANTIZABLE};
+        let d = 512;
+        let rows_f32: Vec<Vec<f32>> = (0..150).map(|j| (0..d).map(|i| (((i * 31 + j * 17) % 101) as f32 / 50.0 - 1.0) * (1.0 + (j % 7) as f32)).collect()).collect();
+        let ids: Vec<u32> = (0..150).rev().step_by(2).collect();
+        let coef = |i: usize, id: u32| ((i as f32) * 0.37 + id as f32 * 0.01).cos();
+        for ty in QUANTIZABLE {
+            let rows: Vec<Vec<u8>> = rows_f32.iter().map(|r| quantize(ty, r).unwrap()).collect();
+            let mut out = vec![0f32; d];
+            super::down_sum_blocks(ty, &ids, coef, |id| &rows[id as usize], &mut out);
+            let mut want = vec![0f64; d];
+            let mut deq = vec![0f32; d];
+            for (k, &id) in ids.iter().enumerate() {
+                dequantize(ty, &rows[id as usize], &mut deq);
+                want.iter_mut().zip(&deq).for_each(|(w, v)| *w += coef(k, id) as f64 * *v as f64);
+            }
+            let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            for (o, w) in out.iter().zip(&want) {
+                assert!((*o as f64 - w).abs() <= 1e-5 * scale, "{}: {o} vs {w}", ty.name());
+            }
+            assert_ne!(GgmlType::F16, ty);
         }
     }
 

@@ -3,7 +3,7 @@
 //! run's slots and an in-memory run's rows, so both add the same terms in the same order
 //! (`down_sum`'s chunk order).
 
-use crate::ops::down_sum::{down_sum, down_sum_q8_0};
+use crate::ops::down_sum::{down_sum, down_sum_blocks};
 use crate::ops::qmatmul::{activation_type, dot_row, QActivation};
 use crate::ops::simd::dot2_f16_f32;
 use crate::ops::swiglu::silu;
@@ -84,7 +84,7 @@ impl RecordRows {
         let coef = |k: usize, _| coefs[k];
         match *self {
             RecordRows::F16 { d_model: d } => down_sum(ids, coef, |id| &bytemuck::cast_slice::<u8, f16>(row(id))[2 * d..], out),
-            RecordRows::Blocks { shape } => down_sum_q8_0(ids, coef, |id| &row(id)[2 * shape.gate_up_row_bytes()..], out),
+            RecordRows::Blocks { shape } => down_sum_blocks(shape.down, ids, coef, |id| &row(id)[2 * shape.gate_up_row_bytes()..], out),
         }
     }
 }

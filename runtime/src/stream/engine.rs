@@ -12,10 +12,11 @@ use super::io::{IoThread, LayerReads, RowSpan};
 use super::reader::{ReaderOptions, RecordReader};
 use super::slots::{Load, SlotMap};
 use crate::error::{Result, RuntimeError};
-use crate::ops::down_sum::{down_sum, down_sum_q8_0};
+use crate::ops::down_sum::{down_sum, down_sum_blocks};
 use crate::ops::record_sum::RecordRows;
 use crate::predictor::{NeuronRank, SetRule};
 use crate::select::{predicted::PredictedSelector, scored::ScoredSelector, SetSelector, SlotRow};
+use formats::ggml_quants::GgmlType;
 use half::f16;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -227,8 +228,8 @@ pub struct StreamingEngine {
     record_sets: bool,
     /// The decode step's buffers, allocated once (`Model::decode_step`).
     pub(crate) scratch: Option<crate::model::DecodeState>,
-    /// Version-2 records: the slots' down rows are Q8_0 blocks.
-    q8_down: bool,
+    /// Version-2 records: the type of the slots' down rows (Q8_0, Q5_0, Q4_1, Q4_K); None: f16.
+    down_type: Option<GgmlType>,
     /// How a whole record's payload is laid out in a slot ([`SlotRow::GateUpDown`]).
     records: RecordRows,
 }
@@ -291,7 +292,7 @@ impl StreamingEngine {
         };
         Ok(StreamingEngine {
             read_span_bytes,
-            q8_down: shape.is_some(),
+            down_type: shape.map(|s| s.down),
             records: RecordRows::of(c.hidden_size, shape),
             plan,
             choice: settings.selector,
@@ -398,8 +399,8 @@ impl StreamingEngine {
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
         let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
-        let (q8, records) = (self.q8_down, self.records);
-        if let Some(c) = sum_slots(slots, slot_row, records, q8, d, xn, h, &held, out) {
+        let (down_type, records) = (self.down_type, self.records);
+        if let Some(c) = sum_slots(slots, slot_row, records, down_type, d, xn, h, &held, out) {
             let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
             self.selector.observe_coefficients(si, &neurons, &c);
         }
@@ -430,7 +431,7 @@ impl StreamingEngine {
             self.io.recycle(landed.rows);
             let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
             let mut part = vec![0f32; d];
-            if let Some(c) = sum_slots(slots, slot_row, records, q8, d, xn, h, &loaded, &mut part) {
+            if let Some(c) = sum_slots(slots, slot_row, records, down_type, d, xn, h, &loaded, &mut part) {
                 let neurons: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
                 self.selector.observe_coefficients(si, &neurons, &c);
             }
@@ -448,19 +449,20 @@ impl StreamingEngine {
 
 /// `out` = the sum over `slots` of each row's coefficient times its down row: from the slot's
 /// own gate and up rows ([`SlotRow::GateUpDown`], laid out as `records`) or the selector's `h`
-/// ([`SlotRow::Down`]; `q8_down`: Q8_0 down rows of version-2 records, else f16). Whole records
+/// ([`SlotRow::Down`]; `down_type`: the block type of version-2 records' down rows, else f16). Whole records
 /// also give each slot's exact coefficient (in `slots`' order).
 #[allow(clippy::too_many_arguments)]
-fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, q8_down: bool, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) -> Option<Vec<f32>> {
+fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, down_type: Option<GgmlType>, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) -> Option<Vec<f32>> {
     let neuron_of = &layer.map.neuron_of;
     match slot_row {
         SlotRow::GateUpDown => {
             let (bytes, rb) = (layer.buf.as_slice(), records.row_bytes());
             return Some(records.sum(slots, |s| &bytes[s as usize * rb..(s as usize + 1) * rb], xn, out));
         }
-        SlotRow::Down if q8_down => {
-            let (bytes, rb) = (layer.buf.as_slice(), d / 32 * 34);
-            down_sum_q8_0(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
+        SlotRow::Down if down_type.is_some() => {
+            let ty = down_type.expect("matched");
+            let (bytes, rb) = (layer.buf.as_slice(), d / ty.block_elements() * ty.block_bytes());
+            down_sum_blocks(ty, slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
         }
         SlotRow::Down => {
             let rows = layer.rows();
