@@ -20,7 +20,7 @@
 //!
 //! Version 2 (a preparation that ships a GGUF's own blocks): the gate and up rows in the
 //! model's block type, byte-equal to its rows (a GGUF gate/up row is one neuron's blocks), and
-//! the W_down column requantized along d_model (Q8_0 by default; `[pack] down` picks Q5_0, Q4_1
+//! the W_down column requantized along d_model (Q8_0 by default; `[pack] down` picks Q5_0
 //! or Q4_K, the header names it). The down row comes first, in a section of
 //! its own that checks itself, so the scorer reads it alone with one 512-aligned O_DIRECT read:
 //!
@@ -33,7 +33,7 @@
 //!     20           4  gate/up GGML type id (u32)
 //!     24           4  d_model (u32)
 //!     28           4  CRC32C of the gate and up rows (u32)
-//!     32           4  down GGML type id (u32: 8 = Q8_0, 6 = Q5_0, 3 = Q4_1, 12 = Q4_K)
+//!     32           4  down GGML type id (u32: 8 = Q8_0, 6 = Q5_0, 12 = Q4_K)
 //!     36         476  zero
 //!    512          16  down section: layer (u32), neuron (u32), CRC32C of the down row (u32), zero
 //!    528           -  down row: W_down[:, neuron] as blocks of the down type, zero padding to a multiple of 512

@@ -177,7 +177,7 @@ enum Command {
         #[arg(long)]
         dense_prefix: usize,
         /// Version-2 records (a model of GGML blocks): the type W_down's columns are
-        /// requantized to along d_model (Q8_0, Q5_0, Q4_1, Q4_K).
+        /// requantized to along d_model (Q8_0, Q5_0, Q4_K).
         #[arg(long, default_value = "Q8_0")]
         down: String,
         #[arg(long)]

@@ -90,7 +90,7 @@ pub struct PackRecipe {
     #[serde(default)]
     pub weights: Weights,
     /// Version-2 records: the type of the W_down columns, requantized along d_model: "Q8_0"
-    /// (the default), "Q5_0", "Q4_1" or "Q4_K" (d_model a multiple of 256).
+    /// (the default), "Q5_0" or "Q4_K" (d_model a multiple of 256).
     #[serde(default)]
     pub down: Option<String>,
 }
@@ -147,7 +147,13 @@ impl Stage<'_> {
     /// Runs `f` unless the stamp of `name` matches `key` and every output exists.
     fn run(&mut self, name: &str, key: &serde_json::Value, outputs: &[PathBuf], f: impl FnOnce() -> Result<()>) -> Result<()> {
         let stamp = self.out.join(format!(".stamp-{name}.json"));
-        let fresh = std::fs::read_to_string(&stamp).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()).as_ref() == Some(key)
+        // paths inside the output folder are kept relative to it ("<out>/..."), so a copied
+        // folder (another recipe's starting point) stays up to date where its inputs are
+        let out_prefix = format!("{}/", self.out.display());
+        let relative = |t: &str| t.replace(&out_prefix, "<out>/");
+        let key_text = relative(&key.to_string());
+        let parsed = |t: &str| serde_json::from_str::<serde_json::Value>(t).ok();
+        let fresh = std::fs::read_to_string(&stamp).ok().and_then(|t| parsed(&relative(&t))).is_some_and(|v| Some(v) == parsed(&key_text))
             && outputs.iter().all(|o| o.exists());
         let t0 = std::time::Instant::now();
         if fresh {
@@ -155,7 +161,7 @@ impl Stage<'_> {
         } else {
             let _ = std::fs::remove_file(&stamp);
             f().with_context(|| format!("stage {name}"))?;
-            formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&stamp), &stamp, key.to_string().as_bytes())?;
+            formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&stamp), &stamp, key_text.as_bytes())?;
             eprintln!("prepare: {name}: {:.1} s", t0.elapsed().as_secs_f64());
         }
         self.reports.push(StageReport { stage: name.to_string(), skipped: fresh, seconds: t0.elapsed().as_secs_f64() });

@@ -2,10 +2,12 @@
 //! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours where
 //! we have one (Q4_1, Q5_0: candle's x86 path is scalar). Prints GB/s of weights read and the
 //! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_K, Q6_K,
-//! Q4_0 and Q8_0, ours for Q4_1 and Q5_0 (`ops::qmatmul`).
+//! Q4_0 and Q8_0, ours for Q4_1 and Q5_0 (`ops::qmatmul`). Then the sparse MLP's down sum over
+//! one layer's rows for each records down type (`[pack] down`), against Q8_0's time.
 
 use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
-use runtime::ops::qdot;
+use formats::ggml_quants::{self, GgmlType};
+use runtime::ops::{down_sum, qdot};
 use std::time::Instant;
 
 const ROWS: usize = 8960;
@@ -85,7 +87,32 @@ fn main() {
     let (s, b, raw) = candle::<ck::BlockQ5_0>(&w, &x);
     let xa = qdot::quantize_q8_0(&x);
     report("Q5_0", (s, b), Some(ours(&raw, |row| qdot::dot_q5_0_q8_0(row, &xa))));
-    let out = serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows});
+    // the sparse MLP's down sum: ROWS down rows of COLS values (a Qwen2.5-1.5B layer's W_down
+    // columns), each scaled by its coefficient and added, per records' down type, against Q8_0
+    let coef: Vec<f32> = (0..ROWS).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();
+    let ids: Vec<u32> = (0..ROWS as u32).collect();
+    let mut down = Vec::new();
+    let mut q8_s = 0.0;
+    for ty in ggml_quants::QUANTIZABLE {
+        let blocks: Vec<u8> = w.chunks_exact(COLS).flat_map(|r| ggml_quants::quantize(ty, r).unwrap()).collect();
+        let rb = blocks.len() / ROWS;
+        let mut out = vec![0f32; COLS];
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let t = Instant::now();
+        pool.install(|| {
+            for _ in 0..REPS {
+                down_sum::down_sum_blocks(ty, &ids, |k, _| coef[k], |id| &blocks[id as usize * rb..(id as usize + 1) * rb], &mut out);
+            }
+        });
+        let sec = t.elapsed().as_secs_f64() / REPS as f64;
+        std::hint::black_box(&out);
+        if ty == GgmlType::Q8_0 {
+            q8_s = sec;
+        }
+        println!("down sum {}: {:.2} ms per {ROWS} rows ({:.1} GB/s of rows, {:.2}x Q8_0's time, {rb} bytes a row)", ty.name(), sec * 1e3, gbs(blocks.len(), sec), sec / q8_s);
+        down.push(serde_json::json!({"type": ty.name(), "ms": sec * 1e3, "row_bytes": rb, "time_vs_q8_0": sec / q8_s}));
+    }
+    let out = serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows, "down_sum": down});
     std::fs::create_dir_all("bench/results").ok();
     std::fs::write("bench/results/kernels.json", serde_json::to_string_pretty(&out).unwrap()).expect("write bench/results/kernels.json");
     println!("-> bench/results/kernels.json");

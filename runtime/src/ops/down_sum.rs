@@ -19,24 +19,61 @@ pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: i
 }
 
 /// [`down_sum`] over rows of GGML blocks of type `ty` (version-2 records' down rows: Q8_0,
-/// Q5_0, Q4_1 or Q4_K), in the same chunk order.
+/// Q5_0 or Q4_K; any other block type through its dequantizer), in the same chunk order.
 pub fn down_sum_blocks<'a>(ty: GgmlType, ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
-    if ty == GgmlType::Q8_0 {
-        return chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out);
+    // one monomorphized loop per type, so each block's dequantizer inlines
+    match ty {
+        GgmlType::Q8_0 => chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out),
+        GgmlType::Q4K => chunked_sum(ids, |k, id, acc| axpy_q4_k(coef(k, id), row(id), acc), out),
+        GgmlType::Q5_0 => chunked_sum(ids, |k, id, acc| axpy_blocks::<32, 22>(ggml_quants::dequant_block_q5_0, coef(k, id), row(id), acc), out),
+        other => {
+            let dequant = ggml_quants::block_dequantizer(other).unwrap_or_else(|| panic!("down rows of {}: no dequantizer (the records' shape is checked at open)", other.name()));
+            let (be, bb) = (other.block_elements(), other.block_bytes());
+            chunked_sum(
+                ids,
+                |k, id, acc| {
+                    let (a, mut buf) = (coef(k, id), [0f32; 256]);
+                    for (b, ys) in row(id).chunks_exact(bb).zip(acc.chunks_exact_mut(be)) {
+                        dequant(b, &mut buf[..be]);
+                        axpy(a, &buf[..be], ys);
+                    }
+                },
+                out,
+            )
+        }
     }
-    let dequant = ggml_quants::block_dequantizer(ty).unwrap_or_else(|| panic!("down rows of {}: no dequantizer (the records' shape is checked at open)", ty.name()));
-    chunked_sum(ids, |k, id, acc| axpy_blocks(ty, dequant, coef(k, id), row(id), acc), out)
 }
 
-/// `y += a x row`, `row` blocks of `ty` holding `y.len()` values: each block dequantized on
-/// the stack, then one vector axpy.
-pub fn axpy_blocks(ty: GgmlType, dequant: fn(&[u8], &mut [f32]), a: f32, row: &[u8], y: &mut [f32]) {
-    let (be, bb) = (ty.block_elements(), ty.block_bytes());
-    debug_assert_eq!(row.len(), y.len() / be * bb);
-    let mut buf = [0f32; 256];
-    for (b, ys) in row.chunks_exact(bb).zip(y.chunks_exact_mut(be)) {
-        dequant(b, &mut buf[..be]);
-        axpy(a, &buf[..be], ys);
+/// `y += a x row`, `row` blocks of `BE` values in `BB` bytes: each block dequantized on the
+/// stack by `dequant`, then one vector axpy.
+#[inline]
+pub fn axpy_blocks<const BE: usize, const BB: usize>(dequant: impl Fn(&[u8], &mut [f32]), a: f32, row: &[u8], y: &mut [f32]) {
+    debug_assert_eq!(row.len(), y.len() / BE * BB);
+    let mut buf = [0f32; BE];
+    for (b, ys) in row.chunks_exact(BB).zip(y.chunks_exact_mut(BE)) {
+        dequant(b, &mut buf);
+        axpy(a, &buf, ys);
+    }
+}
+
+/// `y += a x row`, `row` Q4_K blocks of `y.len()` values, fused: per 32-value group `y +=
+/// (a d sc) q - (a dmin m)` (llama.cpp's dequantization, times `a`).
+pub fn axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
+    debug_assert_eq!(row.len(), y.len() / 256 * 144);
+    for (b, ys) in row.chunks_exact(144).zip(y.chunks_exact_mut(256)) {
+        let d = a * f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let dmin = a * f16::from_le_bytes([b[2], b[3]]).to_f32();
+        let scales = &b[4..16];
+        for (chunk, (q, y64)) in b[16..144].chunks_exact(32).zip(ys.chunks_exact_mut(64)).enumerate() {
+            let (sc1, m1) = ggml_quants::scale_min_k4(2 * chunk, scales);
+            let (sc2, m2) = ggml_quants::scale_min_k4(2 * chunk + 1, scales);
+            let (d1, min1, d2, min2) = (d * sc1 as f32, dmin * m1 as f32, d * sc2 as f32, dmin * m2 as f32);
+            let (lo, hi) = y64.split_at_mut(32);
+            for ((yl, yh), &qb) in lo.iter_mut().zip(hi.iter_mut()).zip(q) {
+                *yl = d1.mul_add((qb & 0x0F) as f32, *yl - min1);
+                *yh = d2.mul_add((qb >> 4) as f32, *yh - min2);
+            }
+        }
     }
 }
 

@@ -228,7 +228,7 @@ pub struct StreamingEngine {
     record_sets: bool,
     /// The decode step's buffers, allocated once (`Model::decode_step`).
     pub(crate) scratch: Option<crate::model::DecodeState>,
-    /// Version-2 records: the type of the slots' down rows (Q8_0, Q5_0, Q4_1, Q4_K); None: f16.
+    /// Version-2 records: the type of the slots' down rows (Q8_0, Q5_0, Q4_K); None: f16.
     down_type: Option<GgmlType>,
     /// How a whole record's payload is laid out in a slot ([`SlotRow::GateUpDown`]).
     records: RecordRows,
