@@ -79,11 +79,8 @@ fn batched_prefill_equals_token_by_token_decode() {
     for &t in &ids {
         last = model.forward(&[t], &mut c2, 0).unwrap();
     }
-    // the two paths' keys and values differ in their last f32 bits; the f16 cache rounds
-    // most of that away but can turn it into one f16 step (2^-11 relative) of a key
     let max_diff = max_abs_diff(&batched, &last);
-    let scale = last.iter().fold(0f32, |m, v| m.max(v.abs()));
-    assert!(max_diff < 5e-4 * scale, "prefill vs decode logits differ by {max_diff} (largest |logit| {scale})");
+    assert!(max_diff < 1e-3, "prefill vs decode logits differ by {max_diff}");
 }
 
 #[test]

@@ -1,12 +1,9 @@
-//! Key/value cache: for every layer, keys and values of positions `0..len`, in f16 (llama.cpp's
-//! default cache type: half the memory of f32, which a memory budget counts).
+//! Key/value cache: for every layer, keys and values of positions `0..len`.
 
-use half::f16;
-
-/// `k[layer]`, `v[layer]`: `[max_seq, n_kv_heads * head_dim]` f16.
+/// `k[layer]`, `v[layer]`: `[max_seq, n_kv_heads * head_dim]` f32.
 pub struct KvCache {
-    pub k: Vec<Vec<f16>>,
-    pub v: Vec<Vec<f16>>,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
     pub kv_dim: usize,
     pub max_seq: usize,
     /// Positions filled so far.
@@ -16,8 +13,8 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(n_layers: usize, kv_dim: usize, max_seq: usize) -> Self {
         KvCache {
-            k: (0..n_layers).map(|_| vec![f16::ZERO; max_seq * kv_dim]).collect(),
-            v: (0..n_layers).map(|_| vec![f16::ZERO; max_seq * kv_dim]).collect(),
+            k: (0..n_layers).map(|_| vec![0f32; max_seq * kv_dim]).collect(),
+            v: (0..n_layers).map(|_| vec![0f32; max_seq * kv_dim]).collect(),
             kv_dim,
             max_seq,
             len: 0,
@@ -29,6 +26,6 @@ impl KvCache {
     }
 
     pub fn n_bytes(&self) -> usize {
-        2 * self.k.len() * self.max_seq * self.kv_dim * 2
+        2 * self.k.len() * self.max_seq * self.kv_dim * 4
     }
 }

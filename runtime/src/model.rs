@@ -514,8 +514,8 @@ impl Model {
             self.rope.apply(&mut s.q[t * q_dim..(t + 1) * q_dim], pos0 + t);
             self.rope.apply(&mut s.k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
         }
-        half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim], &s.k);
-        half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim], &s.v);
+        cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.k);
+        cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.v);
         attention(&s.q, &cache.k[l], &cache.v[l], pos0, &shape, &mut s.att);
         matmul(&s.att, n, &lw.wo, &mut s.proj);
         s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);

@@ -1,8 +1,7 @@
 //! Causal grouped-query attention over the KV cache.
 //!
 //! q: `[n_tokens, n_heads * head_dim]` (already rotated). The cache holds keys and values of
-//! positions `0..pos0 + n_tokens` for this layer: `[max_seq, n_kv_heads * head_dim]` each, in
-//! f16 (as llama.cpp's default cache); scores and sums are f32.
+//! positions `0..pos0 + n_tokens` for this layer: `[max_seq, n_kv_heads * head_dim]` each.
 //! out: `[n_tokens, n_heads * head_dim]` (n_tokens = q.len() / q_dim). Query head `h` reads kv
 //! head `h / (n_heads / n_kv_heads)`.
 //!
@@ -10,8 +9,6 @@
 //! load (4 dot products per key row) and every value row load.
 
 use crate::ops::{simd, softmax::softmax};
-use half::slice::HalfFloatSliceExt;
-use half::f16;
 use rayon::prelude::*;
 
 pub struct AttentionShape {
@@ -22,7 +19,7 @@ pub struct AttentionShape {
 
 const TOKENS_PER_TASK: usize = 4;
 
-pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &AttentionShape, out: &mut [f32]) {
+pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], pos0: usize, s: &AttentionShape, out: &mut [f32]) {
     let (hd, q_dim, kv_dim) = (s.head_dim, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     let n_tokens = q.len() / q_dim;
     let group = s.n_heads / s.n_kv_heads;
@@ -41,10 +38,9 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
             let n_keys = pos0 + t0 + nt; // keys visible to the last token of the block
             // scores: [TOKENS_PER_TASK, n_keys]
             let mut scores = vec![0f32; TOKENS_PER_TASK * n_keys];
-            let mut k = vec![0f32; hd];
             for p in 0..n_keys {
-                k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut k);
-                let d = simd::dot4_f32(&k, qs[0], qs[1], qs[2], qs[3]);
+                let k = &k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                let d = simd::dot4_f32(k, qs[0], qs[1], qs[2], qs[3]);
                 for (i, di) in d.iter().enumerate() {
                     scores[i * n_keys + p] = di * scale;
                 }
@@ -70,17 +66,16 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
 
 /// `out = sum_p w[p] * rows[p * stride + col .. + out.len()]`, in column blocks of 32 so the
 /// running sums stay in registers.
-fn weighted_sum_of_rows(w: &[f32], rows: &[f16], stride: usize, col: usize, out: &mut [f32]) {
+fn weighted_sum_of_rows(w: &[f32], rows: &[f32], stride: usize, col: usize, out: &mut [f32]) {
     const BLOCK: usize = 32;
     let width = out.len();
     let mut c = 0;
-    let mut r = [0f32; BLOCK];
     while c < width {
         let bw = BLOCK.min(width - c);
         let mut acc = [0f32; BLOCK];
         for (p, &wp) in w.iter().enumerate() {
-            rows[p * stride + col + c..p * stride + col + c + bw].convert_to_f32_slice(&mut r[..bw]);
-            for (a, &x) in acc[..bw].iter_mut().zip(&r[..bw]) {
+            let r = &rows[p * stride + col + c..p * stride + col + c + bw];
+            for (a, &x) in acc[..bw].iter_mut().zip(r) {
                 *a = wp.mul_add(x, *a);
             }
         }
@@ -123,12 +118,10 @@ mod tests {
         for (pos0, n) in [(0usize, 1usize), (0, 7), (5, 6), (9, 1)] {
             let total = pos0 + n;
             let q: Vec<f32> = (0..n * q_dim).map(|i| ((i * 37 % 23) as f32 - 11.0) / 10.0).collect();
-            // values exact in f16, so the naive f32 reference sees the same keys and values
-            let k: Vec<f32> = (0..total * kv_dim).map(|i| ((i * 13 % 19) as f32 - 9.0) / 8.0).collect();
-            let v: Vec<f32> = (0..total * kv_dim).map(|i| ((i * 7 % 17) as f32 - 8.0) / 8.0).collect();
-            let (k16, v16): (Vec<f16>, Vec<f16>) = (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
+            let k: Vec<f32> = (0..total * kv_dim).map(|i| ((i * 13 % 19) as f32 - 9.0) / 10.0).collect();
+            let v: Vec<f32> = (0..total * kv_dim).map(|i| ((i * 7 % 17) as f32 - 8.0) / 10.0).collect();
             let mut out = vec![0f32; n * q_dim];
-            attention(&q, &k16, &v16, pos0, &s, &mut out);
+            attention(&q, &k, &v, pos0, &s, &mut out);
             let want = naive(&q, &k, &v, pos0, &s);
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-4, "pos0={pos0} n={n}: {a} vs {b}");
