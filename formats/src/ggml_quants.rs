@@ -379,10 +379,14 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// The function that dequantizes one block of `t` (`t.block_bytes()` in, `t.block_elements()`
-/// out); None for a type this crate does not compute.
-pub fn block_dequantizer(t: GgmlType) -> Option<fn(&[u8], &mut [f32])> {
-    Some(match t {
+/// Dequantizes `bytes` (a whole number of blocks of type `t`) into `out`.
+/// Panics if the sizes disagree or the type is unsupported: callers validate first
+/// (`GgufFile::open` checks sizes, `GgufFile::dequantize_f32` checks support).
+pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let be = t.block_elements();
+    let bb = t.block_bytes();
+    assert_eq!(bytes.len() / bb * be, out.len(), "dequantize: byte and element counts disagree");
+    let f: fn(&[u8], &mut [f32]) = match t {
         GgmlType::F32 => |b, o| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, o| o[0] = f16_at(b, 0),
         GgmlType::BF16 => |b, o| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
@@ -393,24 +397,13 @@ pub fn block_dequantizer(t: GgmlType) -> Option<fn(&[u8], &mut [f32])> {
         GgmlType::Q4K => dequant_block_q4_k,
         GgmlType::Q5K => dequant_block_q5_k,
         GgmlType::Q6K => dequant_block_q6_k,
-        _ => return None,
-    })
-}
-
-/// Dequantizes `bytes` (a whole number of blocks of type `t`) into `out`.
-/// Panics if the sizes disagree or the type is unsupported: callers validate first
-/// (`GgufFile::open` checks sizes, `GgufFile::dequantize_f32` checks support).
-pub fn dequantize(t: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    let be = t.block_elements();
-    let bb = t.block_bytes();
-    assert_eq!(bytes.len() / bb * be, out.len(), "dequantize: byte and element counts disagree");
-    let f = block_dequantizer(t).unwrap_or_else(|| panic!("dequantize: {t:?} is not supported"));
+        other => panic!("dequantize: {other:?} is not supported"),
+    };
     for (b, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
         f(b, o);
     }
 }
 
-#[inline]
 pub fn dequant_block_q4_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let qs = &b[2..18];
@@ -420,7 +413,6 @@ pub fn dequant_block_q4_0(b: &[u8], out: &mut [f32]) {
     }
 }
 
-#[inline]
 pub fn dequant_block_q4_1(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let m = f16_at(b, 2);
@@ -431,6 +423,7 @@ pub fn dequant_block_q4_1(b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// (Inlined into the runtime's Q5_0 down sum.)
 #[inline]
 pub fn dequant_block_q5_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
@@ -446,7 +439,6 @@ pub fn dequant_block_q5_0(b: &[u8], out: &mut [f32]) {
     }
 }
 
-#[inline]
 pub fn dequant_block_q8_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     for j in 0..32 {
@@ -463,7 +455,6 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-#[inline]
 pub fn dequant_block_q4_k(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
@@ -483,7 +474,6 @@ pub fn dequant_block_q4_k(b: &[u8], out: &mut [f32]) {
 
 /// Q5_K: Q4_K's 8 (scale, min) pairs per 256, 4 low bits in qs (two 32-element groups per 32
 /// bytes, low then high nibbles) and the 5th bit of element l of group g in bit g of qh[l].
-#[inline]
 pub fn dequant_block_q5_k(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
@@ -505,7 +495,6 @@ pub fn dequant_block_q5_k(b: &[u8], out: &mut [f32]) {
     }
 }
 
-#[inline]
 pub fn dequant_block_q6_k(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 208);
     for half_block in 0..2 {
@@ -692,10 +681,7 @@ mod tests {
         let x: Vec<f32> = (0..512).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 97 == 0 { 6.0 } else { 1.0 }).collect();
         let mut back = vec![0f32; 512];
         dequantize(GgmlType::Q8_0, &quantize_q8_0(&x), &mut back);
-        for (b, c) in back.chunks(32).zip(x.chunks(32)) {
-            let step = c.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-            assert!(b.iter().zip(c).all(|(p, q)| (p - q).abs() <= 0.51 * step + 1e-6));
-        }
+        assert_within_half_steps(&x, &back, 127.0, 1e-6);
         let q = quantize_q4_k(&x);
         assert_eq!(q.len(), 2 * 144);
         dequantize(GgmlType::Q4K, &q, &mut back);
@@ -707,17 +693,23 @@ mod tests {
         assert!(quantize_q4_k(&[0.0; 256]).iter().skip(4).all(|&b| b == 0));
     }
 
-    /// Q5_0 round-trips within one step of its grid, and `quantize` dispatches every type it
+    /// Every value of `back` (a symmetric 32-value block type's round trip of `x`) within half a
+    /// step of its block's grid, the step being max |x| / `levels`, plus `slack`.
+    fn assert_within_half_steps(x: &[f32], back: &[f32], levels: f32, slack: f32) {
+        for (b, c) in back.chunks(32).zip(x.chunks(32)) {
+            let step = c.iter().fold(0f32, |m, v| m.max(v.abs())) / levels;
+            assert!(b.iter().zip(c).all(|(p, q)| (p - q).abs() <= 0.51 * step + slack), "{b:?} vs {c:?}");
+        }
+    }
+
+    /// Q5_0 round-trips within half a step of its grid, and `quantize` dispatches every type it
     /// names.
     #[test]
     fn q5_0_quantizer_round_trips() {
         let x: Vec<f32> = (0..256).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 37 == 0 { 5.0 } else { 1.0 }).collect();
         let mut back = vec![0f32; 256];
         dequantize(GgmlType::Q5_0, &quantize_q5_0(&x), &mut back);
-        for (b, c) in back.chunks(32).zip(x.chunks(32)) {
-            let step = c.iter().fold(0f32, |m, v| m.max(v.abs())) / 16.0;
-            assert!(b.iter().zip(c).all(|(p, q)| (p - q).abs() <= 0.51 * step + 1e-3), "{b:?} vs {c:?}");
-        }
+        assert_within_half_steps(&x, &back, 16.0, 1e-3);
         for t in QUANTIZABLE {
             let q = quantize(t, &x).unwrap();
             assert_eq!(q.len(), 256 / t.block_elements() * t.block_bytes(), "{}", t.name());

@@ -77,8 +77,13 @@ impl RecordShape {
     pub fn record_bytes(&self) -> usize {
         self.gate_offset() + (2 * self.gate_up_row_bytes()).div_ceil(RECORD_ALIGN_BYTES) * RECORD_ALIGN_BYTES
     }
-    /// d_model is whole blocks of both types.
+    /// d_model is whole blocks of both types, and the down type is one records hold
+    /// ([`crate::ggml_quants::QUANTIZABLE`]).
     pub fn check(&self) -> std::result::Result<(), String> {
+        if !crate::ggml_quants::QUANTIZABLE.contains(&self.down) {
+            let names: Vec<&str> = crate::ggml_quants::QUANTIZABLE.iter().map(|t| t.name()).collect();
+            return Err(format!("down rows of {}: records hold {}", self.down.name(), names.join(", ")));
+        }
         for t in [self.gate_up, self.down] {
             if !t.is_block_quantized() || !self.d_model.is_multiple_of(t.block_elements()) {
                 return Err(format!("d_model {} is not whole {} blocks", self.d_model, t.name()));
@@ -286,6 +291,7 @@ mod tests {
         let smol = RecordShape { d_model: 576, gate_up: GgmlType::Q4_1, down: GgmlType::Q5_0 };
         assert_eq!((smol.down_section_bytes(), smol.record_bytes()), (512, 2048));
         assert!(RecordShape { down: GgmlType::Q4K, ..smol }.check().unwrap_err().contains("576 is not whole Q4_K blocks"));
+        assert!(RecordShape { down: GgmlType::Q6K, ..shape }.check().unwrap_err().contains("down rows of Q6_K: records hold Q8_0, Q5_0, Q4_K"));
         let (gb, db) = (shape.gate_up_row_bytes(), shape.down_row_bytes());
         let gate: Vec<u8> = (0..gb).map(|i| i as u8).collect();
         let up: Vec<u8> = (0..gb).map(|i| (i * 7) as u8).collect();

@@ -217,13 +217,12 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
             bail!("{}: pack.default_dense_from {l} is outside dense_prefix..=n_layers ({d}..={n_layers})", recipe_path.display());
         }
     }
-    if r.pack.weights == Weights::Native {
-        // the sparse layers' record shape (gate/up type, down type and d_model agree), before
-        // any stage runs
-        pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down).with_context(|| format!("{}: pack.down = \"{}\"", recipe_path.display(), down.name()))?;
-    } else if r.pack.down.is_some() {
+    if r.pack.weights != Weights::Native && r.pack.down.is_some() {
         bail!("{}: pack.down applies to version-2 records (pack.weights = \"native\"); f16 records hold f16 down rows", recipe_path.display());
     }
+    // the sparse layers' record shape (gate/up type, down type and d_model agree), before any
+    // stage runs; the manifest says it
+    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down).with_context(|| format!("{}: pack.down = \"{}\"", recipe_path.display(), down.name()))?;
     let model_fp = file_fingerprint(&model_files)?;
 
     // capture
@@ -295,6 +294,8 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let mut key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
     if weights_dir != model_dir {
         key["records_version"] = serde_json::json!(2);
+        // (named only when not the default, so preparations made before `down` existed stay
+        // up to date)
         if down != formats::ggml_quants::GgmlType::Q8_0 {
             key["down"] = serde_json::json!(down.name());
         }
@@ -317,7 +318,6 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     })?;
 
     // manifest
-    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down)?;
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
     let mut k_max = vec![0usize; n_layers - d];
     for l in cl["layers"].as_array().context("cluster.json: no layers")? {

@@ -162,8 +162,8 @@ pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize,
 /// quality of `--strategy scorer` without storage).
 enum DownRows {
     F16(Vec<Vec<f16>>),
-    /// Version 2: the records' down blocks and their type.
-    Blocks(formats::ggml_quants::GgmlType, Vec<Vec<u8>>),
+    /// Version 2: the records' down blocks, laid out as `shape` says.
+    Blocks(formats::records::RecordShape, Vec<Vec<u8>>),
 }
 
 pub struct ScoredSparsity {
@@ -210,7 +210,7 @@ impl ScoredSparsity {
         let n = layers.len();
         let down_t = match shape {
             None => DownRows::F16(down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read(l, j)?.down_t))?),
-            Some(sh) => DownRows::Blocks(sh.down, down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read_blocks(l, j)?.down))?),
+            Some(sh) => DownRows::Blocks(sh, down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read_blocks(l, j)?.down))?),
         };
         let mut s = ScoredSparsity { scorer, down_t, dense_prefix: m.sparsity.default_dense_from(), keep: 0, resident_bonus: 1.0, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
         s.set_keep_share(1.0);
@@ -277,11 +277,11 @@ impl MlpHook for ScoredSparsity {
                     down_sum(&held, |_, j| h[j as usize], row, o);
                     down_sum(&loaded, |_, j| h[j as usize], row, &mut part);
                 }
-                DownRows::Blocks(ty, rows) => {
-                    let (rows, rb, ty) = (&rows[li], d / ty.block_elements() * ty.block_bytes(), *ty);
+                DownRows::Blocks(shape, rows) => {
+                    let (rows, rb) = (&rows[li], shape.down_row_bytes());
                     let row = |j: u32| &rows[j as usize * rb..(j as usize + 1) * rb];
-                    down_sum_blocks(ty, &held, |_, j| h[j as usize], row, o);
-                    down_sum_blocks(ty, &loaded, |_, j| h[j as usize], row, &mut part);
+                    down_sum_blocks(shape.down, &held, |_, j| h[j as usize], row, o);
+                    down_sum_blocks(shape.down, &loaded, |_, j| h[j as usize], row, &mut part);
                 }
             }
             o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);

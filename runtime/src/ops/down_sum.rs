@@ -19,28 +19,14 @@ pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: i
 }
 
 /// [`down_sum`] over rows of GGML blocks of type `ty` (version-2 records' down rows: Q8_0,
-/// Q5_0 or Q4_K; any other block type through its dequantizer), in the same chunk order.
+/// Q5_0 or Q4_K, the types `RecordShape::check` admits), in the same chunk order.
 pub fn down_sum_blocks<'a>(ty: GgmlType, ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
     // one monomorphized loop per type, so each block's dequantizer inlines
     match ty {
         GgmlType::Q8_0 => chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out),
         GgmlType::Q4K => chunked_sum(ids, |k, id, acc| axpy_q4_k(coef(k, id), row(id), acc), out),
         GgmlType::Q5_0 => chunked_sum(ids, |k, id, acc| axpy_blocks::<32, 22>(ggml_quants::dequant_block_q5_0, coef(k, id), row(id), acc), out),
-        other => {
-            let dequant = ggml_quants::block_dequantizer(other).unwrap_or_else(|| panic!("down rows of {}: no dequantizer (the records' shape is checked at open)", other.name()));
-            let (be, bb) = (other.block_elements(), other.block_bytes());
-            chunked_sum(
-                ids,
-                |k, id, acc| {
-                    let (a, mut buf) = (coef(k, id), [0f32; 256]);
-                    for (b, ys) in row(id).chunks_exact(bb).zip(acc.chunks_exact_mut(be)) {
-                        dequant(b, &mut buf[..be]);
-                        axpy(a, &buf[..be], ys);
-                    }
-                },
-                out,
-            )
-        }
+        other => unreachable!("down rows of {}: RecordShape::check admits only Q8_0, Q5_0 and Q4_K", other.name()),
     }
 }
 

@@ -16,7 +16,6 @@ use crate::ops::down_sum::{down_sum, down_sum_blocks};
 use crate::ops::record_sum::RecordRows;
 use crate::predictor::{NeuronRank, SetRule};
 use crate::select::{predicted::PredictedSelector, scored::ScoredSelector, SetSelector, SlotRow};
-use formats::ggml_quants::GgmlType;
 use half::f16;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -228,9 +227,8 @@ pub struct StreamingEngine {
     record_sets: bool,
     /// The decode step's buffers, allocated once (`Model::decode_step`).
     pub(crate) scratch: Option<crate::model::DecodeState>,
-    /// Version-2 records: the type of the slots' down rows (Q8_0, Q5_0, Q4_K); None: f16.
-    down_type: Option<GgmlType>,
-    /// How a whole record's payload is laid out in a slot ([`SlotRow::GateUpDown`]).
+    /// How a record's payload is laid out in a slot: a whole record ([`SlotRow::GateUpDown`]),
+    /// or its down row alone ([`SlotRow::Down`]: f16, or version 2's down blocks).
     records: RecordRows,
 }
 
@@ -292,7 +290,6 @@ impl StreamingEngine {
         };
         Ok(StreamingEngine {
             read_span_bytes,
-            down_type: shape.map(|s| s.down),
             records: RecordRows::of(c.hidden_size, shape),
             plan,
             choice: settings.selector,
@@ -399,8 +396,8 @@ impl StreamingEngine {
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
         let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
-        let (down_type, records) = (self.down_type, self.records);
-        if let Some(c) = sum_slots(slots, slot_row, records, down_type, d, xn, h, &held, out) {
+        let records = self.records;
+        if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &held, out) {
             let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
             self.selector.observe_coefficients(si, &neurons, &c);
         }
@@ -431,7 +428,7 @@ impl StreamingEngine {
             self.io.recycle(landed.rows);
             let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
             let mut part = vec![0f32; d];
-            if let Some(c) = sum_slots(slots, slot_row, records, down_type, d, xn, h, &loaded, &mut part) {
+            if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &loaded, &mut part) {
                 let neurons: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
                 self.selector.observe_coefficients(si, &neurons, &c);
             }
@@ -449,22 +446,21 @@ impl StreamingEngine {
 
 /// `out` = the sum over `slots` of each row's coefficient times its down row: from the slot's
 /// own gate and up rows ([`SlotRow::GateUpDown`], laid out as `records`) or the selector's `h`
-/// ([`SlotRow::Down`]; `down_type`: the block type of version-2 records' down rows, else f16). Whole records
-/// also give each slot's exact coefficient (in `slots`' order).
+/// ([`SlotRow::Down`]: f16, or the down blocks of version-2 `records`). Whole records also give
+/// each slot's exact coefficient (in `slots`' order).
 #[allow(clippy::too_many_arguments)]
-fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, down_type: Option<GgmlType>, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) -> Option<Vec<f32>> {
+fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) -> Option<Vec<f32>> {
     let neuron_of = &layer.map.neuron_of;
-    match slot_row {
-        SlotRow::GateUpDown => {
+    match (slot_row, records) {
+        (SlotRow::GateUpDown, _) => {
             let (bytes, rb) = (layer.buf.as_slice(), records.row_bytes());
             return Some(records.sum(slots, |s| &bytes[s as usize * rb..(s as usize + 1) * rb], xn, out));
         }
-        SlotRow::Down if down_type.is_some() => {
-            let ty = down_type.expect("matched");
-            let (bytes, rb) = (layer.buf.as_slice(), d / ty.block_elements() * ty.block_bytes());
-            down_sum_blocks(ty, slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
+        (SlotRow::Down, RecordRows::Blocks { shape }) => {
+            let (bytes, rb) = (layer.buf.as_slice(), shape.down_row_bytes());
+            down_sum_blocks(shape.down, slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
         }
-        SlotRow::Down => {
+        (SlotRow::Down, RecordRows::F16 { .. }) => {
             let rows = layer.rows();
             down_sum(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &rows[s as usize * d..(s as usize + 1) * d], out);
         }
