@@ -19,7 +19,8 @@ llama.cpp's F16, and HellaSwag (llama-perplexity --hellaswag on the same items `
 scores, written by `hellaswag-for-llama-cpp`; each tool's accuracy relative to its own dense
 run: llama.cpp's F16, ours on the f16 model directory). Beside every measurement the planner's
 prediction (`runtime plan --json`, the device file with the throttle applied as a byte-rate
-cap on every read size), a priori (reuse at its floor) and with the run's measured reuse.
+cap on every read size), a priori (reuse from the preparation's reuse table for the scorer,
+else at its floor held / n_ff) and with the run's measured reuse.
 
 Writes bench/results/frontier-<model>[-tag].{json,md,png}: one object per measured run, per
 setting the medians, and for ours the llama.cpp configurations that dominate it (faster and at
@@ -177,8 +178,8 @@ def ours_budget(f16_bytes, fr):
 
 
 def predict(res, manifest, device):
-    """The planner's predictions for every budget and throttle of the runs: a priori (reuse at
-    its floor) for ours at its budget and for llama.cpp on each GGUF at the limit, and for ours
+    """The planner's predictions for every budget and throttle of the runs: a priori (reuse from
+    the preparation's table, else its floor) for ours at its budget and for llama.cpp on each GGUF at the limit, and for ours
     with the run's measured reuse."""
     runs = res["runs"]
     ggufs = [ROOT / g for g in res["ggufs"].values()]

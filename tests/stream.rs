@@ -352,7 +352,7 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
     let dir = scratch("stream-no-scorer");
     let text = std::fs::read_to_string(m).unwrap();
     // drop the two [[artifacts]] blocks
-    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !b.contains("role = \"scorer\"") && !b.contains("role = \"head_q8\"")).collect();
+    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !b.contains("role = \"scorer\"") && !b.contains("role = \"head_q8\"") && !b.contains("role = \"reuse\"")).collect();
     std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
     for f in ["records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja", "cluster", "predictor", "capture", "importance", "layers"] {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
@@ -411,6 +411,60 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "llama_cpp_token_overhead_s = -0.01\nthreads = ", 1)).unwrap();
     let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", bad.to_str().unwrap(), "--no-verify"]);
     assert!(!ok && err.contains("device.toml") && err.contains("llama_cpp_token_overhead_s"), "{err}");
+}
+
+/// The preparation's reuse table (prep's reuse stage): shares in [0, 1], more slots never hold
+/// less; `runtime plan` of the scorer reads it at the plan's set
+/// and slot shares instead of the floor held / n_ff; a broken table is refused, naming it.
+#[test]
+fn plan_reads_the_preparations_reuse_table() {
+    let m = default_sparse();
+    let path = m.parent().unwrap().join("scorer/reuse.json");
+    let t = formats::reuse_table::ReuseTable::load(&path).unwrap();
+    assert!(t.tokens > 0 && t.reuse.iter().flatten().all(|r| (0.0..=1.0).contains(r)), "{t:?}");
+    for row in &t.reuse {
+        assert!(row.windows(2).all(|w| w[1] >= w[0] - 0.02), "more slots hold less: {row:?}");
+        // (every row held still misses a row's first use: the CI recipe's sequences are short)
+        assert!(row.iter().all(|r| r <= row.last().unwrap()) && row[0] < *row.last().unwrap(), "{row:?}");
+    }
+    let device = repo_root().join("devices/this-machine.toml");
+    let min = minimum_budget(m, &["--strategy", "scorer"]);
+    let budget = (min + (2 << 20)).to_string();
+    let args = |manifest: &Path| vec!["plan".to_string(), manifest.display().to_string(), "--strategy".into(), "scorer".into(), "--mem-budget".into(), budget.clone(), "--device".into(), device.display().to_string(), "--json".into(), "--no-verify".into()];
+    let run = |manifest: &Path| {
+        let a = args(manifest);
+        runtime_cli(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    };
+    let (ok, out, err) = run(m);
+    assert!(ok, "{err}");
+    let ours = serde_json::from_str::<serde_json::Value>(&out).unwrap()["ours"].clone();
+    let n_ff = 1536.0;
+    let (set, slots) = (ours["mean_set_rows"].as_f64().unwrap() / n_ff, ours["mean_slots"].as_f64().unwrap() / n_ff);
+    assert!(slots < 1.0 && ours["reuse_source"].as_str().unwrap().contains("reuse table"), "{ours}");
+    assert!((ours["reuse"].as_f64().unwrap() - t.at(set, slots)).abs() < 1e-9 && t.at(set, slots) > slots, "the table, above the floor: {ours}");
+    // a copy whose table has a share above 1: refused, naming the file
+    let dir = scratch("plan-bad-reuse");
+    let src = m.parent().unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "scorer" {
+            std::os::unix::fs::symlink(e.path(), dir.join(e.file_name())).unwrap();
+        }
+    }
+    std::fs::create_dir_all(dir.join("scorer")).unwrap();
+    for f in ["scorer.safetensors", "head_q8.safetensors"] {
+        std::os::unix::fs::symlink(src.join("scorer").join(f), dir.join("scorer").join(f)).unwrap();
+    }
+    let mut bad = t.clone();
+    bad.reuse[0][0] = 1.5;
+    // (as long as the original, which the manifest's size check would refuse first)
+    let mut text = serde_json::to_string(&bad).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    assert!(text.len() <= len);
+    text.extend(std::iter::repeat_n(' ', len - text.len()));
+    std::fs::write(dir.join("scorer/reuse.json"), text).unwrap();
+    let (ok, out, err) = run(&dir.join("manifest.toml"));
+    assert!(!ok && out.is_empty() && err.contains("reuse.json") && err.contains("reuse[0][0] = 1.5"), "{err}");
 }
 
 /// Every device file shipped in devices/ loads and passes its checks.

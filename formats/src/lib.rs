@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod model_dir;
 pub mod predictor;
 pub mod records;
+pub mod reuse_table;
 pub mod scorer;
 pub mod thresholds;
 pub mod safetensors_io;

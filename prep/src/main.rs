@@ -10,6 +10,7 @@ mod scorer;
 mod pack;
 mod prepare;
 mod report;
+mod reuse;
 mod shards;
 mod tokenizer_json;
 mod train;

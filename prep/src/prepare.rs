@@ -37,6 +37,9 @@ pub struct Recipe {
     /// The per-layer predictors (`--strategy layers`); every field has a default.
     #[serde(default)]
     pub layers: layers::LayersSettings,
+    /// The scorer's reuse table (`runtime plan`); every field has a default.
+    #[serde(default)]
+    pub reuse: crate::reuse::ReuseSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -317,6 +320,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         scorer::head_q8(&weights_dir, &head_path)
     })?;
 
+    // reuse: the scorer's reuse table, which runtime plan reads
+    let reuse_path = out.join("scorer/reuse.json");
+    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "corpus": file_fingerprint(&corpus)?});
+    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
+
     // manifest
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
     let mut k_max = vec![0usize; n_layers - d];
@@ -354,6 +362,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         (runtime::layer_predictor::ARTIFACT_ROLE, lp_path.clone()),
         ("scorer", scorer_path.clone()),
         ("head_q8", head_path.clone()),
+        ("reuse", reuse_path.clone()),
         ("tokenizer", tok_path.clone()),
     ]
     .into_iter()

@@ -16,8 +16,10 @@
 //! the layers. A missing row is one request (neighbours that coalesce make fewer), served at the
 //! device's rate for its size at the queue depth a layer's batch reaches. The share of needed
 //! rows already held (reuse) depends on the text: give a measured one (`runtime bench` prints
-//! it) or the planner assumes the needed set is independent of what is held (reuse = held /
-//! n_ff, a floor: sets of consecutive tokens overlap more).
+//! it); else, for the scorer, the preparation's reuse table (simulated on calibration text at
+//! prepare, `formats::reuse_table`) at the plan's set and slot sizes; else the planner assumes
+//! the needed set is independent of what is held (reuse = held / n_ff, a floor: sets of
+//! consecutive tokens overlap more).
 
 use crate::roofline::{exposed_with_stalls_s, Transfer};
 use crate::stream::StreamingEngine;
@@ -80,13 +82,39 @@ pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, rule: &str) -> u64 
 /// The prediction for a streamed run whose engine (plan, slots, selector) is `e`;
 /// `embed_row_bytes`: one row of the stored embedding. `reuse`: the measured share of needed
 /// rows already held, if known.
-pub fn predict(e: &StreamingEngine, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
+pub fn predict(e: &StreamingEngine, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Reuse) -> Prediction {
     predict_plan(&e.plan, &e.rule(), e.read_span_bytes, model_name, n_ff, embed_row_bytes, device, reuse)
 }
 
+/// What the planner knows of the share of needed rows already held.
+#[derive(Clone, Copy)]
+pub enum Reuse<'a> {
+    /// Measured (`runtime bench` prints it).
+    Given(f64),
+    /// The preparation's table (`prep`'s reuse stage), for the scorer; other rules assume.
+    Table(&'a formats::reuse_table::ReuseTable),
+    /// Needed sets independent of what is held: held / n_ff, a floor.
+    Assumed,
+}
+
+impl<'a> Reuse<'a> {
+    /// The preparation's table when its manifest lists one (checked: a bad file is an error
+    /// naming it), else [`Reuse::Assumed`]. `slot` keeps the loaded table.
+    pub fn of_preparation(manifest_path: &std::path::Path, m: &formats::manifest::Manifest, slot: &'a mut Option<formats::reuse_table::ReuseTable>) -> formats::error::Result<Reuse<'a>> {
+        *slot = match m.artifacts.iter().find(|a| a.role == REUSE_ARTIFACT_ROLE) {
+            Some(a) => Some(formats::reuse_table::ReuseTable::load(&m.artifact_path(manifest_path, a))?),
+            None => None,
+        };
+        Ok(slot.as_ref().map_or(Reuse::Assumed, Reuse::Table))
+    }
+}
+
+/// The manifest role of the scorer's reuse table.
+pub const REUSE_ARTIFACT_ROLE: &str = "reuse";
+
 /// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
 #[allow(clippy::too_many_arguments)]
-pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Option<f64>) -> Prediction {
+pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Reuse) -> Prediction {
     // the scorer, gate and layers rank at the layer (A2); the shared predictor after layer 0 (A1)
     let in_layer = matches!(rule, "scorer" | "gate" | "layers");
     let n_sparse = p.set_sizes.len();
@@ -94,10 +122,15 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     let n_layers = p.dense_prefix + n_sparse;
     let held_all = p.capacity.iter().all(|&c| c >= n_ff);
     let mean_slots = p.capacity.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
+    let mean_set = p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
     let (reuse, reuse_source) = match reuse {
-        Some(r) => (r, "given".to_string()),
-        None if held_all => (1.0, "every row held (after the first tokens)".to_string()),
-        None => (mean_slots / n_ff as f64, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
+        Reuse::Given(r) => (r, "given".to_string()),
+        _ if held_all => (1.0, "every row held (after the first tokens)".to_string()),
+        Reuse::Table(t) if rule == "scorer" => (
+            t.at(mean_set / n_ff as f64, mean_slots / n_ff as f64),
+            format!("the preparation's reuse table at sets {:.3} and slots {:.3} of n_ff ({} tokens simulated)", mean_set / n_ff as f64, mean_slots / n_ff as f64, t.tokens),
+        ),
+        _ => (mean_slots / n_ff as f64, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
     };
     let a3 = memory_bytes_per_token(p, rule);
     // measured on this device for this model (probe-storage --manifest), scaled by the bytes
@@ -139,7 +172,7 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
         selector: rule.to_string(),
         dense_prefix: p.dense_prefix,
         set_scale: p.set_scale,
-        mean_set_rows: p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64,
+        mean_set_rows: mean_set,
         mean_slots,
         reuse,
         reuse_source,

@@ -291,3 +291,78 @@ impl MlpHook for ScoredSparsity {
         Ok(())
     }
 }
+
+/// The scorer's reuse on text, simulated without storage (`prep reuse`, read by `runtime
+/// plan`): a dense forward pass shows each sparse layer's exact `h`; for every set share the
+/// kept set (the `k` largest `|h_j| x ||down_j||`, resident bonus 1, as the streamed default)
+/// is planned into one [`SlotMap`] per slot share, evicting by the same heat as
+/// [`score_and_plan`]. Each sequence starts with empty slots; its first `warmup_tokens` fill
+/// them and are not counted.
+pub struct ReuseSimulation<'a> {
+    scorer: &'a GateUpScorer,
+    set_sizes: Vec<usize>,
+    /// `[set][slot]` rows held per layer (at least the set).
+    capacities: Vec<Vec<usize>>,
+    /// Per sparse layer: the heat, `[set][slot]` slot maps, tokens seen in this sequence.
+    layers: Vec<(LayerScoring, Vec<Vec<SlotMap>>, u64)>,
+    warmup_tokens: u64,
+    /// `[set][slot]` (rows needed, rows missing) over the counted tokens.
+    counts: Vec<Vec<(u64, u64)>>,
+    pub tokens_counted: u64,
+}
+
+impl<'a> ReuseSimulation<'a> {
+    pub fn new(scorer: &'a GateUpScorer, set_shares: &[f64], slot_shares: &[f64], warmup_tokens: usize) -> Self {
+        let n_ff = scorer.file.n_ff;
+        let rows = |share: f64| ((n_ff as f64 * share).round() as usize).clamp(1, n_ff);
+        let set_sizes: Vec<usize> = set_shares.iter().map(|&s| rows(s)).collect();
+        let capacities = set_sizes.iter().map(|&k| slot_shares.iter().map(|&c| rows(c).max(k)).collect()).collect();
+        let mut sim = ReuseSimulation { scorer, set_sizes, capacities, layers: Vec::new(), warmup_tokens: warmup_tokens as u64, counts: vec![vec![(0, 0); slot_shares.len()]; set_shares.len()], tokens_counted: 0 };
+        sim.new_sequence();
+        sim
+    }
+
+    /// Empty slots and heat, as a fresh run's.
+    pub fn new_sequence(&mut self) {
+        let f = &self.scorer.file;
+        let maps = || self.capacities.iter().map(|caps| caps.iter().map(|&c| SlotMap::new(f.n_ff, c)).collect()).collect();
+        self.layers = (0..f.n_layers).map(|_| (LayerScoring::new(f.n_ff), maps(), 0)).collect();
+    }
+
+    /// `[set][slot]` share of the needed rows already held.
+    pub fn reuse(&self) -> Vec<Vec<f64>> {
+        self.counts.iter().map(|r| r.iter().map(|&(needed, missing)| 1.0 - missing as f64 / needed.max(1) as f64).collect()).collect()
+    }
+}
+
+impl MlpHook for ReuseSimulation<'_> {
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+        let f = &self.scorer.file;
+        if layer < f.first_layer {
+            return;
+        }
+        let (norm, n_ff) = (f.layer_down_norm(layer), f.n_ff);
+        let (state, maps, tick) = &mut self.layers[layer - f.first_layer];
+        let mut h = vec![0f32; n_ff];
+        for (g, u) in gate_silu.chunks_exact(n_ff).zip(up.chunks_exact(n_ff)) {
+            h.iter_mut().zip(g.iter().zip(u)).for_each(|(hj, (a, b))| *hj = a * b);
+            *tick += 1;
+            // (a bonus of 1: what any map holds does not change the set)
+            let kept: Vec<Vec<u32>> = self.set_sizes.iter().map(|&k| self.scorer.keep(layer, &h, k, &maps[0][0].slot_of, 1.0)).collect();
+            update_heat(&mut state.heat, &h, norm);
+            let counted = *tick > self.warmup_tokens;
+            for ((set, row), counts) in kept.iter().zip(maps.iter_mut()).zip(self.counts.iter_mut()) {
+                for (map, c) in row.iter_mut().zip(counts.iter_mut()) {
+                    let missing = map.plan_by_heat(set, *tick, &state.heat).len();
+                    if counted {
+                        c.0 += set.len() as u64;
+                        c.1 += missing as u64;
+                    }
+                }
+            }
+            if counted && layer == f.first_layer {
+                self.tokens_counted += 1;
+            }
+        }
+    }
+}

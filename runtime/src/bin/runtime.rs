@@ -1053,7 +1053,7 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
     for b in budgets {
         let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, ..Default::default() };
         let ours = match runtime::plan::shape_plan(&k, &settings) {
-            Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.intermediate_size, embed_row, &dev, reuse)),
+            Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.intermediate_size, embed_row, &dev, reuse.map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Given))),
             Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),
             Err(e) => return Err(e.into()),
         };
@@ -1146,14 +1146,18 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let c = &mf.model;
     let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
     let embed_row_bytes = rh.embed_bytes / c.vocab_size as u64;
-    let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, reuse);
+    // a measured reuse is this mode's; the other auto candidates get the preparation's table
+    let mut table = None;
+    let prepared = runtime::plan::Reuse::of_preparation(manifest, &mf, &mut table)?;
+    let known = reuse.map_or(prepared, runtime::plan::Reuse::Given);
+    let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, known);
     // --strategy auto: every candidate at this budget, with its predicted rate
     let candidates: Vec<(String, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
         runtime::stream::auto::candidates(manifest, &mf, &settings)?
             .into_iter()
             .map(|cand| {
                 let r = match &cand.plan {
-                    Ok(plan) => Ok(runtime::plan::predict_plan(plan, cand.name, cand.read_span_bytes, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, None)),
+                    Ok(plan) => Ok(runtime::plan::predict_plan(plan, cand.name, cand.read_span_bytes, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, prepared)),
                     Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(format!("needs {:.1} MiB", *minimum as f64 / 1048576.0)),
                     Err(e) => Err(e.to_string()),
                 };
