@@ -413,16 +413,17 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     assert!(!ok && err.contains("device.toml") && err.contains("llama_cpp_token_overhead_s"), "{err}");
 }
 
-/// The preparation's reuse table (prep's reuse stage): shares in [0, 1], more slots never hold
-/// less; `runtime plan` of the scorer reads it at the plan's set
+/// The preparation's reuse table (prep's reuse stage) for the scorer, gate and layers: shares
+/// in [0, 1], more slots never hold less; `runtime plan` of the scorer reads it at the plan's set
 /// and slot shares instead of the floor held / n_ff; a broken table is refused, naming it.
 #[test]
 fn plan_reads_the_preparations_reuse_table() {
     let m = default_sparse();
     let path = m.parent().unwrap().join("scorer/reuse.json");
     let t = formats::reuse_table::ReuseTable::load(&path).unwrap();
-    assert!(t.tokens > 0 && t.reuse.iter().flatten().all(|r| (0.0..=1.0).contains(r)), "{t:?}");
-    for row in &t.reuse {
+    assert_eq!(t.rules.keys().collect::<Vec<_>>(), ["gate", "layers", "scorer"]);
+    assert!(t.tokens > 0 && t.rules.values().flatten().flatten().all(|r| (0.0..=1.0).contains(r)), "{t:?}");
+    for row in t.rules.values().flatten() {
         assert!(row.windows(2).all(|w| w[1] >= w[0] - 0.02), "more slots hold less: {row:?}");
         // (every row held still misses a row's first use: the CI recipe's sequences are short)
         assert!(row.iter().all(|r| r <= row.last().unwrap()) && row[0] < *row.last().unwrap(), "{row:?}");
@@ -441,7 +442,8 @@ fn plan_reads_the_preparations_reuse_table() {
     let n_ff = 1536.0;
     let (set, slots) = (ours["mean_set_rows"].as_f64().unwrap() / n_ff, ours["mean_slots"].as_f64().unwrap() / n_ff);
     assert!(slots < 1.0 && ours["reuse_source"].as_str().unwrap().contains("reuse table"), "{ours}");
-    assert!((ours["reuse"].as_f64().unwrap() - t.at(set, slots)).abs() < 1e-9 && t.at(set, slots) > slots, "the table, above the floor: {ours}");
+    let want = t.at("scorer", set, slots).unwrap();
+    assert!((ours["reuse"].as_f64().unwrap() - want).abs() < 1e-9 && want > slots, "the table, above the floor: {ours}");
     // a copy whose table has a share above 1: refused, naming the file
     let dir = scratch("plan-bad-reuse");
     let src = m.parent().unwrap();
@@ -456,7 +458,7 @@ fn plan_reads_the_preparations_reuse_table() {
         std::os::unix::fs::symlink(src.join("scorer").join(f), dir.join("scorer").join(f)).unwrap();
     }
     let mut bad = t.clone();
-    bad.reuse[0][0] = 1.5;
+    bad.rules.get_mut("gate").unwrap()[0][0] = 1.5;
     // (as long as the original, which the manifest's size check would refuse first)
     let mut text = serde_json::to_string(&bad).unwrap();
     let len = std::fs::metadata(&path).unwrap().len() as usize;
@@ -464,7 +466,7 @@ fn plan_reads_the_preparations_reuse_table() {
     text.extend(std::iter::repeat_n(' ', len - text.len()));
     std::fs::write(dir.join("scorer/reuse.json"), text).unwrap();
     let (ok, out, err) = run(&dir.join("manifest.toml"));
-    assert!(!ok && out.is_empty() && err.contains("reuse.json") && err.contains("reuse[0][0] = 1.5"), "{err}");
+    assert!(!ok && out.is_empty() && err.contains("reuse.json") && err.contains("gate: reuse[0][0] = 1.5"), "{err}");
 }
 
 /// Every device file shipped in devices/ loads and passes its checks.

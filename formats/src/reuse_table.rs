@@ -1,15 +1,16 @@
-//! `scorer/reuse.json`, written by `prep reuse`: for the scorer strategy, the share of each
-//! token's needed rows that a layer's slots already hold (reuse), simulated on calibration text
-//! for a grid of set shares (rows needed per token, over n_ff) and slot shares (rows held, over
-//! n_ff). `runtime plan` reads it instead of assuming the needed sets are independent of what is
+//! `scorer/reuse.json`, written by prep's reuse stage: per strategy (scorer, gate, layers), the
+//! share of each token's needed rows that a layer's slots already hold (reuse), simulated on
+//! calibration text (`runtime::reuse`) for a grid of set shares (rows needed per token, over
+//! n_ff) and slot shares (rows held, over n_ff). `runtime plan` reads it instead of assuming the needed sets are independent of what is
 //! held (Budgeting Bytes: the bytes a token reads are a property of the model and text, measured
 //! once offline).
 
 use crate::error::{FormatError, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-pub const REUSE_TABLE_FORMAT: &str = "reuse-table-1";
+pub const REUSE_TABLE_FORMAT: &str = "reuse-table-2";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -28,8 +29,9 @@ pub struct ReuseTable {
     pub set_shares: Vec<f64>,
     /// Ascending, in (0, 1]; a slot share below a set share holds as many rows as the set.
     pub slot_shares: Vec<f64>,
-    /// `[set_shares.len()][slot_shares.len()]`, each in [0, 1].
-    pub reuse: Vec<Vec<f64>>,
+    /// Per strategy (its rule: scorer, gate, layers), `[set_shares.len()][slot_shares.len()]`,
+    /// each in [0, 1].
+    pub rules: BTreeMap<String, Vec<Vec<f64>>>,
 }
 
 impl ReuseTable {
@@ -50,11 +52,16 @@ impl ReuseTable {
                 return Err(format!("{name} must be ascending shares in (0, 1], got {axis:?}"));
             }
         }
-        if self.reuse.len() != self.set_shares.len() || self.reuse.iter().any(|r| r.len() != self.slot_shares.len()) {
-            return Err(format!("reuse must be {} rows of {} values (set shares x slot shares)", self.set_shares.len(), self.slot_shares.len()));
+        if self.rules.is_empty() {
+            return Err("no strategy simulated (rules is empty)".into());
         }
-        if let Some((i, j)) = self.reuse.iter().enumerate().find_map(|(i, r)| r.iter().position(|v| !(v.is_finite() && (0.0..=1.0).contains(v))).map(|j| (i, j))) {
-            return Err(format!("reuse[{i}][{j}] = {} is not a share in [0, 1]", self.reuse[i][j]));
+        for (rule, reuse) in &self.rules {
+            if reuse.len() != self.set_shares.len() || reuse.iter().any(|r| r.len() != self.slot_shares.len()) {
+                return Err(format!("{rule}: reuse must be {} rows of {} values (set shares x slot shares)", self.set_shares.len(), self.slot_shares.len()));
+            }
+            if let Some((i, j)) = reuse.iter().enumerate().find_map(|(i, r)| r.iter().position(|v| !(v.is_finite() && (0.0..=1.0).contains(v))).map(|j| (i, j))) {
+                return Err(format!("{rule}: reuse[{i}][{j}] = {} is not a share in [0, 1]", reuse[i][j]));
+            }
         }
         if self.tokens == 0 || self.n_ff == 0 || self.first_layer >= self.n_layers {
             return Err(format!("tokens {}, n_ff {}, layers {}..{}: nothing simulated", self.tokens, self.n_ff, self.first_layer, self.n_layers));
@@ -62,16 +69,18 @@ impl ReuseTable {
         Ok(())
     }
 
-    /// The reuse at a set share and a slot share, interpolated bilinearly between the grid's
-    /// points (clamped to its edges; a slot share below the set share is the set share).
-    pub fn at(&self, set_share: f64, slot_share: f64) -> f64 {
+    /// The reuse of `rule`'s strategy at a set share and a slot share, interpolated bilinearly
+    /// between the grid's points (clamped to its edges; a slot share below the set share is the
+    /// set share); None when the table has no such strategy.
+    pub fn at(&self, rule: &str, set_share: f64, slot_share: f64) -> Option<f64> {
+        let reuse = self.rules.get(rule)?;
         let slot_share = slot_share.max(set_share);
         let (i0, i1, ti) = bracket(&self.set_shares, set_share);
         let (j0, j1, tj) = bracket(&self.slot_shares, slot_share);
-        let r = |i: usize, j: usize| self.reuse[i][j];
+        let r = |i: usize, j: usize| reuse[i][j];
         let lo = r(i0, j0) * (1.0 - tj) + r(i0, j1) * tj;
         let hi = r(i1, j0) * (1.0 - tj) + r(i1, j1) * tj;
-        lo * (1.0 - ti) + hi * ti
+        Some(lo * (1.0 - ti) + hi * ti)
     }
 }
 
@@ -103,37 +112,42 @@ mod tests {
             text: "t".into(),
             set_shares: vec![0.1, 0.2],
             slot_shares: vec![0.2, 0.4, 1.0],
-            reuse: vec![vec![0.5, 0.7, 1.0], vec![0.3, 0.6, 1.0]],
+            rules: BTreeMap::from([("scorer".to_string(), vec![vec![0.5, 0.7, 1.0], vec![0.3, 0.6, 1.0]])]),
         }
     }
 
     #[test]
     fn interpolates_between_and_clamps_outside_the_grid() {
         let t = table();
-        assert!((t.at(0.1, 0.4) - 0.7).abs() < 1e-12);
-        assert!((t.at(0.15, 0.3) - (0.6 + 0.45) / 2.0).abs() < 1e-12);
-        assert!((t.at(0.05, 0.1) - 0.5).abs() < 1e-12, "below both grids: the corner");
-        assert!((t.at(0.2, 0.1) - 0.3).abs() < 1e-12, "slots below the set hold the set");
-        assert!((t.at(0.5, 2.0) - 1.0).abs() < 1e-12);
+        let at = |a, b| t.at("scorer", a, b).unwrap();
+        assert!((at(0.1, 0.4) - 0.7).abs() < 1e-12);
+        assert!((at(0.15, 0.3) - (0.6 + 0.45) / 2.0).abs() < 1e-12);
+        assert!((at(0.05, 0.1) - 0.5).abs() < 1e-12, "below both grids: the corner");
+        assert!((at(0.2, 0.1) - 0.3).abs() < 1e-12, "slots below the set hold the set");
+        assert!((at(0.5, 2.0) - 1.0).abs() < 1e-12);
+        assert_eq!(t.at("gate", 0.1, 0.4), None);
     }
 
     #[test]
     fn bad_tables_are_refused_with_what_is_wrong() {
         let mut t = table();
-        t.reuse[1][2] = f64::NAN;
-        assert!(t.check().unwrap_err().contains("reuse[1][2]"));
+        t.rules.get_mut("scorer").unwrap()[1][2] = f64::NAN;
+        assert!(t.check().unwrap_err().contains("scorer: reuse[1][2]"));
         let mut t = table();
         t.slot_shares = vec![0.4, 0.2, 1.0];
         assert!(t.check().unwrap_err().contains("slot_shares"));
         let mut t = table();
-        t.reuse.pop();
+        t.rules.get_mut("scorer").unwrap().pop();
         assert!(t.check().unwrap_err().contains("2 rows of 3"));
+        let mut t = table();
+        t.rules.clear();
+        assert!(t.check().unwrap_err().contains("no strategy"));
         let dir = std::env::temp_dir().join(format!("reuse-table-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("reuse.json");
         std::fs::write(&p, serde_json::to_string(&table()).unwrap().replace("0.7", "1.7")).unwrap();
         let e = ReuseTable::load(&p).unwrap_err().to_string();
-        assert!(e.contains("reuse.json") && e.contains("reuse[0][1] = 1.7"), "{e}");
+        assert!(e.contains("reuse.json") && e.contains("scorer: reuse[0][1] = 1.7"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -320,10 +320,10 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         scorer::head_q8(&weights_dir, &head_path)
     })?;
 
-    // reuse: the scorer's reuse table, which runtime plan reads
+    // reuse: the reuse table of the scorer, gate and layers strategies, which runtime plan reads
     let reuse_path = out.join("scorer/reuse.json");
-    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "corpus": file_fingerprint(&corpus)?});
-    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
+    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "corpus": file_fingerprint(&corpus)?});
+    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, &lp_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
 
     // manifest
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;

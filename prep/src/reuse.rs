@@ -1,13 +1,17 @@
-//! The `reuse` stage of `prep prepare`: the scorer's reuse table (`scorer/reuse.json`, layout
-//! `formats::reuse_table`), which `runtime plan` reads to predict how many of a token's needed
-//! rows are already held at a budget's set and slot sizes. Simulated
-//! (`runtime::scorer::ReuseSimulation`) over a dense forward pass of calibration sequences: the
-//! sets are the exact h's, the slots evict as a streamed run's do.
+//! The `reuse` stage of `prep prepare`: the reuse table (`scorer/reuse.json`, layout
+//! `formats::reuse_table`) of the scorer, gate and layers strategies, which `runtime plan` reads
+//! to predict how many of a token's needed rows are already held at a budget's set and slot
+//! sizes. Simulated (`runtime::reuse`) over one dense forward pass of calibration sequences:
+//! each strategy chooses its sets and evicts as its streamed run does.
 
 use crate::capture::{corpus_sequences, expand_corpus};
 use anyhow::{bail, Context, Result};
 use formats::reuse_table::{ReuseTable, REUSE_TABLE_FORMAT};
-use runtime::scorer::{GateUpScorer, ReuseSimulation};
+use runtime::layer_predictor::{GateRanker, LayerPredictors, Ranker};
+use runtime::model::MlpHook;
+use runtime::reuse::{Chooser, ReuseSimulation};
+use runtime::scorer::GateUpScorer;
+use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -34,10 +38,10 @@ fn default_warmup() -> usize {
     64
 }
 fn default_set_shares() -> Vec<f64> {
-    vec![0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4]
+    vec![0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
 }
 fn default_slot_shares() -> Vec<f64> {
-    vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0]
 }
 
 impl Default for ReuseSettings {
@@ -46,36 +50,63 @@ impl Default for ReuseSettings {
     }
 }
 
-/// Simulates the table for the scorer at `scorer_path` (sparse layers `first_layer..`) on the
-/// model in `model_dir` and writes it to `out`.
-pub fn reuse(model_dir: &Path, scorer_path: &Path, first_layer: usize, corpus: &[PathBuf], seq_len: usize, s: &ReuseSettings, out: &Path) -> Result<ReuseTable> {
+/// Every strategy's simulation on one forward pass.
+struct AllStrategies<'a>(Vec<ReuseSimulation<'a>>);
+
+impl MlpHook for AllStrategies<'_> {
+    fn observe_input(&mut self, layer: usize, xn: &[f32]) {
+        self.0.iter_mut().for_each(|s| s.observe_input(layer, xn));
+    }
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+        // (the strategies are independent: one each on the pool's threads)
+        rayon::scope(|sc| {
+            for s in self.0.iter_mut() {
+                sc.spawn(move |_| s.observe(layer, gate_silu, up));
+            }
+        });
+    }
+}
+
+/// Simulates the table on the model in `model_dir` for the scorer at `scorer_path` (sparse
+/// layers `first_layer..`), the gate rows in it, and the per-layer predictors at
+/// `predictors_path`, and writes it to `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn reuse(model_dir: &Path, scorer_path: &Path, predictors_path: &Path, first_layer: usize, corpus: &[PathBuf], seq_len: usize, s: &ReuseSettings, out: &Path) -> Result<ReuseTable> {
     // (a short calibration sequence, as in a CI-sized recipe, counts its second half)
     let warmup = s.warmup_tokens.min(seq_len / 2);
     let (model, tok) = runtime::open_model(model_dir)?;
     let c = &model.config;
-    let file = formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size)?;
-    let scorer = GateUpScorer { file };
+    let (n_sparse, n_ff, d) = (c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size);
+    let scorer = GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? };
+    let gate = Ranker::Gate(GateRanker { file: formats::scorer::GateRowsFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? });
+    let mut predictors = LayerPredictors::load(predictors_path, d, n_ff, c.num_hidden_layers)?;
+    if predictors.spec.first_layer > first_layer {
+        bail!("{}: predictors start at layer {}, the sparse layers at {first_layer}", predictors_path.display(), predictors.spec.first_layer);
+    }
+    predictors.drop_layers_before(first_layer);
+    let predictors = Ranker::Predictors(predictors);
     let seqs = corpus_sequences(&tok, &expand_corpus(corpus)?, seq_len, s.sequences)?;
     if seqs.is_empty() {
         bail!("reuse: the corpus gives no sequence of {seq_len} tokens");
     }
-    let mut sim = ReuseSimulation::new(&scorer, &s.set_shares, &s.slot_shares, warmup);
+    let sim = |chooser| ReuseSimulation::new(chooser, &scorer, &s.set_shares, &s.slot_shares, warmup);
+    let mut all = AllStrategies(vec![sim(Chooser::Scorer(&scorer)), sim(Chooser::Ranked(&gate)), sim(Chooser::Ranked(&predictors))]);
     for seq in &seqs {
-        sim.new_sequence();
+        all.0.iter_mut().for_each(|s| s.new_sequence());
         let mut cache = model.new_cache(seq.len())?;
-        model.forward_observed(seq, &mut cache, seq.len(), Some(&mut sim))?;
+        model.forward_observed(seq, &mut cache, seq.len(), Some(&mut all))?;
     }
     let table = ReuseTable {
         format: REUSE_TABLE_FORMAT.into(),
-        n_ff: c.intermediate_size,
+        n_ff,
         first_layer,
         n_layers: c.num_hidden_layers,
-        tokens: sim.tokens_counted as usize,
+        tokens: all.0[0].tokens_counted as usize,
         warmup_tokens: warmup,
         text: format!("{} sequences of {seq_len} tokens of the calibration corpus ({} files, first {})", seqs.len(), corpus.len(), corpus.first().map(|p| p.display().to_string()).unwrap_or_default()),
         set_shares: s.set_shares.clone(),
         slot_shares: s.slot_shares.clone(),
-        reuse: sim.reuse(),
+        rules: all.0.iter().map(|s| (s.rule().to_string(), s.reuse())).collect::<BTreeMap<_, _>>(),
     };
     table.check().map_err(|what| anyhow::anyhow!("reuse: {what}"))?;
     let json = serde_json::to_vec_pretty(&table)?;

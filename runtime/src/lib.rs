@@ -15,6 +15,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod predictor;
 pub mod probe;
+pub mod reuse;
 pub mod roofline;
 pub mod sampler;
 pub mod scorer;

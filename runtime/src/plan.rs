@@ -16,8 +16,8 @@
 //! the layers. A missing row is one request (neighbours that coalesce make fewer), served at the
 //! device's rate for its size at the queue depth a layer's batch reaches. The share of needed
 //! rows already held (reuse) depends on the text: give a measured one (`runtime bench` prints
-//! it); else, for the scorer, the preparation's reuse table (simulated on calibration text at
-//! prepare, `formats::reuse_table`) at the plan's set and slot sizes; else the planner assumes
+//! it); else the preparation's reuse table for the plan's strategy (simulated on calibration
+//! text at prepare, `runtime::reuse`) at the plan's set and slot sizes; else the planner assumes
 //! the needed set is independent of what is held (reuse = held / n_ff, a floor: sets of
 //! consecutive tokens overlap more).
 
@@ -91,7 +91,7 @@ pub fn predict(e: &StreamingEngine, model_name: &str, n_ff: usize, embed_row_byt
 pub enum Reuse<'a> {
     /// Measured (`runtime bench` prints it).
     Given(f64),
-    /// The preparation's table (`prep`'s reuse stage), for the scorer; other rules assume.
+    /// The preparation's table (`prep`'s reuse stage), for the strategies it simulated.
     Table(&'a formats::reuse_table::ReuseTable),
     /// Needed sets independent of what is held: held / n_ff, a floor.
     Assumed,
@@ -126,8 +126,8 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     let (reuse, reuse_source) = match reuse {
         Reuse::Given(r) => (r, "given".to_string()),
         _ if held_all => (1.0, "every row held (after the first tokens)".to_string()),
-        Reuse::Table(t) if rule == "scorer" => (
-            t.at(mean_set / n_ff as f64, mean_slots / n_ff as f64),
+        Reuse::Table(t) if t.at(rule, mean_set / n_ff as f64, mean_slots / n_ff as f64).is_some() => (
+            t.at(rule, mean_set / n_ff as f64, mean_slots / n_ff as f64).unwrap_or_default(),
             format!("the preparation's reuse table at sets {:.3} and slots {:.3} of n_ff ({} tokens simulated)", mean_set / n_ff as f64, mean_slots / n_ff as f64, t.tokens),
         ),
         _ => (mean_slots / n_ff as f64, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),

@@ -1,0 +1,154 @@
+//! Reuse simulated without storage (`prep`'s reuse stage, read by `runtime plan`): over a
+//! dense forward pass, each sparse layer chooses its set as a streamed run of a strategy would,
+//! and plans it into one [`SlotMap`] per slot share, evicting as that strategy does; the share
+//! of needed rows already held is counted per (set share, slot share).
+//!
+//! - scorer: the `k` largest `|h_j| x ||down_j||` from the exact `h` (resident bonus 1, the
+//!   streamed default); evicts by the heat of every neuron's score ([`crate::scorer`]).
+//! - gate, layers: the `k` best of the [`Ranker`]'s scores from the layer's normed input;
+//!   evicts by [`HeldHeat`], fed the exact `h` of every row the slots hold.
+//!
+//! The inputs are the dense model's, not the sparse run's, and each sequence starts with empty
+//! slots; its first `warmup_tokens` fill them and are not counted.
+
+use crate::layer_predictor::{top_k, HeldHeat, Ranker};
+use crate::model::MlpHook;
+use crate::scorer::{update_heat, GateUpScorer, LayerScoring};
+use crate::stream::slots::{SlotMap, EMPTY};
+
+/// How a strategy chooses its set.
+pub enum Chooser<'a> {
+    Scorer(&'a GateUpScorer),
+    Ranked(&'a Ranker),
+}
+
+impl Chooser<'_> {
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Chooser::Scorer(_) => "scorer",
+            Chooser::Ranked(r) => r.name(),
+        }
+    }
+}
+
+/// One sparse layer: the scorer's shared heat (unused by the rankers), and per
+/// `[set][slot]` its slots and (rankers) their held rows' heat.
+struct LayerSim {
+    scoring: LayerScoring,
+    maps: Vec<Vec<SlotMap>>,
+    held_heat: Vec<Vec<HeldHeat>>,
+    tick: u64,
+}
+
+pub struct ReuseSimulation<'a> {
+    chooser: Chooser<'a>,
+    /// The scorer's down norms' source (every chooser's sets are of its layers).
+    scorer: &'a GateUpScorer,
+    set_sizes: Vec<usize>,
+    /// `[set][slot]` rows held per layer (at least the set).
+    capacities: Vec<Vec<usize>>,
+    layers: Vec<LayerSim>,
+    /// The current layer's normed input `[n, d]` (the rankers score from it).
+    xn: Vec<f32>,
+    warmup_tokens: u64,
+    /// `[set][slot]` (rows needed, rows missing) over the counted tokens.
+    counts: Vec<Vec<(u64, u64)>>,
+    pub tokens_counted: u64,
+}
+
+impl<'a> ReuseSimulation<'a> {
+    pub fn rule(&self) -> &'static str {
+        self.chooser.rule()
+    }
+
+    /// `scorer`: the preparation's scorer file, whose layers (`first_layer..`) are simulated.
+    pub fn new(chooser: Chooser<'a>, scorer: &'a GateUpScorer, set_shares: &[f64], slot_shares: &[f64], warmup_tokens: usize) -> Self {
+        let n_ff = scorer.file.n_ff;
+        let rows = |share: f64| ((n_ff as f64 * share).round() as usize).clamp(1, n_ff);
+        let set_sizes: Vec<usize> = set_shares.iter().map(|&s| rows(s)).collect();
+        let capacities = set_sizes.iter().map(|&k| slot_shares.iter().map(|&c| rows(c).max(k)).collect()).collect();
+        let counts = vec![vec![(0, 0); slot_shares.len()]; set_shares.len()];
+        let mut sim = ReuseSimulation { chooser, scorer, set_sizes, capacities, layers: Vec::new(), xn: Vec::new(), warmup_tokens: warmup_tokens as u64, counts, tokens_counted: 0 };
+        sim.new_sequence();
+        sim
+    }
+
+    /// Empty slots and heat, as a fresh run's.
+    pub fn new_sequence(&mut self) {
+        let f = &self.scorer.file;
+        let ranked = matches!(self.chooser, Chooser::Ranked(_));
+        self.layers = (0..f.n_layers)
+            .map(|_| LayerSim {
+                scoring: LayerScoring::new(if ranked { 0 } else { f.n_ff }),
+                maps: self.capacities.iter().map(|caps| caps.iter().map(|&c| SlotMap::new(f.n_ff, c)).collect()).collect(),
+                held_heat: self.capacities.iter().map(|caps| caps.iter().map(|_| HeldHeat::new(if ranked { f.n_ff } else { 0 })).collect()).collect(),
+                tick: 0,
+            })
+            .collect();
+    }
+
+    /// `[set][slot]` share of the needed rows already held.
+    pub fn reuse(&self) -> Vec<Vec<f64>> {
+        self.counts.iter().map(|r| r.iter().map(|&(needed, missing)| 1.0 - missing as f64 / needed.max(1) as f64).collect()).collect()
+    }
+}
+
+impl MlpHook for ReuseSimulation<'_> {
+    fn observe_input(&mut self, layer: usize, xn: &[f32]) {
+        if layer >= self.scorer.file.first_layer {
+            self.xn.clear();
+            self.xn.extend_from_slice(xn);
+        }
+    }
+
+    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
+        let f = &self.scorer.file;
+        if layer < f.first_layer {
+            return;
+        }
+        let (norm, n_ff, d) = (f.layer_down_norm(layer), f.n_ff, f.d_model);
+        let sim = &mut self.layers[layer - f.first_layer];
+        let (mut h, mut scores) = (vec![0f32; n_ff], vec![0f32; n_ff]);
+        for (t, (g, u)) in gate_silu.chunks_exact(n_ff).zip(up.chunks_exact(n_ff)).enumerate() {
+            h.iter_mut().zip(g.iter().zip(u)).for_each(|(hj, (a, b))| *hj = a * b);
+            sim.tick += 1;
+            let tick = sim.tick;
+            let sets: Vec<Vec<u32>> = match &self.chooser {
+                // (a bonus of 1: what any map holds does not change the set)
+                Chooser::Scorer(s) => self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect(),
+                Chooser::Ranked(r) => {
+                    r.scores(layer, &self.xn[t * d..(t + 1) * d], 1, &mut scores);
+                    self.set_sizes.iter().map(|&k| top_k(&scores, k)).collect()
+                }
+            };
+            if let Chooser::Scorer(_) = self.chooser {
+                update_heat(&mut sim.scoring.heat, &h, norm);
+            }
+            let counted = tick > self.warmup_tokens;
+            for (si, set) in sets.iter().enumerate() {
+                for (ci, map) in sim.maps[si].iter_mut().enumerate() {
+                    let missing = match self.chooser {
+                        Chooser::Scorer(_) => map.plan_by_heat(set, tick, &sim.scoring.heat).len(),
+                        Chooser::Ranked(_) => {
+                            let heat = &mut sim.held_heat[si][ci];
+                            let n = heat.plan(map, set, tick).len();
+                            // every held row counts, with its exact h
+                            let held: Vec<u32> = map.neuron_of.iter().copied().filter(|&j| j != EMPTY).collect();
+                            let hs: Vec<f32> = held.iter().map(|&j| h[j as usize]).collect();
+                            heat.update(&held, &hs);
+                            n
+                        }
+                    };
+                    if counted {
+                        let c = &mut self.counts[si][ci];
+                        c.0 += set.len() as u64;
+                        c.1 += missing as u64;
+                    }
+                }
+            }
+            if counted && layer == f.first_layer {
+                self.tokens_counted += 1;
+            }
+        }
+    }
+}
