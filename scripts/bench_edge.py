@@ -187,9 +187,10 @@ def slot_share_of(args):
     return next((float(x.split("=", 1)[1]) for x in args if x.startswith("slot-share=")), None)
 
 
-def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, resident_bonus, set_scale, head_q8):
-    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-prefix", "fit", "-n", str(n), "--prompt-file", prompt_file,
-           "--threads", str(threads), *mode_flags(set_rule, resident_bonus, head_q8), "--set-scale", str(set_scale), "--json"]
+def run_bench(g, cmd, timeout):
+    """One `runtime bench ... --json` inside group `g`: its JSON (without the text) with the
+    major faults, peak RSS (/usr/bin/time) and seconds; or why there is none (timed out,
+    refused below the plan's minimum, failed)."""
     t0 = time.time()
     try:
         out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
@@ -199,14 +200,22 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, re
     if out.returncode != 0:
         m = re.search(r"at least (\d+) bytes", out.stderr)
         return {"refused" if m else "failed": True, "minimum_budget_bytes": int(m.group(1)) if m else None,
-                "stderr_tail": out.stderr[-600:], "decode_tok_per_s": None}
+                "stderr_tail": out.stderr[-600:], "decode_tok_per_s": None, "seconds": time.time() - t0}
     j = json.loads(out.stdout.strip().splitlines()[-1])
     j.pop("text", None)
+    j.update({"major_faults": faults, "peak_rss_bytes_time": rss, "seconds": time.time() - t0})
+    return j
+
+
+def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, resident_bonus, set_scale, head_q8):
+    cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-prefix", "fit", "-n", str(n), "--prompt-file", prompt_file,
+           "--threads", str(threads), *mode_flags(set_rule, resident_bonus, head_q8), "--set-scale", str(set_scale), "--json"]
+    j = run_bench(g, cmd, timeout)
+    if j.get("decode_tok_per_s") is None:
+        return j
     # runtime bench calls it dense_prefix since issue #15; this script's rows keep dense_from
     j.setdefault("dense_from", j.get("dense_prefix"))
-    j["major_faults"] = faults
-    j["major_faults_per_token"] = faults / max(j["generated_tokens"] + j["prompt_tokens"], 1) if faults is not None else None
-    j["seconds"] = time.time() - t0
+    j["major_faults_per_token"] = j["major_faults"] / max(j["generated_tokens"] + j["prompt_tokens"], 1) if j["major_faults"] is not None else None
     return j
 
 

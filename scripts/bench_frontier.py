@@ -106,20 +106,7 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
     cmd = [RT, "bench", str(manifest), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"]
     if budget:
         cmd += ["--mem-budget", str(budget)]
-    t0 = time.time()
-    try:
-        out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"timed_out": True, "seconds": timeout, "decode_tok_per_s": None}
-    faults, rss = edge.parse_time(out.stderr)
-    if out.returncode != 0:
-        m = re.search(r"at least (\d+) bytes", out.stderr)
-        return {"refused" if m else "failed": True, "minimum_budget_bytes": int(m.group(1)) if m else None,
-                "stderr_tail": out.stderr[-600:], "decode_tok_per_s": None, "seconds": time.time() - t0}
-    j = json.loads(out.stdout.strip().splitlines()[-1])
-    j.pop("text", None)
-    j.update({"major_faults": faults, "peak_rss_bytes_time": rss, "seconds": time.time() - t0})
-    return j
+    return edge.run_bench(g, cmd, timeout)
 
 
 def derived_device(device, mib_s, llama_overhead_s):
