@@ -103,7 +103,8 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, predictors_path: &Path, first
         n_layers: c.num_hidden_layers,
         tokens: all.0[0].tokens_counted as usize,
         warmup_tokens: warmup,
-        text: format!("{} sequences of {seq_len} tokens of the calibration corpus ({} files, first {})", seqs.len(), corpus.len(), corpus.first().map(|p| p.display().to_string()).unwrap_or_default()),
+        // (no paths: the table, like every artifact, must not depend on where it was made)
+        text: format!("{} sequences of {seq_len} tokens of the calibration corpus ({} files)", seqs.len(), corpus.len()),
         set_shares: s.set_shares.clone(),
         slot_shares: s.slot_shares.clone(),
         rules: all.0.iter().map(|s| (s.rule().to_string(), s.reuse())).collect::<BTreeMap<_, _>>(),
