@@ -1,9 +1,9 @@
 //! `scorer/reuse.json`, written by prep's reuse stage: per strategy (scorer, gate, layers), the
 //! share of each token's needed rows that a layer's slots already hold (reuse), simulated on
 //! calibration text (`runtime::reuse`) for a grid of set shares (rows needed per token, over
-//! n_ff) and slot shares (rows held, over n_ff). `runtime plan` reads it instead of assuming the needed sets are independent of what is
-//! held (Budgeting Bytes: the bytes a token reads are a property of the model and text, measured
-//! once offline).
+//! n_ff) and slot shares (rows held, over n_ff). `runtime plan` reads it instead of assuming the
+//! needed sets are independent of what is held (Budgeting Bytes: the bytes a token reads are a
+//! property of the model and text, measured once offline).
 
 use crate::error::{FormatError, Result};
 use serde::{Deserialize, Serialize};
@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub const REUSE_TABLE_FORMAT: &str = "reuse-table-2";
+
+/// The table's role in `manifest.toml`.
+pub const ARTIFACT_ROLE: &str = "reuse";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +44,12 @@ impl ReuseTable {
         let t: ReuseTable = serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })?;
         t.check().map_err(|what| FormatError::invalid(path, what))?;
         Ok(t)
+    }
+
+    /// The table of the preparation at `manifest_path`, loaded and checked; None when its
+    /// manifest lists none (a preparation made before the reuse stage).
+    pub fn of_manifest(manifest_path: &Path, m: &crate::manifest::Manifest) -> Result<Option<Self>> {
+        m.artifacts.iter().find(|a| a.role == ARTIFACT_ROLE).map(|a| Self::load(&m.artifact_path(manifest_path, a))).transpose()
     }
 
     pub fn check(&self) -> std::result::Result<(), String> {

@@ -37,7 +37,8 @@ pub struct Recipe {
     /// The per-layer predictors (`--strategy layers`); every field has a default.
     #[serde(default)]
     pub layers: layers::LayersSettings,
-    /// The scorer's reuse table (`runtime plan`); every field has a default.
+    /// The reuse table of the scorer, gate and layers strategies (`runtime plan`); every field
+    /// has a default.
     #[serde(default)]
     pub reuse: crate::reuse::ReuseSettings,
 }
@@ -362,7 +363,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         (runtime::layer_predictor::ARTIFACT_ROLE, lp_path.clone()),
         ("scorer", scorer_path.clone()),
         ("head_q8", head_path.clone()),
-        ("reuse", reuse_path.clone()),
+        (formats::reuse_table::ARTIFACT_ROLE, reuse_path.clone()),
         ("tokenizer", tok_path.clone()),
     ]
     .into_iter()

@@ -97,21 +97,6 @@ pub enum Reuse<'a> {
     Assumed,
 }
 
-impl<'a> Reuse<'a> {
-    /// The preparation's table when its manifest lists one (checked: a bad file is an error
-    /// naming it), else [`Reuse::Assumed`]. `slot` keeps the loaded table.
-    pub fn of_preparation(manifest_path: &std::path::Path, m: &formats::manifest::Manifest, slot: &'a mut Option<formats::reuse_table::ReuseTable>) -> formats::error::Result<Reuse<'a>> {
-        *slot = match m.artifacts.iter().find(|a| a.role == REUSE_ARTIFACT_ROLE) {
-            Some(a) => Some(formats::reuse_table::ReuseTable::load(&m.artifact_path(manifest_path, a))?),
-            None => None,
-        };
-        Ok(slot.as_ref().map_or(Reuse::Assumed, Reuse::Table))
-    }
-}
-
-/// The manifest role of the scorer's reuse table.
-pub const REUSE_ARTIFACT_ROLE: &str = "reuse";
-
 /// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
 #[allow(clippy::too_many_arguments)]
 pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Reuse) -> Prediction {
@@ -123,14 +108,16 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     let held_all = p.capacity.iter().all(|&c| c >= n_ff);
     let mean_slots = p.capacity.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
     let mean_set = p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
-    let (reuse, reuse_source) = match reuse {
-        Reuse::Given(r) => (r, "given".to_string()),
+    let (set_share, slot_share) = (mean_set / n_ff as f64, mean_slots / n_ff as f64);
+    let tabled = match reuse {
+        Reuse::Table(t) => t.at(rule, set_share, slot_share).map(|r| (r, t.tokens)),
+        _ => None,
+    };
+    let (reuse, reuse_source) = match (reuse, tabled) {
+        (Reuse::Given(r), _) => (r, "given".to_string()),
         _ if held_all => (1.0, "every row held (after the first tokens)".to_string()),
-        Reuse::Table(t) if t.at(rule, mean_set / n_ff as f64, mean_slots / n_ff as f64).is_some() => (
-            t.at(rule, mean_set / n_ff as f64, mean_slots / n_ff as f64).unwrap_or_default(),
-            format!("the preparation's reuse table at sets {:.3} and slots {:.3} of n_ff ({} tokens simulated)", mean_set / n_ff as f64, mean_slots / n_ff as f64, t.tokens),
-        ),
-        _ => (mean_slots / n_ff as f64, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
+        (_, Some((r, tokens))) => (r, format!("the preparation's reuse table at sets {set_share:.3} and slots {slot_share:.3} of n_ff ({tokens} tokens simulated)")),
+        _ => (slot_share, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
     };
     let a3 = memory_bytes_per_token(p, rule);
     // measured on this device for this model (probe-storage --manifest), scaled by the bytes

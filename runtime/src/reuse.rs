@@ -31,12 +31,17 @@ impl Chooser<'_> {
     }
 }
 
-/// One sparse layer: the scorer's shared heat (unused by the rankers), and per
-/// `[set][slot]` its slots and (rankers) their held rows' heat.
+/// What a layer evicts by: the scorer's heat of every neuron's score, one for all its maps; or
+/// per `[set][slot]` map, the heat of the rows that map holds (the rankers').
+enum Eviction {
+    Scored(LayerScoring),
+    Held(Vec<Vec<HeldHeat>>),
+}
+
+/// One sparse layer: its `[set][slot]` slot maps, their eviction state, tokens seen.
 struct LayerSim {
-    scoring: LayerScoring,
     maps: Vec<Vec<SlotMap>>,
-    held_heat: Vec<Vec<HeldHeat>>,
+    eviction: Eviction,
     tick: u64,
 }
 
@@ -76,12 +81,13 @@ impl<'a> ReuseSimulation<'a> {
     /// Empty slots and heat, as a fresh run's.
     pub fn new_sequence(&mut self) {
         let f = &self.scorer.file;
-        let ranked = matches!(self.chooser, Chooser::Ranked(_));
         self.layers = (0..f.n_layers)
             .map(|_| LayerSim {
-                scoring: LayerScoring::new(if ranked { 0 } else { f.n_ff }),
                 maps: self.capacities.iter().map(|caps| caps.iter().map(|&c| SlotMap::new(f.n_ff, c)).collect()).collect(),
-                held_heat: self.capacities.iter().map(|caps| caps.iter().map(|_| HeldHeat::new(if ranked { f.n_ff } else { 0 })).collect()).collect(),
+                eviction: match self.chooser {
+                    Chooser::Scorer(_) => Eviction::Scored(LayerScoring::new(f.n_ff)),
+                    Chooser::Ranked(_) => Eviction::Held(self.capacities.iter().map(|caps| caps.iter().map(|_| HeldHeat::new(f.n_ff)).collect()).collect()),
+                },
                 tick: 0,
             })
             .collect();
@@ -109,6 +115,8 @@ impl MlpHook for ReuseSimulation<'_> {
         let (norm, n_ff, d) = (f.layer_down_norm(layer), f.n_ff, f.d_model);
         let sim = &mut self.layers[layer - f.first_layer];
         let (mut h, mut scores) = (vec![0f32; n_ff], vec![0f32; n_ff]);
+        // (the rankers' held rows and their h, one buffer for every map)
+        let (mut held, mut hs): (Vec<u32>, Vec<f32>) = (Vec::with_capacity(n_ff), Vec::with_capacity(n_ff));
         for (t, (g, u)) in gate_silu.chunks_exact(n_ff).zip(up.chunks_exact(n_ff)).enumerate() {
             h.iter_mut().zip(g.iter().zip(u)).for_each(|(hj, (a, b))| *hj = a * b);
             sim.tick += 1;
@@ -121,20 +129,22 @@ impl MlpHook for ReuseSimulation<'_> {
                     self.set_sizes.iter().map(|&k| top_k(&scores, k)).collect()
                 }
             };
-            if let Chooser::Scorer(_) = self.chooser {
-                update_heat(&mut sim.scoring.heat, &h, norm);
+            if let Eviction::Scored(state) = &mut sim.eviction {
+                update_heat(&mut state.heat, &h, norm);
             }
             let counted = tick > self.warmup_tokens;
             for (si, set) in sets.iter().enumerate() {
                 for (ci, map) in sim.maps[si].iter_mut().enumerate() {
-                    let missing = match self.chooser {
-                        Chooser::Scorer(_) => map.plan_by_heat(set, tick, &sim.scoring.heat).len(),
-                        Chooser::Ranked(_) => {
-                            let heat = &mut sim.held_heat[si][ci];
+                    let missing = match &mut sim.eviction {
+                        Eviction::Scored(state) => map.plan_by_heat(set, tick, &state.heat).len(),
+                        Eviction::Held(heats) => {
+                            let heat = &mut heats[si][ci];
                             let n = heat.plan(map, set, tick).len();
                             // every held row counts, with its exact h
-                            let held: Vec<u32> = map.neuron_of.iter().copied().filter(|&j| j != EMPTY).collect();
-                            let hs: Vec<f32> = held.iter().map(|&j| h[j as usize]).collect();
+                            held.clear();
+                            held.extend(map.neuron_of.iter().copied().filter(|&j| j != EMPTY));
+                            hs.clear();
+                            hs.extend(held.iter().map(|&j| h[j as usize]));
                             heat.update(&held, &hs);
                             n
                         }

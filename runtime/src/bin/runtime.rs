@@ -1147,8 +1147,8 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let rh = runtime::stream::budget::ResidentHead::of(manifest, &mf)?;
     let embed_row_bytes = rh.embed_bytes / c.vocab_size as u64;
     // a measured reuse is this mode's; the other auto candidates get the preparation's table
-    let mut table = None;
-    let prepared = runtime::plan::Reuse::of_preparation(manifest, &mf, &mut table)?;
+    let table = formats::reuse_table::ReuseTable::of_manifest(manifest, &mf)?;
+    let prepared = table.as_ref().map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Table);
     let known = reuse.map_or(prepared, runtime::plan::Reuse::Given);
     let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, known);
     // --strategy auto: every candidate at this budget, with its predicted rate
