@@ -6,6 +6,7 @@ recall of the oracle's set (each token's truly largest |silu(g) * u|) at s = 15,
 of n_ff, for
 
   layers   the per-layer predictors (nothing of the MLP resident but them)
+  sketch   the resident gate and up rows at 2 bits a weight (about a third of the 4-bit MLP)
   gate     the resident gate rows (|silu(gate . x)| x ||down||; a third of the 4-bit MLP)
   scorer   the resident gate and up rows (two thirds of it; only down rows streamed)
   soft8    the shared predictor (NeuroPrefetcher's, after layer 0), sets cut to s x n_ff
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RT = Path(os.environ.get("RUNTIME_BIN", ROOT / "target/release/runtime"))
-METHODS = ["layers", "gate", "scorer", "soft8", "oracle"]
+METHODS = ["layers", "sketch", "gate", "scorer", "soft8", "oracle"]
 
 
 def run(args):
@@ -91,6 +92,7 @@ def main():
     n_prepared = m["model"]["num_hidden_layers"] - m["sparsity"]["dense_prefix"]
     resident = {  # bytes the method holds for the sparse layers (besides slots)
         "layers": arts["layer_predictors"]["bytes"] * n_sparse / n_prepared,
+        "sketch": arts["sketch"]["bytes"] * n_sparse / n_prepared,
         "gate": arts["scorer"]["bytes"] / 2 * n_sparse / n_prepared,
         "scorer": arts["scorer"]["bytes"] * n_sparse / n_prepared,
         "soft8": arts["predictor"]["bytes"] + arts["centroids"]["bytes"],

@@ -261,6 +261,15 @@ fn fuzz_scorer() {
 }
 
 #[test]
+fn fuzz_sketch() {
+    let (d0, n_sparse, n_ff, d, _) = shape();
+    fuzz("sketch", &seed_of("sketch/sketch.safetensors"), &work("sketch").join("sketch.safetensors"), |p| {
+        let _ = formats::sketch::SketchFile::load(p, d0, n_sparse, n_ff, d);
+        let _ = formats::sketch::held_bytes_per_layer(p, d0, n_sparse, n_ff, d);
+    });
+}
+
+#[test]
 fn fuzz_head_q8() {
     let (_, _, _, d, vocab) = shape();
     fuzz("head-q8", &seed_of("scorer/head_q8.safetensors"), &work("head-q8").join("head_q8.safetensors"), |p| {

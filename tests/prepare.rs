@@ -17,7 +17,7 @@ fn prepare_end_to_end_then_resume() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let stages: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
-    assert_eq!(stages, ["capture", "importance", "cluster", "train", "layers", "pack", "scorer", "reuse"]);
+    assert_eq!(stages, ["capture", "importance", "cluster", "train", "layers", "pack", "scorer", "sketch", "reuse"]);
 
     // the predictor: better than chance on held-out tokens (loss and top-1; top-1 also beats
     // always guessing the most frequent label),
@@ -93,12 +93,12 @@ fn prepare_end_to_end_then_resume() {
     assert!(report["stages"].as_array().unwrap().iter().all(|s| s["skipped"] == true), "{report}");
 
     // a changed setting reruns what depends on it: dense prefix -> cluster, train, layers, pack,
-    // scorer and reuse, not capture
+    // scorer, sketch and reuse, not capture
     let r = recipe(&dir, 27);
     let third = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&third.stdout).unwrap();
     let skipped: Vec<bool> = report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
-    assert_eq!(skipped, [true, true, false, false, false, false, false, false]);
+    assert_eq!(skipped, [true, true, false, false, false, false, false, false, false]);
     assert_eq!(Manifest::load(&mpath).unwrap().sparsity.k_max.len(), 3);
 
     // the report over the calibration capture

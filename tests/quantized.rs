@@ -232,7 +232,7 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     assert!(j["recall_shares"][2] == 0.25 && recall > static_recall + 0.02 && recall > 0.3, "{j}");
     assert!(j["mlp_share"].as_f64().unwrap() <= 0.05 && j["reload_top_set_agreement"] == 1.0 && j["reload_max_abs_score_diff"].as_f64().unwrap() < 1e-3, "{j}");
     for out in [f16_out, native_out] {
-        for selector in [SelectorChoice::Layers, SelectorChoice::Gate] {
+        for selector in [SelectorChoice::Layers, SelectorChoice::Gate, SelectorChoice::Sketch] {
             streamed_whole_records_equal_in_memory(out, selector);
         }
     }
@@ -312,7 +312,7 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
     let (want, got) = (logits_of_opened(&mut mem), logits_of_opened(&mut s));
     let diff = max_abs_diff(&want, &got);
     assert!(s.engine().unwrap().stats.rows_loaded > 0 && diff < 2e-3, "streamed scorer over Q5_0 down rows differs from in-memory by {diff}");
-    for selector in [SelectorChoice::Layers, SelectorChoice::Gate] {
+    for selector in [SelectorChoice::Layers, SelectorChoice::Gate, SelectorChoice::Sketch] {
         streamed_whole_records_equal_in_memory(&out, selector);
     }
 }
@@ -325,7 +325,8 @@ fn logits_of_opened(o: &mut runtime::Opened) -> Vec<f32> {
 
 /// `--strategy auto` sizes every candidate from its files' headers exactly as the loaded
 /// selector sizes its run, and runs the best-quality one whose plan fits: the scorer, then the
-/// gate rows, then the per-layer predictors; below all three, one refusal naming each minimum.
+/// sketch, then the gate rows, then the per-layer predictors; below all four, one refusal
+/// naming each minimum.
 fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path) {
     use runtime::stream::{auto, SelectorChoice, StreamSettings, StreamingEngine};
     let manifest = out.join("manifest.toml");
@@ -338,12 +339,12 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     };
     // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff)
     let cands = auto::candidates(&manifest, &m, &settings(Some(1))).unwrap();
-    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "gate", "layers"]);
+    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "sketch", "gate", "layers"]);
     let mins: Vec<u64> = cands.iter().map(minimum_of).collect();
-    eprintln!("auto: minimums scorer {} gate {} layers {}", mins[0], mins[1], mins[2]);
-    assert!(mins[2] < mins[1] && mins[1] < mins[0], "{mins:?}: the fixture's minimums order as Qwen's");
+    eprintln!("auto: minimums scorer {} sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3]);
+    assert!(mins[3] < mins[2] && mins[2] < mins[1] && mins[1] < mins[0], "{mins:?}: the fixture's minimums order as Qwen's");
     // the header sizing plans what the loaded selector plans, at several budgets
-    for budget in [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 19)), Some(mins[2] - 1)] {
+    for budget in [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 19)), Some(mins[3] + (1 << 19)), Some(mins[3] - 1)] {
         for c in auto::candidates(&manifest, &m, &settings(budget)).unwrap() {
             let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, ..settings(budget) });
             match (&c.plan, engine) {
@@ -358,7 +359,12 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         }
     }
     // each budget runs the best that fits
-    let expect = [(mins[0] + (1 << 20), SelectorChoice::Scorer { resident_bonus: 1.0 }, "scorer"), ((mins[0] + mins[1]) / 2, SelectorChoice::Gate, "gate"), ((mins[1] + mins[2]) / 2, SelectorChoice::Layers, "layers")];
+    let expect = [
+        (mins[0] + (1 << 20), SelectorChoice::Scorer { resident_bonus: 1.0 }, "scorer"),
+        ((mins[0] + mins[1]) / 2, SelectorChoice::Sketch, "sketch"),
+        ((mins[1] + mins[2]) / 2, SelectorChoice::Gate, "gate"),
+        ((mins[2] + mins[3]) / 2, SelectorChoice::Layers, "layers"),
+    ];
     for (budget, want, name) in expect {
         let (choice, note) = auto::choose(&manifest, &m, &settings(Some(budget))).unwrap().unwrap();
         assert_eq!(choice, want, "at {budget}");
@@ -370,8 +376,8 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
         assert_eq!(err.contains(&format!("--strategy auto runs {name}")), name != "scorer", "{err}");
     }
-    let err = auto::choose(&manifest, &m, &settings(Some(mins[2] - 1))).err().unwrap().to_string();
-    assert!(err.contains(&format!("at least {}", mins[2])) && err.contains("scorer needs") && err.contains("gate needs") && err.contains("--strategy layers"), "{err}");
+    let err = auto::choose(&manifest, &m, &settings(Some(mins[3] - 1))).err().unwrap().to_string();
+    assert!(err.contains(&format!("at least {}", mins[3])) && err.contains("scorer needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"), "{err}");
 }
 
 /// A whole-record strategy streamed at a budget between its minimum and every row equals the

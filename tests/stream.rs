@@ -104,7 +104,7 @@ fn flipped_byte_is_a_crc_error() {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     // the other artifacts are referenced relative to the manifest: link their folders
-    for d in ["cluster", "predictor", "capture", "importance", "scorer", "layers"] {
+    for d in ["cluster", "predictor", "capture", "importance", "scorer", "sketch", "layers"] {
         std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
     }
     let manifest = formats::manifest::Manifest::load(m).unwrap();
@@ -421,7 +421,7 @@ fn plan_reads_the_preparations_reuse_table() {
     let m = default_sparse();
     let path = m.parent().unwrap().join("scorer/reuse.json");
     let t = formats::reuse_table::ReuseTable::load(&path).unwrap();
-    assert_eq!(t.rules.keys().collect::<Vec<_>>(), ["gate", "layers", "scorer"]);
+    assert_eq!(t.rules.keys().collect::<Vec<_>>(), ["gate", "layers", "scorer", "sketch"]);
     assert!(t.tokens > 0 && t.rules.values().flatten().flatten().all(|r| (0.0..=1.0).contains(r)), "{t:?}");
     for row in t.rules.values().flatten() {
         assert!(row.windows(2).all(|w| w[1] >= w[0] - 0.02), "more slots hold less: {row:?}");

@@ -21,6 +21,7 @@ pub mod predictor;
 pub mod records;
 pub mod reuse_table;
 pub mod scorer;
+pub mod sketch;
 pub mod thresholds;
 pub mod safetensors_io;
 

@@ -7,6 +7,7 @@ mod import;
 mod importance;
 mod layers;
 mod scorer;
+mod sketch;
 mod pack;
 mod prepare;
 mod report;
@@ -241,6 +242,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The resident few-bit gate/up sketch of layers D.. (sketch.safetensors): lets `--strategy
+    /// sketch` rank each layer's neurons from its own input and stream whole records.
+    Sketch {
+        /// Canonical model directory (from `prep import`).
+        model: PathBuf,
+        /// Layers 0..D stay dense (the preparation's dense prefix).
+        #[arg(long)]
+        dense_prefix: usize,
+        /// Bits per weight: 1, 2 or 4.
+        #[arg(long, default_value_t = 2)]
+        bits: u32,
+        /// Calibration text files (or directories of them) whose MLP inputs weight each
+        /// weight's error; none: unweighted.
+        #[arg(long, num_args = 1..)]
+        corpus: Vec<PathBuf>,
+        #[arg(long, default_value_t = 512)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 4)]
+        sequences: usize,
+        /// Output file (sketch.safetensors).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() {
@@ -430,6 +456,18 @@ fn run(cli: Cli) -> Result<()> {
                 println!(
                     "4-bit gate/up of {} layers from {} ({:.1} MiB, mean relative row error {:.4}) -> {} in {:.1} s",
                     s.layers, s.first_layer, s.bytes as f64 / 1048576.0, s.relative_error, s.path, s.seconds
+                );
+            }
+        }
+        Command::Sketch { model, dense_prefix, bits, corpus, seq_len, sequences, out, json } => {
+            let calibration = sketch::Calibration { corpus: capture::expand_corpus(&corpus)?, seq_len, sequences: if corpus.is_empty() { 0 } else { sequences } };
+            let s = sketch::sketch(&model, dense_prefix, bits, &calibration, &out, !json)?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "{}-bit gate/up sketch of {} layers from {} ({:.1} MiB, mean relative row error {:.4}) -> {} in {:.1} s",
+                    s.bits, s.layers, s.first_layer, s.bytes as f64 / 1048576.0, s.relative_error, s.path, s.seconds
                 );
             }
         }

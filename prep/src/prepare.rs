@@ -37,10 +37,38 @@ pub struct Recipe {
     /// The per-layer predictors (`--strategy layers`); every field has a default.
     #[serde(default)]
     pub layers: layers::LayersSettings,
-    /// The reuse table of the scorer, gate and layers strategies (`runtime plan`); every field
-    /// has a default.
+    /// The resident gate/up sketch (`--strategy sketch`); every field has a default.
+    #[serde(default)]
+    pub sketch: SketchRecipe,
+    /// The reuse table of the scorer, sketch, gate and layers strategies (`runtime plan`);
+    /// every field has a default.
     #[serde(default)]
     pub reuse: crate::reuse::ReuseSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SketchRecipe {
+    /// Bits per weight of the gate and up rows: 1, 2 or 4.
+    #[serde(default = "default_sketch_bits")]
+    pub bits: u32,
+    /// Calibration sequences (capture's corpus and length) whose MLP inputs weight each
+    /// weight's error; 0: unweighted.
+    #[serde(default = "default_sketch_sequences")]
+    pub sequences: usize,
+}
+
+fn default_sketch_bits() -> u32 {
+    2
+}
+fn default_sketch_sequences() -> usize {
+    4
+}
+
+impl Default for SketchRecipe {
+    fn default() -> Self {
+        SketchRecipe { bits: default_sketch_bits(), sequences: default_sketch_sequences() }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -321,10 +349,18 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         scorer::head_q8(&weights_dir, &head_path)
     })?;
 
-    // reuse: the reuse table of the scorer, gate and layers strategies, which runtime plan reads
+    // sketch: the resident few-bit gate/up rows of the sparse layers (`--strategy sketch`),
+    // weighted by the calibration inputs
+    let sketch_path = out.join("sketch/sketch.safetensors");
+    let calibration = crate::sketch::Calibration { corpus: corpus.clone(), seq_len: r.capture.seq_len, sequences: r.sketch.sequences };
+    let key = serde_json::json!({"model": weights_fp, "dense_prefix": d, "settings": r.sketch, "seq_len": r.capture.seq_len, "corpus": file_fingerprint(&corpus)?});
+    st.run("sketch", &key, std::slice::from_ref(&sketch_path), || crate::sketch::sketch(&weights_dir, d, r.sketch.bits, &calibration, &sketch_path, show_progress).map(|_| ()))?;
+
+    // reuse: the reuse table of the scorer, sketch, gate and layers strategies, which runtime
+    // plan reads
     let reuse_path = out.join("scorer/reuse.json");
-    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "corpus": file_fingerprint(&corpus)?});
-    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, &lp_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
+    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "corpus": file_fingerprint(&corpus)?});
+    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, &sketch_path, &lp_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
 
     // manifest
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
@@ -362,6 +398,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("importance", imp_path.clone()),
         (runtime::layer_predictor::ARTIFACT_ROLE, lp_path.clone()),
         ("scorer", scorer_path.clone()),
+        (runtime::layer_predictor::SKETCH_ROLE, sketch_path.clone()),
         ("head_q8", head_path.clone()),
         (formats::reuse_table::ARTIFACT_ROLE, reuse_path.clone()),
         ("tokenizer", tok_path.clone()),

@@ -1,5 +1,5 @@
 //! The `reuse` stage of `prep prepare`: the reuse table (`scorer/reuse.json`, layout
-//! `formats::reuse_table`) of the scorer, gate and layers strategies, which `runtime plan` reads
+//! `formats::reuse_table`) of the scorer, sketch, gate and layers strategies, which `runtime plan` reads
 //! to predict how many of a token's needed rows are already held at a budget's set and slot
 //! sizes. Simulated (`runtime::reuse`) over one dense forward pass of calibration sequences:
 //! each strategy chooses its sets and evicts as its streamed run does.
@@ -7,7 +7,7 @@
 use crate::capture::{corpus_sequences, expand_corpus};
 use anyhow::{bail, Context, Result};
 use formats::reuse_table::{ReuseTable, REUSE_TABLE_FORMAT};
-use runtime::layer_predictor::{GateRanker, LayerPredictors, Ranker};
+use runtime::layer_predictor::{GateRanker, LayerPredictors, Ranker, SketchRanker};
 use runtime::model::MlpHook;
 use runtime::reuse::{Chooser, ReuseSimulation};
 use runtime::scorer::GateUpScorer;
@@ -68,10 +68,10 @@ impl MlpHook for AllStrategies<'_> {
 }
 
 /// Simulates the table on the model in `model_dir` for the scorer at `scorer_path` (sparse
-/// layers `first_layer..`), the gate rows in it, and the per-layer predictors at
-/// `predictors_path`, and writes it to `out`.
+/// layers `first_layer..`), the gate rows in it, the sketch at `sketch_path` and the per-layer
+/// predictors at `predictors_path`, and writes it to `out`.
 #[allow(clippy::too_many_arguments)]
-pub fn reuse(model_dir: &Path, scorer_path: &Path, predictors_path: &Path, first_layer: usize, corpus: &[PathBuf], seq_len: usize, s: &ReuseSettings, out: &Path) -> Result<ReuseTable> {
+pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictors_path: &Path, first_layer: usize, corpus: &[PathBuf], seq_len: usize, s: &ReuseSettings, out: &Path) -> Result<ReuseTable> {
     // (a short calibration sequence, as in a CI-sized recipe, counts its second half)
     let warmup = s.warmup_tokens.min(seq_len / 2);
     let (model, tok) = runtime::open_model(model_dir)?;
@@ -79,6 +79,7 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, predictors_path: &Path, first
     let (n_sparse, n_ff, d) = (c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size);
     let scorer = GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? };
     let gate = Ranker::Gate(GateRanker { file: formats::scorer::GateRowsFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? });
+    let sketch = Ranker::Sketch(SketchRanker { file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)? });
     let mut predictors = LayerPredictors::load(predictors_path, d, n_ff, c.num_hidden_layers)?;
     if predictors.spec.first_layer > first_layer {
         bail!("{}: predictors start at layer {}, the sparse layers at {first_layer}", predictors_path.display(), predictors.spec.first_layer);
@@ -90,7 +91,7 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, predictors_path: &Path, first
         bail!("reuse: the corpus gives no sequence of {seq_len} tokens");
     }
     let sim = |chooser| ReuseSimulation::new(chooser, &scorer, &s.set_shares, &s.slot_shares, warmup);
-    let mut all = AllStrategies(vec![sim(Chooser::Scorer(&scorer)), sim(Chooser::Ranked(&gate)), sim(Chooser::Ranked(&predictors))]);
+    let mut all = AllStrategies(vec![sim(Chooser::Scorer(&scorer)), sim(Chooser::Ranked(&sketch)), sim(Chooser::Ranked(&gate)), sim(Chooser::Ranked(&predictors))]);
     for seq in &seqs {
         all.0.iter_mut().for_each(|s| s.new_sequence());
         let mut cache = model.new_cache(seq.len())?;

@@ -1,7 +1,9 @@
 //! Ranking a sparse layer's neurons before their rows are in memory, for the strategies that
 //! stream whole records ([`Ranker`]): the per-layer predictors (layout
-//! `formats::layer_predictors`, training `prep layers`: `w2 relu(w1 x + b1) + b2`), or the
-//! resident gate rows alone (`|silu(gate . x)| x ||W_down[:, j]||`, from the scorer file); and
+//! `formats::layer_predictors`, training `prep layers`: `w2 relu(w1 x + b1) + b2`), the
+//! resident gate/up sketch (`|silu(g~ . x)(u~ . x)| x ||W_down[:, j]||` from rows of 2 bits a
+//! weight, `formats::sketch`), or the resident gate rows alone (`|silu(gate . x)| x
+//! ||W_down[:, j]||`, from the scorer file); and
 //! [`LayerPredictedSparsity`], the in-memory run of exactly what a streamed run computes.
 //!
 //! At each sparse layer the layer's own normed input ranks every neuron, the `k` best are the
@@ -121,7 +123,12 @@ pub enum RankerKind {
     Predictors,
     /// The resident gate rows (`--strategy gate`).
     Gate,
+    /// The resident few-bit gate/up sketch (`--strategy sketch`).
+    Sketch,
 }
+
+/// The artifact role of `sketch.safetensors` in a manifest.
+pub const SKETCH_ROLE: &str = "sketch";
 
 /// The resident gate rows of the sparse layers (`formats::scorer::GateRowsFile`).
 pub struct GateRanker {
@@ -176,10 +183,48 @@ impl GateRanker {
     }
 }
 
+/// The gate and up rows of the sparse layers at a few bits per weight
+/// (`formats::sketch::SketchFile`): `|silu(g~ . x)(u~ . x)| x ||W_down[:, j]||`.
+pub struct SketchRanker {
+    pub file: formats::sketch::SketchFile,
+}
+
+impl SketchRanker {
+    fn scores(&self, layer: usize, xn: &[f32], out: &mut [f32]) {
+        use crate::ops::sketch_dot::dot2_sketch_q8;
+        use formats::sketch::SKETCH_BLOCK;
+        use rayon::prelude::*;
+        let f = &self.file;
+        let li = layer - f.first_layer;
+        let (rb, sb, n_ff) = (f.row_bytes(), f.d_model / SKETCH_BLOCK, f.n_ff);
+        let x = crate::ops::qmatvec::Q8Vector::quantize(xn);
+        let xsum: Vec<i32> = x.xq.chunks_exact(SKETCH_BLOCK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
+        let packed = &f.packed[li * n_ff * 2 * rb..(li + 1) * n_ff * 2 * rb];
+        let scales = &f.scales[li * n_ff * 2 * sb..(li + 1) * n_ff * 2 * sb];
+        let norm = &f.down_norm[li * n_ff..(li + 1) * n_ff];
+        out.par_iter_mut().enumerate().with_min_len(256).for_each(|(j, o)| {
+            let (g, u) = dot2_sketch_q8(&packed[2 * j * rb..(2 * j + 1) * rb], &scales[2 * j * sb..(2 * j + 1) * sb], &packed[(2 * j + 1) * rb..(2 * j + 2) * rb], &scales[(2 * j + 1) * sb..(2 * j + 2) * sb], f.bits, &x.xq, &x.xs, &xsum);
+            *o = (crate::ops::swiglu::silu(g) * u).abs() * norm[j];
+        });
+    }
+
+    fn drop_layers_before(&mut self, from: usize) {
+        let f = &mut self.file;
+        let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
+        let (rb, sb) = (f.row_bytes(), f.d_model / formats::sketch::SKETCH_BLOCK);
+        f.packed.drain(..drop * f.n_ff * 2 * rb);
+        f.scales.drain(..drop * f.n_ff * 2 * sb);
+        f.down_norm.drain(..drop * f.n_ff);
+        f.first_layer += drop;
+        f.n_layers -= drop;
+    }
+}
+
 /// What ranks a layer's neurons from its own input, before any of their rows are read.
 pub enum Ranker {
     Predictors(LayerPredictors),
     Gate(GateRanker),
+    Sketch(SketchRanker),
 }
 
 impl Ranker {
@@ -205,6 +250,15 @@ impl Ranker {
                 )?;
                 Ok(Ranker::Gate(GateRanker { file }))
             }
+            RankerKind::Sketch => {
+                let path = m.artifact_path_of(manifest_path, SKETCH_ROLE).map_err(|_| {
+                    RuntimeError::Input(format!("{}: no {SKETCH_ROLE} artifact, which --strategy sketch ranks with (rerun make prepare)", manifest_path.display()))
+                })?;
+                let c = &m.model;
+                let d0 = m.sparsity.dense_prefix;
+                let file = formats::sketch::SketchFile::load(&path, d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+                Ok(Ranker::Sketch(SketchRanker { file }))
+            }
         }
     }
 
@@ -213,6 +267,7 @@ impl Ranker {
         match self {
             Ranker::Predictors(_) => "layers",
             Ranker::Gate(_) => "gate",
+            Ranker::Sketch(_) => "sketch",
         }
     }
 
@@ -221,6 +276,7 @@ impl Ranker {
         match self {
             Ranker::Predictors(p) => p.spec.layer_parameters() as u64 * 2,
             Ranker::Gate(g) => g.file.layer_bytes() as u64,
+            Ranker::Sketch(s) => s.file.layer_bytes() as u64,
         }
     }
 
@@ -228,6 +284,7 @@ impl Ranker {
         match self {
             Ranker::Predictors(p) => p.drop_layers_before(from),
             Ranker::Gate(g) => g.drop_layers_before(from),
+            Ranker::Sketch(s) => s.drop_layers_before(from),
         }
     }
 
@@ -239,6 +296,11 @@ impl Ranker {
                 let (d, n_ff) = (g.file.d_model, g.file.n_ff);
                 for (xr, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(n_ff)) {
                     g.scores(layer, xr, o);
+                }
+            }
+            Ranker::Sketch(s) => {
+                for (xr, o) in x.chunks_exact(s.file.d_model).zip(out.chunks_exact_mut(s.file.n_ff)) {
+                    s.scores(layer, xr, o);
                 }
             }
         }

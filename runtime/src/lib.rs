@@ -87,7 +87,7 @@ pub enum Sparsity {
     InMemory(Box<predictor::PredictedSparsity>),
     /// The 4-bit scorer's sets, every downT row in memory.
     Scored(Box<scorer::ScoredSparsity>),
-    /// A whole-record strategy's sets (layers, gate), every record in memory, the slots
+    /// A whole-record strategy's sets (sketch, gate, layers), every record in memory, the slots
     /// simulated.
     Layers(Box<layer_predictor::LayerPredictedSparsity>),
     Stream(Box<stream::StreamingEngine>),
@@ -263,8 +263,12 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     p.single_token = s.single_token;
                     Sparsity::Scored(Box::new(p))
                 }
-                stream::SelectorChoice::Layers | stream::SelectorChoice::Gate => {
-                    let kind = if s.selector == stream::SelectorChoice::Gate { layer_predictor::RankerKind::Gate } else { layer_predictor::RankerKind::Predictors };
+                stream::SelectorChoice::Layers | stream::SelectorChoice::Gate | stream::SelectorChoice::Sketch => {
+                    let kind = match s.selector {
+                        stream::SelectorChoice::Gate => layer_predictor::RankerKind::Gate,
+                        stream::SelectorChoice::Sketch => layer_predictor::RankerKind::Sketch,
+                        _ => layer_predictor::RankerKind::Predictors,
+                    };
                     let mut p = layer_predictor::LayerPredictedSparsity::new(path, &manifest, kind)?;
                     p.set_shares(s.set_scale, s.slot_share);
                     p.dense_prefix = prefix;

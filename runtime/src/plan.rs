@@ -100,8 +100,9 @@ pub enum Reuse<'a> {
 /// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
 #[allow(clippy::too_many_arguments)]
 pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Reuse) -> Prediction {
-    // the scorer, gate and layers rank at the layer (A2); the shared predictor after layer 0 (A1)
-    let in_layer = matches!(rule, "scorer" | "gate" | "layers");
+    // the scorer, sketch, gate and layers rank at the layer (A2); the shared predictor after
+    // layer 0 (A1)
+    let in_layer = matches!(rule, "scorer" | "sketch" | "gate" | "layers");
     let n_sparse = p.set_sizes.len();
     // the sparse layers run to the last
     let n_layers = p.dense_prefix + n_sparse;

@@ -5,7 +5,7 @@
 //!
 //! - scorer: the `k` largest `|h_j| x ||down_j||` from the exact `h` (resident bonus 1, the
 //!   streamed default); evicts by the heat of every neuron's score ([`crate::scorer`]).
-//! - gate, layers: the `k` best of the [`Ranker`]'s scores from the layer's normed input;
+//! - sketch, gate, layers: the `k` best of the [`Ranker`]'s scores from the layer's normed input;
 //!   evicts by [`HeldHeat`], fed the exact `h` of every row the slots hold.
 //!
 //! The inputs are the dense model's, not the sparse run's, and each sequence starts with empty

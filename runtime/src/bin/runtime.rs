@@ -32,6 +32,7 @@ struct ModeArgs {
     /// layers: each sparse layer's own small predictor picks its set from the layer's input,
     /// whole records are streamed and every held row counts (nothing of the MLP resident).
     /// gate: as layers, ranked by the resident gate rows (|silu(gate . x)| x ||down||).
+    /// sketch: as layers, ranked by the resident gate and up rows at 2 bits per weight.
     /// dense: every layer dense, every row in memory (the reference).
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     strategy: Strategy,
@@ -68,15 +69,16 @@ enum Strategy {
     Scorer,
     Layers,
     Gate,
+    Sketch,
 }
 
 const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
   set-rule=soft8|softN|top1|static|oracle  the predictor's set rule (oracle: --in-memory only;
-                                           with --strategy layers or gate: oracle ranking in memory)
+                                           with --strategy layers, sketch or gate: oracle ranking in memory)
   neuron-rank=importance|membership        how the predictor's cut sets rank neurons
   resident-bonus=F                         scorer: a held row counts F (>= 1) times its score
-  slot-share=C                             --in-memory scorer, layers, gate: rows each layer holds, share of n_ff
-  single-token                             --in-memory scorer, layers, gate: tokens one at a time, as streamed
+  slot-share=C                             --in-memory scorer, sketch, gate, layers: rows each layer holds, share of n_ff
+  single-token                             --in-memory scorer, sketch, gate, layers: tokens one at a time, as streamed
   head=q8|f16                              the output head (default: q8 with the scorer)
   pread                                    read records with pread instead of io_uring
   max-run-bytes=N                          longest coalesced read (default 1048576)
@@ -156,7 +158,7 @@ impl ModeArgs {
             // a model directory runs dense in memory: a streaming flag would silently do nothing
             // (--dense-prefix also says where oracle masks start)
             let prefix = self.dense_prefix.is_some() && x.oracle_thresholds.is_none();
-            let streaming = self.mem_budget.is_some() || self.in_memory || prefix || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer | Strategy::Layers | Strategy::Gate);
+            let streaming = self.mem_budget.is_some() || self.in_memory || prefix || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch);
             if streaming && model.is_dir() {
                 anyhow::bail!("{}: a model directory runs dense, in memory; --mem-budget, --in-memory, --strategy, --dense-prefix and --set-scale need a prepared model's manifest.toml (make prepare)", model.display());
             }
@@ -182,9 +184,9 @@ impl ModeArgs {
         let head_quantized = runtime::stream::budget::ResidentHead::of(model, &manifest)?.head_quantized;
         let head_q8 = match (x.head_q8, strategy) {
             (Some(h), _) => h,
-            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate) if head_quantized => false,
-            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate) if has("head_q8") => true,
-            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate) => {
+            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch) if head_quantized => false,
+            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch) if has("head_q8") => true,
+            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch) => {
                 notes.push(format!("{} has no head_q8 artifact: logits from the f16 head", model.display()));
                 false
             }
@@ -197,14 +199,14 @@ impl ModeArgs {
             return Ok((PreparedMode::Dense { head_q8 }, x, notes));
         }
         let scorer = strategy == Strategy::Scorer;
-        let layers = matches!(strategy, Strategy::Layers | Strategy::Gate);
+        let layers = matches!(strategy, Strategy::Layers | Strategy::Gate | Strategy::Sketch);
         // the whole-record strategies take set-rule=oracle only (their in-memory ceiling)
         let layer_oracle = layers && x.set_rule == Some(SetRule::Oracle);
         if (scorer || layers) && ((x.set_rule.is_some() && !layer_oracle) || x.neuron_rank.is_some()) {
-            anyhow::bail!("--experiment set-rule and neuron-rank are the predictor's: use them with --strategy predictor (--strategy layers and gate take set-rule=oracle, in memory)");
+            anyhow::bail!("--experiment set-rule and neuron-rank are the predictor's: use them with --strategy predictor (--strategy layers, sketch and gate take set-rule=oracle, in memory)");
         }
         if !(scorer || layers) && (x.slot_share.is_some() || x.single_token) {
-            anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots: use them with --strategy scorer, layers or gate");
+            anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots: use them with --strategy scorer, sketch, gate or layers");
         }
         if !scorer && x.resident_bonus.is_some() {
             anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
@@ -213,6 +215,8 @@ impl ModeArgs {
             SelectorChoice::Scorer { resident_bonus: x.resident_bonus.unwrap_or(1.0) }
         } else if strategy == Strategy::Gate {
             SelectorChoice::Gate
+        } else if strategy == Strategy::Sketch {
+            SelectorChoice::Sketch
         } else if layers {
             SelectorChoice::Layers
         } else {
@@ -830,7 +834,7 @@ fn run(cli: Cli) -> Result<()> {
                     "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, {} sets of {:.2} x {}",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
                     r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_prefix, r.set_rule, r.set_scale,
-                    if r.set_rule == "scorer" { "n_ff" } else { "K_max" }
+                    if matches!(r.set_rule.as_str(), "scorer" | "sketch" | "gate" | "layers") { "n_ff" } else { "K_max" }
                 );
             }
         }
@@ -977,7 +981,7 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         let has = |role: &str| mf.artifacts.iter().any(|a| a.role == role);
         // each strategy --strategy auto may run: its compute differs (the whole-record ones
         // compute every held row's h from its record)
-        let strategies: Vec<Strategy> = [(Strategy::Scorer, "scorer"), (Strategy::Gate, "scorer"), (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE)]
+        let strategies: Vec<Strategy> = [(Strategy::Scorer, "scorer"), (Strategy::Sketch, runtime::layer_predictor::SKETCH_ROLE), (Strategy::Gate, "scorer"), (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE)]
             .into_iter()
             .filter(|(_, role)| has(role))
             .map(|(s, _)| s)

@@ -12,5 +12,6 @@ pub mod record_sum;
 pub mod rmsnorm;
 pub mod rope;
 pub mod simd;
+pub mod sketch_dot;
 pub mod softmax;
 pub mod swiglu;

@@ -170,6 +170,28 @@ pub fn dot_q8_q8(q: &[i8], s: &[f16], xq: &[i8], xs: &[f32]) -> Option<f32> {
     }
 }
 
+/// Two 2-bit sketch rows (`formats::sketch`: groups of 4 blocks in 32 bytes, an f16 scale per
+/// block, weight `(q - 1.5) s`) against one int8 vector `xq` with block scales `xs` and block
+/// sums `xsum`: `(row0 . x, row1 . x)`. The levels go into the integer products unsigned and
+/// the 1.5 they are offset by comes off once per row. `None` where the x86-64-v3 kernel is not
+/// compiled.
+#[inline]
+pub fn dot2_sketch2_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32], xsum: &[i32]) -> Option<(f32, f32)> {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        let n = xs.len();
+        assert!(xq.len() == n * 32 && s0.len() == n && s1.len() == n && xsum.len() == n && p0.len() == n.div_ceil(4) * 32 && p1.len() == p0.len());
+        // SAFETY: compiled only with AVX2, FMA and F16C enabled for the whole build (x86-64-v3);
+        // the lengths are checked above and every load stays inside them.
+        Some(unsafe { x86::dot2_sketch2_q8(p0, s0, p1, s1, xq, xs, xsum) })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        let _ = (p0, s0, p1, s1, xq, xs, xsum);
+        None
+    }
+}
+
 /// The portable two-row Q4 x Q8 product (rows wider than the x86 kernel's 64 blocks).
 #[allow(dead_code)]
 fn portable_dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> (f32, f32) {
@@ -364,6 +386,46 @@ mod x86 {
             b += 8;
         }
         (hsum(_mm256_add_ps(acc[0], acc[1])) - hsum(corr0), hsum(_mm256_add_ps(acc[2], acc[3])) - hsum(corr1))
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot2_sketch2_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32], xsum: &[i32]) -> (f32, f32) {
+        let n = xs.len();
+        // combined block scales (weight x activation), converted eight at a time
+        let (mut c0, mut c1) = ([0f32; 128], [0f32; 128]);
+        if n > 128 {
+            let one = |p: &[u8], s: &[f16]| crate::ops::sketch_dot::dot_sketch_q8(p, s, 2, xq, xs, xsum);
+            return (one(p0, s0), one(p1, s1));
+        }
+        block_scales(s0, xs, &mut c0);
+        block_scales(s1, xs, &mut c1);
+        // the 1.5 the levels are offset by, once per row
+        let (mut corr0, mut corr1) = (0f32, 0f32);
+        for b in 0..n {
+            corr0 += c0[b] * xsum[b] as f32;
+            corr1 += c1[b] * xsum[b] as f32;
+        }
+        let two = _mm256_set1_epi8(0x03);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4]; // row 0: 0, 1; row 1: 2, 3
+        for g in 0..n.div_ceil(4) {
+            // SAFETY: group g < n.div_ceil(4): p0/p1 hold that many groups of 32 bytes (checked
+            // by the caller); unaligned loads.
+            let (q0, q1) = unsafe { (_mm256_loadu_si256(p0.as_ptr().add(g * 32) as *const __m256i), _mm256_loadu_si256(p1.as_ptr().add(g * 32) as *const __m256i)) };
+            for j in 0..(n - 4 * g).min(4) {
+                let b = 4 * g + j;
+                // SAFETY: block b < n: xq holds n x 32 bytes; unaligned load.
+                let x = unsafe { _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i) };
+                let sh = _mm_cvtsi32_si128(2 * j as i32);
+                let dot = |q: __m256i| {
+                    let l = _mm256_and_si256(_mm256_srl_epi16(q, sh), two);
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(l, x), ones))
+                };
+                acc[j & 1] = _mm256_fmadd_ps(dot(q0), _mm256_set1_ps(c0[b]), acc[j & 1]);
+                acc[2 + (j & 1)] = _mm256_fmadd_ps(dot(q1), _mm256_set1_ps(c1[b]), acc[2 + (j & 1)]);
+            }
+        }
+        (hsum(_mm256_add_ps(acc[0], acc[1])) - 1.5 * corr0, hsum(_mm256_add_ps(acc[2], acc[3])) - 1.5 * corr1)
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]

@@ -9,7 +9,8 @@
 //!   every neuron from its own input and keeps the largest; slots hold downT rows only, and
 //!   every row a layer holds counts.
 //! - [`layered::LayeredSelector`]: whole records ranked before they are read, by per-layer
-//!   predictors (LLM in a flash) or the resident gate rows: each sparse layer ranks its
+//!   predictors (LLM in a flash), the resident 2-bit gate/up sketch or the resident gate rows:
+//!   each sparse layer ranks its
 //!   neurons from its own input, reads the missing records of its set, and every row it holds
 //!   counts.
 //!

@@ -1,13 +1,15 @@
 //! `--strategy auto`: which strategy a budget runs, decided before anything large is loaded.
 //!
 //! The candidates, best quality first at equal memory as measured on SmolLM2 and
-//! Qwen2.5-Coder-1.5B at every budget and set size tried (docs/RESULTS.md, "Issue #17 (part 1)";
-//! Qwen at 849 MiB: scorer 1.26x dense perplexity, gate 1.88x; the predictors need a smaller
-//! budget to fit but are worse wherever both fit):
+//! Qwen2.5-Coder-1.5B at every budget and set size tried (docs/RESULTS.md, "Issue #17 (part 1)"
+//! and "(part 2)"; Qwen at 849 MiB: scorer 1.26x dense perplexity, gate 1.88x; at 764 MiB
+//! sketch 1.46x, gate 2.71x; the predictors need a smaller budget to fit but are worse
+//! wherever both fit):
 //! 1. `scorer`: resident 4-bit gate/up rows rank every neuron, the down rows stream (a budget
 //!    that holds every row computes the dense MLP);
-//! 2. `gate`: resident gate rows rank, whole records stream;
-//! 3. `layers`: the per-layer predictors rank, whole records stream (the smallest minimum).
+//! 2. `sketch`: the resident 2-bit gate/up sketch ranks, whole records stream;
+//! 3. `gate`: resident gate rows rank, whole records stream;
+//! 4. `layers`: the per-layer predictors rank, whole records stream (the smallest minimum).
 //!
 //! Each candidate's plan is sized from its files' headers with the same [`MemoryPlan`] the run
 //! uses (`Footprint::per_layer`), and the first that fits the budget runs; `runtime plan
@@ -44,6 +46,13 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
     Ok(match name {
         "scorer" => scorer()?.map(|(s, _)| (d0, s, HeldAs::Scorer, SlotRow::Down)),
         "gate" => scorer()?.map(|(_, g)| (m.records.first_layer, g, HeldAs::Scorer, SlotRow::GateUpDown)),
+        "sketch" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
+            None => None,
+            Some(a) => {
+                let per_layer = formats::sketch::held_bytes_per_layer(&m.artifact_path(manifest_path, a), d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+                Some((m.records.first_layer, per_layer as u64, HeldAs::Scorer, SlotRow::GateUpDown))
+            }
+        },
         "layers" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
             None => None,
             Some(a) => {
@@ -56,7 +65,7 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
     })
 }
 
-/// The footprint `--strategy <name>` would have (scorer, gate or layers) from its files'
+/// The footprint `--strategy <name>` would have (scorer, sketch, gate or layers) from its files'
 /// headers, and the rows its slots hold; None when the preparation lacks its artifact.
 pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(impl Fn(usize) -> Footprint, SlotRow)>> {
     let (n_layers, n_ff) = (m.model.num_hidden_layers, m.model.intermediate_size);
@@ -70,7 +79,7 @@ pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Op
 pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Result<Vec<Candidate>> {
     let inputs = PlanInputs::of(manifest_path, m)?;
     let mut out = Vec::new();
-    for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: 1.0 }), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
+    for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: 1.0 }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
         let settings = StreamSettings { selector: choice, ..s.clone() };

@@ -93,6 +93,8 @@ pub enum SelectorChoice {
     Layers,
     /// The resident gate rows rank, whole records streamed.
     Gate,
+    /// The resident few-bit gate/up sketch ranks, whole records streamed.
+    Sketch,
 }
 
 impl Default for SelectorChoice {
@@ -250,6 +252,7 @@ impl StreamingEngine {
             SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
             SelectorChoice::Layers => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Predictors)?),
             SelectorChoice::Gate => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Gate)?),
+            SelectorChoice::Sketch => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Sketch)?),
         };
         let plan = {
             let inputs = super::budget::PlanInputs::of(manifest_path, manifest)?;
