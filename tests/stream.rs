@@ -351,8 +351,8 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
     let src = m.parent().unwrap();
     let dir = scratch("stream-no-scorer");
     let text = std::fs::read_to_string(m).unwrap();
-    // drop the two [[artifacts]] blocks
-    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !b.contains("role = \"scorer\"") && !b.contains("role = \"head_q8\"") && !b.contains("role = \"reuse\"")).collect();
+    // drop their [[artifacts]] blocks (and those of the stages after them)
+    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !["scorer", "head_q8", "sketch", "reuse"].iter().any(|r| b.contains(&format!("role = \"{r}\"")))).collect();
     std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
     for f in ["records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja", "cluster", "predictor", "capture", "importance", "layers"] {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
