@@ -265,7 +265,7 @@ impl MemoryPlan {
                         if s.head_q8 { format!(" + Q8_0 head {} MiB", head_q8_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,
                         if scorer_bytes > 0 {
-                            format!("4-bit scorer {:.1} MiB", scorer_bytes as f64 / 1048576.0)
+                            format!("resident ranking rows (scorer, sketch or gate) {:.1} MiB", scorer_bytes as f64 / 1048576.0)
                         } else {
                             format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0)
                         },
