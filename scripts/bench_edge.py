@@ -166,7 +166,7 @@ def mode_flags(set_rule, resident_bonus, head_q8):
     if set_rule == "scorer":
         flags = ["--strategy", "scorer"] + ([] if head_q8 else ["-X", "head=f16"])
         return flags + (["-X", f"resident-bonus={resident_bonus}"] if resident_bonus != 1.0 else [])
-    if set_rule in ("layers", "gate"):
+    if set_rule in ("layers", "sketch", "gate"):
         # the whole-record strategies (issue #17): their sets are shares of n_ff, as the scorer's
         return ["--strategy", set_rule] + ([] if head_q8 else ["-X", "head=f16"])
     return ["--strategy", "predictor"] + (["-X", f"set-rule={set_rule}"] if set_rule != "soft8" else []) + (["-X", "head=q8"] if head_q8 else [])
@@ -234,7 +234,7 @@ def main():
                     help="no runs: rebuild the table, PNG and markdown from the runs in edge-<model>.json (e.g. after bench-quality)")
     ap.add_argument("--tag", default="", help="write edge-<model>-<tag>.* instead of edge-<model>.* (a separate grid, e.g. one throttle)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--set-rule", default="soft8", help="ours: how sets are chosen (soft8: the predictor; scorer: the 4-bit gate/up scorer; layers: the per-layer predictors; gate: the resident gate rows)")
+    ap.add_argument("--set-rule", default="soft8", help="ours: how sets are chosen (soft8: the predictor; scorer: the 4-bit gate/up scorer; layers: the per-layer predictors; sketch: the resident 2-bit gate/up sketch; gate: the resident gate rows)")
     ap.add_argument("--resident-bonus", type=float, default=1.0, help="ours, with --set-rule scorer: the weight of rows already in memory")
     ap.add_argument("--set-scale", type=float, default=1.0, help="ours: the largest set scale fit may pick (with the scorer: the share "
                     "of n_ff each layer must hold per token; the rest of the budget becomes slots that also count)")
