@@ -264,7 +264,7 @@ mod tests {
         SketchFile { scales, ..s.clone() }.save().unwrap();
         let e = SketchFile::load(&path, 1, l, f, d).unwrap_err().to_string();
         assert!(e.contains("scale of layer 1 neuron 1"), "{e}");
-        SketchFile { bits: 3, packed: vec![0; l * f * 2 * 64], ..s }.save().unwrap();
+        SketchFile { bits: 3, packed: vec![0; l * f * 2 * sketch_row_bytes(d, 3)], ..s }.save().unwrap();
         let e = SketchFile::load(&path, 1, l, f, d).unwrap_err().to_string();
         assert!(e.contains("bits") && e.contains("[1, 2, 4]"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
