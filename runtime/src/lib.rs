@@ -264,11 +264,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     Sparsity::Scored(Box::new(p))
                 }
                 stream::SelectorChoice::Layers | stream::SelectorChoice::Gate | stream::SelectorChoice::Sketch => {
-                    let kind = match s.selector {
-                        stream::SelectorChoice::Gate => layer_predictor::RankerKind::Gate,
-                        stream::SelectorChoice::Sketch => layer_predictor::RankerKind::Sketch,
-                        _ => layer_predictor::RankerKind::Predictors,
-                    };
+                    let kind = s.selector.ranker_kind().expect("the whole-record strategies rank");
                     let mut p = layer_predictor::LayerPredictedSparsity::new(path, &manifest, kind)?;
                     p.set_shares(s.set_scale, s.slot_share);
                     p.dense_prefix = prefix;

@@ -97,6 +97,19 @@ pub enum SelectorChoice {
     Sketch,
 }
 
+impl SelectorChoice {
+    /// What ranks a whole-record strategy's neurons (None: the predictor and the scorer).
+    pub fn ranker_kind(self) -> Option<crate::layer_predictor::RankerKind> {
+        use crate::layer_predictor::RankerKind;
+        match self {
+            SelectorChoice::Layers => Some(RankerKind::Predictors),
+            SelectorChoice::Gate => Some(RankerKind::Gate),
+            SelectorChoice::Sketch => Some(RankerKind::Sketch),
+            SelectorChoice::Predictor { .. } | SelectorChoice::Scorer { .. } => None,
+        }
+    }
+}
+
 impl Default for SelectorChoice {
     fn default() -> Self {
         SelectorChoice::Predictor { rule: SetRule::default(), neuron_rank: NeuronRank::default() }
@@ -250,9 +263,10 @@ impl StreamingEngine {
                 Box::new(p)
             }
             SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
-            SelectorChoice::Layers => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Predictors)?),
-            SelectorChoice::Gate => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Gate)?),
-            SelectorChoice::Sketch => Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, crate::layer_predictor::RankerKind::Sketch)?),
+            SelectorChoice::Layers | SelectorChoice::Gate | SelectorChoice::Sketch => {
+                let kind = settings.selector.ranker_kind().expect("the whole-record strategies rank");
+                Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind)?)
+            }
         };
         let plan = {
             let inputs = super::budget::PlanInputs::of(manifest_path, manifest)?;
