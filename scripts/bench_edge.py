@@ -167,8 +167,9 @@ def mode_flags(set_rule, resident_bonus, head_q8):
         flags = ["--strategy", "scorer"] + ([] if head_q8 else ["-X", "head=f16"])
         return flags + (["-X", f"resident-bonus={resident_bonus}"] if resident_bonus != 1.0 else [])
     if set_rule in ("layers", "sketch", "gate"):
-        # the whole-record strategies (issue #17): their sets are shares of n_ff, as the scorer's
-        return ["--strategy", set_rule] + ([] if head_q8 else ["-X", "head=f16"])
+        # the whole-record strategies (issue #17): their sets are shares of n_ff, as the scorer's;
+        # their default head is the 4-bit one (head_compact)
+        return ["--strategy", set_rule] + (["-X", "head=q8"] if head_q8 else [])
     return ["--strategy", "predictor"] + (["-X", f"set-rule={set_rule}"] if set_rule != "soft8" else []) + (["-X", "head=q8"] if head_q8 else [])
 
 

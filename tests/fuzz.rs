@@ -278,6 +278,16 @@ fn fuzz_head_q8() {
 }
 
 #[test]
+fn fuzz_head_compact() {
+    let (_, _, _, d, vocab) = shape();
+    fuzz("head-compact", &seed_of("scorer/head_compact.safetensors"), &work("head-compact").join("head_compact.safetensors"), |p| {
+        if let Ok((f, _)) = formats::head_compact::open(p, vocab, d) {
+            let _ = f.bytes(&f.tensors[formats::model_dir::LM_HEAD]).len();
+        }
+    });
+}
+
+#[test]
 fn fuzz_predictor() {
     fuzz("predictor", &seed_of("predictor/predictor.safetensors"), &work("predictor").join("predictor.safetensors"), |p| {
         let _ = runtime::predictor::Predictor::load(p);

@@ -184,7 +184,7 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         let mut cache = o.model.new_cache(128).unwrap();
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
-    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head_q8: false }));
+    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }));
     // 8-bit activations amplify the down matrix's f16 rounding (as any bit-level change): compare
     // the logit vectors' direction and each position's top token, not exact values
     let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
@@ -293,7 +293,7 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
     let all = InMemorySettings { selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, dense_prefix: DensePrefix::Layer(20), set_scale: 1.0, slot_share: Some(1.0), single_token: false, ..Default::default() };
-    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head_q8: false }));
+    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }));
     let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
     eprintln!("Q5_0 down rows, scorer holding every row vs dense: relative L2 {rel}");
     assert!(rel < 0.05, "relative L2 {rel}");
@@ -338,15 +338,15 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         Err(e) => panic!("{e}"),
     };
     // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff)
-    let cands = auto::candidates(&manifest, &m, &settings(Some(1))).unwrap();
+    let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
     assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "sketch", "gate", "layers"]);
     let mins: Vec<u64> = cands.iter().map(minimum_of).collect();
     eprintln!("auto: minimums scorer {} sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3]);
     assert!(mins[3] < mins[2] && mins[2] < mins[1] && mins[1] < mins[0], "{mins:?}: the fixture's minimums order as Qwen's");
     // the header sizing plans what the loaded selector plans, at several budgets
     for budget in [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 19)), Some(mins[3] + (1 << 19)), Some(mins[3] - 1)] {
-        for c in auto::candidates(&manifest, &m, &settings(budget)).unwrap() {
-            let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, ..settings(budget) });
+        for c in auto::candidates(&manifest, &m, &settings(budget), None).unwrap() {
+            let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, head: c.head, ..settings(budget) });
             match (&c.plan, engine) {
                 (Ok(p), Ok(e)) => {
                     let (a, b) = (serde_json::to_value(p).unwrap(), serde_json::to_value(&e.plan).unwrap());
@@ -366,7 +366,7 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         ((mins[2] + mins[3]) / 2, SelectorChoice::Layers, "layers"),
     ];
     for (budget, want, name) in expect {
-        let (choice, note) = auto::choose(&manifest, &m, &settings(Some(budget))).unwrap().unwrap();
+        let (choice, _, note) = auto::choose(&manifest, &m, &settings(Some(budget)), None).unwrap().unwrap();
         assert_eq!(choice, want, "at {budget}");
         assert_eq!(note.is_some(), name != "scorer", "{note:?}");
         // the CLI's default strategy is auto: the same choice, and the note says why
@@ -376,17 +376,17 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
         assert_eq!(err.contains(&format!("--strategy auto runs {name}")), name != "scorer", "{err}");
     }
-    let err = auto::choose(&manifest, &m, &settings(Some(mins[3] - 1))).err().unwrap().to_string();
+    let err = auto::choose(&manifest, &m, &settings(Some(mins[3] - 1)), None).err().unwrap().to_string();
     assert!(err.contains(&format!("at least {}", mins[3])) && err.contains("scorer needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"), "{err}");
 }
 
 /// A whole-record strategy streamed at a budget between its minimum and every row equals the
-/// in-memory run with the same slots, token by token.
+/// in-memory run with the same slots, token by token, both with their default 4-bit head.
 fn streamed_whole_records_equal_in_memory(out: &std::path::Path, selector: runtime::stream::SelectorChoice) {
     use runtime::stream::StreamSettings;
     use runtime::{InMemorySettings, PreparedMode};
     let manifest = out.join("manifest.toml");
-    let open_stream = |budget| runtime::open(&manifest, &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, ..Default::default() })).unwrap();
+    let open_stream = |budget| runtime::open(&manifest, &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, head: runtime::HeadChoice::Compact, ..Default::default() })).unwrap();
     let minimum = open_stream(None).engine().unwrap().plan.minimum_bytes;
     let mut s = open_stream(Some(minimum + (512 << 10)));
     let (slots, first) = {
@@ -394,13 +394,14 @@ fn streamed_whole_records_equal_in_memory(out: &std::path::Path, selector: runti
         (e.plan.capacity[0], e.dense_prefix)
     };
     assert!((384..1536).contains(&slots), "{selector:?}: {slots} slots, between the set and the layer");
-    let mem_settings = InMemorySettings { selector, dense_prefix: runtime::stream::DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, ..Default::default() };
+    let mem_settings = InMemorySettings { selector, dense_prefix: runtime::stream::DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, head: runtime::HeadChoice::Compact, ..Default::default() };
     let mut mem = runtime::open(&manifest, &PreparedMode::InMemory(mem_settings)).unwrap();
     let run = |o: &mut runtime::Opened| {
         let ids = o.tokenizer.encode("The capital of France is Paris, and the capital of Italy is", true).unwrap();
         let mut cache = o.model.new_cache(128).unwrap();
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
+    assert!(s.model.weights.head == runtime::HeadChoice::Compact && mem.model.weights.head == runtime::HeadChoice::Compact);
     let (want, got) = (run(&mut mem), run(&mut s));
     let diff = max_abs_diff(&want, &got);
     let e = s.engine().unwrap();

@@ -352,13 +352,13 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
     let dir = scratch("stream-no-scorer");
     let text = std::fs::read_to_string(m).unwrap();
     // drop their [[artifacts]] blocks (and those of the stages after them)
-    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !["scorer", "head_q8", "sketch", "reuse"].iter().any(|r| b.contains(&format!("role = \"{r}\"")))).collect();
+    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !["scorer", "head_q8", "head_compact", "sketch", "reuse"].iter().any(|r| b.contains(&format!("role = \"{r}\"")))).collect();
     std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
     for f in ["records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja", "cluster", "predictor", "capture", "importance", "layers"] {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
     }
     let mpath = dir.join("manifest.toml");
-    for (flags, what) in [(vec!["--strategy", "scorer"], "no scorer artifact"), (vec!["--strategy", "predictor", "-X", "head=q8"], "no head_q8 artifact"), (vec!["--in-memory", "--strategy", "scorer"], "no scorer artifact")] {
+    for (flags, what) in [(vec!["--strategy", "scorer"], "no scorer artifact"), (vec!["--strategy", "predictor", "-X", "head=q8"], "no head_q8 artifact"), (vec!["--strategy", "layers", "-X", "head=compact"], "no head_compact artifact"), (vec!["--in-memory", "--strategy", "scorer"], "no scorer artifact")] {
         let mut args = vec!["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64"];
         args.extend(&flags);
         let out = run_bin("runtime", &args);
@@ -454,7 +454,7 @@ fn plan_reads_the_preparations_reuse_table() {
         }
     }
     std::fs::create_dir_all(dir.join("scorer")).unwrap();
-    for f in ["scorer.safetensors", "head_q8.safetensors"] {
+    for f in ["scorer.safetensors", "head_q8.safetensors", "head_compact.safetensors"] {
         std::os::unix::fs::symlink(src.join("scorer").join(f), dir.join("scorer").join(f)).unwrap();
     }
     let mut bad = t.clone();

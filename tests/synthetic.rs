@@ -41,7 +41,7 @@ fn prepared_dense_equals_the_model_directory() {
     let (model, tok) = runtime::open_model(&model_dir()).unwrap();
     let ids = tok.encode(TEXT, true).unwrap();
     let want = model.forward(&ids, &mut model.new_cache(128).unwrap(), 0).unwrap();
-    let mut dense = runtime::open(prepared(), &PreparedMode::Dense { head_q8: false }).unwrap();
+    let mut dense = runtime::open(prepared(), &PreparedMode::Dense { head: runtime::HeadChoice::Resident }).unwrap();
     let got = logits(&mut dense, TEXT);
     let diff = max_abs_diff(&want, &got);
     assert!(diff < 1e-4, "the prepared model (records rebuilt) differs from its directory by {diff}");

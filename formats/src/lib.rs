@@ -12,6 +12,7 @@ pub mod centroids;
 pub mod error;
 pub mod ggml_quants;
 pub mod gguf;
+pub mod head_compact;
 pub mod head_q8;
 pub mod importance;
 pub mod layer_predictors;

@@ -334,19 +334,21 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     }
     st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, down, &out, show_progress).map(|_| ()))?;
 
-    // scorer: the resident 4-bit gate/up rows of the sparse layers (`--strategy scorer`)
-    // and the output head in Q8_0 (`-X head=q8`)
+    // scorer: the resident 4-bit gate/up rows of the sparse layers (`--strategy scorer`),
+    // the output head in Q8_0 (`-X head=q8`) and in 4 bits (the whole-record strategies' head)
     let scorer_path = out.join("scorer/scorer.safetensors");
     let head_path = out.join("scorer/head_q8.safetensors");
+    let head_compact_path = out.join("scorer/head_compact.safetensors");
     // (a native preparation: the scorer is the model's own gate/up blocks)
     let key = if weights_dir == model_dir {
-        serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0", "head": "q8_0"})
+        serde_json::json!({"model": model_fp, "dense_prefix": d, "quant": "q4_0", "head": "q8_0", "head_compact": "q4_k"})
     } else {
-        serde_json::json!({"model": weights_fp, "dense_prefix": d, "quant": "native", "head": "q8_0"})
+        serde_json::json!({"model": weights_fp, "dense_prefix": d, "quant": "native", "head": "q8_0", "head_compact": "q4_k"})
     };
-    st.run("scorer", &key, &[scorer_path.clone(), head_path.clone()], || {
+    st.run("scorer", &key, &[scorer_path.clone(), head_path.clone(), head_compact_path.clone()], || {
         scorer::scorer(&weights_dir, d, &scorer_path, show_progress)?;
-        scorer::head_q8(&weights_dir, &head_path)
+        scorer::head_q8(&weights_dir, &head_path)?;
+        scorer::head_compact(&weights_dir, &head_compact_path)
     })?;
 
     // sketch: the resident few-bit gate/up rows of the sparse layers (`--strategy sketch`),
@@ -400,6 +402,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("scorer", scorer_path.clone()),
         (runtime::layer_predictor::SKETCH_ROLE, sketch_path.clone()),
         ("head_q8", head_path.clone()),
+        (formats::head_compact::ARTIFACT_ROLE, head_compact_path.clone()),
         (formats::reuse_table::ARTIFACT_ROLE, reuse_path.clone()),
         ("tokenizer", tok_path.clone()),
     ]

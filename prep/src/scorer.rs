@@ -48,6 +48,28 @@ pub fn head_q8(model_dir: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The output head (lm_head, or the tied embedding) in 4-bit blocks (`formats::head_compact`):
+/// what the whole-record strategies compute the logits from, below the 4-bit model's size.
+pub fn head_compact(model_dir: &Path, out: &Path) -> Result<()> {
+    let (model, _) = runtime::open_model(model_dir)?;
+    let w = &model.weights;
+    let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+    let (rows, d) = (head.rows(), head.cols());
+    let ty = formats::head_compact::type_for(d).ok_or_else(|| anyhow::anyhow!("hidden size {d} is not a multiple of 32: no 4-bit head"))?;
+    let row_bytes = d / ty.block_elements() * ty.block_bytes();
+    let mut bytes = vec![0u8; rows * row_bytes];
+    bytes.par_chunks_mut(row_bytes).enumerate().for_each(|(r, dst)| {
+        let mut row = vec![0f32; d];
+        head.row_f32(r, &mut row);
+        dst.copy_from_slice(&formats::ggml_quants::quantize(ty, &row).expect("type_for returns a quantizable type"));
+    });
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    formats::head_compact::save(out, ty, rows, d, bytes)?;
+    Ok(())
+}
+
 /// The scorer of a native model: layers `dense_prefix..`'s gate and up rows as they are (`ty`
 /// blocks), W_down's column norms, and the CRC32C of each column as version-2 records hold it
 /// (Q8_0).

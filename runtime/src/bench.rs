@@ -42,8 +42,10 @@ pub struct BenchReport {
     pub neuron_rank: Option<crate::predictor::NeuronRank>,
     /// How sets were chosen (soft8, top1, static, scorer).
     pub set_rule: String,
-    /// Logits from the Q8_0 head (`-X head=q8` (the scorer's default)).
+    /// Logits from the Q8_0 head (`-X head=q8`).
     pub head_q8: bool,
+    /// The head the logits came from: resident, q8 or compact.
+    pub head: crate::model::HeadChoice,
     /// With the scorer: rows added per token (every row held, needed or not).
     pub computed_rows_per_token: f64,
     /// With the scorer: the weight of rows already in memory (1 for the predictor).
@@ -156,7 +158,8 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         set_scale: engine.plan.set_scale,
         neuron_rank: engine.neuron_rank(),
         set_rule: engine.rule(),
-        head_q8: model.weights.head_q8.is_some(),
+        head_q8: model.weights.head == crate::model::HeadChoice::Q8,
+        head: model.weights.head,
         computed_rows_per_token: per(d.computed_rows as f64),
         resident_bonus: match engine.choice {
             crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,

@@ -26,7 +26,7 @@ pub mod tensor;
 pub mod tokenizer;
 
 pub use error::{Result, RuntimeError};
-pub use model::Model;
+pub use model::{HeadChoice, Model};
 pub use tokenizer::Tokenizer;
 
 use std::path::Path;
@@ -44,7 +44,7 @@ pub struct InMemorySettings {
     /// With the scorer: rows each layer holds, as a share of n_ff (default: the set size), all
     /// of which count, as in a streamed run whose budget gives that many slots.
     pub slot_share: Option<f64>,
-    pub head_q8: bool,
+    pub head: HeadChoice,
     /// With the scorer: tokens one at a time, as a streamed run sees them (batched prefill sums
     /// in another order, so a marginal neuron can flip).
     pub single_token: bool,
@@ -55,7 +55,7 @@ pub struct InMemorySettings {
 
 impl Default for InMemorySettings {
     fn default() -> Self {
-        InMemorySettings { selector: stream::SelectorChoice::default(), dense_prefix: stream::DensePrefix::Default, set_scale: 1.0, slot_share: None, head_q8: false, single_token: false, oracle_ranking: false }
+        InMemorySettings { selector: stream::SelectorChoice::default(), dense_prefix: stream::DensePrefix::Default, set_scale: 1.0, slot_share: None, head: HeadChoice::Resident, single_token: false, oracle_ranking: false }
     }
 }
 
@@ -73,9 +73,9 @@ impl InMemorySettings {
 /// How a prepared model (a manifest) runs.
 #[derive(Debug, Clone)]
 pub enum PreparedMode {
-    /// Every layer dense, every row in memory (the reference for the sparse figures); with the
-    /// Q8_0 head when `head_q8`.
-    Dense { head_q8: bool },
+    /// Every layer dense, every row in memory (the reference for the sparse figures), logits
+    /// from `head`.
+    Dense { head: HeadChoice },
     /// The sets of a streamed run, every row in memory, batched prefill.
     InMemory(InMemorySettings),
     /// Sets streamed from records.bin within a memory budget (the engine).
@@ -235,7 +235,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             )),
         }
     }
-    let (mut model, sparsity, head_q8) = match mode {
+    let (mut model, sparsity, head) = match mode {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything
             let mut engine = stream::StreamingEngine::new(path, &manifest, settings)?;
@@ -243,10 +243,10 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             if let Some(f) = &engine.fallback {
                 notes.push(format!("{}: {f}; reading records with pread on the thread pool", engine.records_path.display()));
             }
-            let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head_q8)?;
-            (model, Some(Sparsity::Stream(Box::new(engine))), false)
+            let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head)?;
+            (model, Some(Sparsity::Stream(Box::new(engine))), HeadChoice::Resident)
         }
-        PreparedMode::Dense { head_q8 } => (Model::load_prepared(path, &manifest)?, None, *head_q8),
+        PreparedMode::Dense { head } => (Model::load_prepared(path, &manifest)?, None, *head),
         PreparedMode::InMemory(s) => {
             s.validate()?;
             let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
@@ -283,12 +283,10 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     Sparsity::InMemory(Box::new(p))
                 }
             };
-            (model, Some(sparsity), s.head_q8)
+            (model, Some(sparsity), s.head)
         }
     };
-    if head_q8 {
-        model.use_head_q8(path, &manifest)?;
-    }
+    model.use_head(path, &manifest, head)?;
     let tokenizer = Tokenizer::load(&tok_path, model.vocab_size(), model.config.bos_token_id)?;
     Ok(Opened { model, tokenizer, manifest: Some(manifest), sparsity, notes })
 }

@@ -58,15 +58,43 @@ impl Mlp {
     }
 }
 
+/// Which output head a prepared model's logits come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadChoice {
+    /// resident.safetensors' own (f16, or the GGUF's blocks: Q6_K for Qwen's Q4_K_M).
+    #[default]
+    Resident,
+    /// The preparation's Q8_0 head (role `head_q8`, `formats::head_q8`): the scorer's default on
+    /// an f16 preparation.
+    Q8,
+    /// The preparation's 4-bit head (role `head_compact`, `formats::head_compact`): the
+    /// whole-record strategies' default, for budgets below the 4-bit model.
+    Compact,
+}
+
+impl HeadChoice {
+    /// The manifest role of its artifact (None: the resident head).
+    pub fn artifact_role(self) -> Option<&'static str> {
+        match self {
+            HeadChoice::Resident => None,
+            HeadChoice::Q8 => Some("head_q8"),
+            HeadChoice::Compact => Some(formats::head_compact::ARTIFACT_ROLE),
+        }
+    }
+}
+
 pub struct ModelWeights {
     pub embed: Matrix,               // [vocab, d]
     pub layers: Vec<LayerWeights>,
     pub final_norm: Vec<f32>,        // [d]
     /// `[vocab, d]`; None when tied to `embed`.
     pub lm_head: Option<Matrix>,
-    /// `-X head=q8` (the scorer's default): the head in Q8_0 blocks (`formats::head_q8`); the logits come from it and
-    /// the f16 head is never read.
+    /// `-X head=q8` (the scorer's default on an f16 preparation): the head in Q8_0 blocks
+    /// (`formats::head_q8`); the logits come from it and the resident head is never read.
     pub head_q8: Option<formats::head_q8::Q8Head>,
+    /// Which head the logits come from ([`Model::use_head`]).
+    pub head: HeadChoice,
 }
 
 /// Sees (and may sparsify) the MLP activations of every layer during a batched forward pass
@@ -232,7 +260,7 @@ pub(crate) fn records_file(manifest_path: &Path, manifest: &formats::manifest::M
     Ok(formats::records::RecordFile::open_v(records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?)
 }
 
-/// Positions the RoPE table covers at most (the model's max_position_embeddings otherwise).
+/// Positions a run may reach at most (the model's max_position_embeddings otherwise).
 pub const ROPE_MAX_POSITIONS: usize = 1 << 16;
 
 impl Model {
@@ -255,30 +283,43 @@ impl Model {
         let rf = records_file(manifest_path, manifest, &records_path)?;
         let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))
+        let mut m = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))?;
+        if let Ok(t) = std::env::var("NP_HEAD_REQ") {
+            let ty = match t.as_str() { "q4k" => formats::ggml_quants::GgmlType::Q4K, "q8" => formats::ggml_quants::GgmlType::Q8_0, _ => panic!() };
+            let t0 = std::time::Instant::now();
+            let head = m.weights.lm_head.as_ref().unwrap();
+            let Matrix::Quant(q) = head else { panic!() };
+            let (rows, cols) = (q.rows, q.cols);
+            let bytes: Vec<Vec<u8>> = (0..rows).into_par_iter().map(|r| {
+                let mut f = vec![0f32; cols];
+                formats::ggml_quants::dequantize(q.ty, q.row(r), &mut f);
+                formats::ggml_quants::quantize(ty, &f).unwrap()
+            }).collect();
+            let all: Vec<u8> = bytes.concat();
+            m.weights.lm_head = Some(Matrix::Quant(crate::tensor::QMatrix::owned(ty, rows, cols, &all)));
+            eprintln!("requantized head to {t} in {:.1}s", t0.elapsed().as_secs_f64());
+        }
+        Ok(m)
     }
 
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
     /// from the prepared prefix to `dense_prefix` rebuilt once from records.bin; the MLP weights of
     /// layers `dense_prefix..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
-    /// `head_q8`: the logits come from the Q8_0 head, so a tied embedding is only read a row per
-    /// token too.
-    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: usize, head_q8: bool) -> Result<Self> {
+    /// `head`: with the Q8_0 or 4-bit head, a tied embedding is only read a row per token too.
+    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: usize, head: HeadChoice) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let rf = records_file(manifest_path, manifest, &records_path)?;
         let mapped = MappedSafetensors::open(&resident)?;
-        if !c.tie_word_embeddings || head_q8 {
+        if !c.tie_word_embeddings || head != HeadChoice::Resident {
             // the input embedding is read one row per token (MemoryPlan does not hold it)
             mapped.advise_random(model_dir::EMBED_TOKENS)?;
         }
         let src = TensorSource { files: vec![mapped] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_prefix })?;
-        if head_q8 {
-            model.use_head_q8(manifest_path, manifest)?;
-        }
+        model.use_head(manifest_path, manifest, head)?;
         Ok(model)
     }
 
@@ -329,6 +370,7 @@ impl Model {
             final_norm: src.vector(model_dir::FINAL_NORM, d)?,
             lm_head,
             head_q8: None,
+            head: HeadChoice::Resident,
         };
         let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(ROPE_MAX_POSITIONS));
         Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
@@ -338,13 +380,25 @@ impl Model {
         self.config.vocab_size
     }
 
-    /// `-X head=q8` (the scorer's default): logits from the preparation's Q8_0 head (role `head_q8`) from now on.
-    pub fn use_head_q8(&mut self, manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<()> {
-        let Some(a) = manifest.artifacts.iter().find(|a| a.role == "head_q8") else {
-            return Err(RuntimeError::Input(format!("{}: this preparation has no head_q8 artifact (the Q8_0 output head), which -X head=q8 needs: rerun make prepare", manifest_path.display())));
+    /// Logits from `head` from now on: the preparation's Q8_0 head (role `head_q8`) or 4-bit
+    /// head (role `head_compact`), mapped; the resident one is then never read.
+    pub fn use_head(&mut self, manifest_path: &Path, manifest: &formats::manifest::Manifest, head: HeadChoice) -> Result<()> {
+        let Some(role) = head.artifact_role() else { return Ok(()) };
+        let Some(a) = manifest.artifacts.iter().find(|a| a.role == role) else {
+            return Err(RuntimeError::Input(format!("{}: this preparation has no {role} artifact (the {} output head), which -X head={} needs: rerun make prepare", manifest_path.display(), if head == HeadChoice::Q8 { "Q8_0" } else { "4-bit" }, if head == HeadChoice::Q8 { "q8" } else { "compact" })));
         };
         let c = &self.config;
-        self.weights.head_q8 = Some(formats::head_q8::Q8Head::load(&manifest.artifact_path(manifest_path, a), c.vocab_size, c.hidden_size)?);
+        let path = manifest.artifact_path(manifest_path, a);
+        match head {
+            HeadChoice::Q8 => self.weights.head_q8 = Some(formats::head_q8::Q8Head::load(&path, c.vocab_size, c.hidden_size)?),
+            HeadChoice::Compact => {
+                let (f, ty) = formats::head_compact::open(&path, c.vocab_size, c.hidden_size)?;
+                let e = &f.tensors[model_dir::LM_HEAD];
+                self.weights.lm_head = Some(Matrix::Quant(QMatrix::mapped(ty, c.vocab_size, c.hidden_size, f.mmap.clone(), e.byte_range.start)));
+            }
+            HeadChoice::Resident => unreachable!("no artifact"),
+        }
+        self.weights.head = head;
         Ok(())
     }
 
@@ -511,8 +565,7 @@ impl Model {
             }
         }
         for t in 0..n {
-            self.rope.apply(&mut s.q[t * q_dim..(t + 1) * q_dim], pos0 + t);
-            self.rope.apply(&mut s.k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
+            self.rope.apply_pair(&mut s.q[t * q_dim..(t + 1) * q_dim], &mut s.k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
         }
         cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.k);
         cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.v);

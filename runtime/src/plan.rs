@@ -74,9 +74,9 @@ pub struct Prediction {
 /// and up rows give each its exact h. (The scorer's held down rows are left out: its compute is
 /// calibrated by probe-storage's measurement with this count.)
 pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, rule: &str) -> u64 {
-    let summed = if matches!(rule, "gate" | "layers") { &p.capacity } else { &p.set_sizes };
+    let summed = if matches!(rule, "gate" | "sketch" | "layers") { &p.capacity } else { &p.set_sizes };
     let rows_summed: u64 = summed.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
-    p.resident_bytes + p.head_q8_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
+    p.resident_bytes + p.head_artifact_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
 }
 
 /// The prediction for a streamed run whose engine (plan, slots, selector) is `e`;

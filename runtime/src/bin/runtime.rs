@@ -79,7 +79,8 @@ const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
   resident-bonus=F                         scorer: a held row counts F (>= 1) times its score
   slot-share=C                             --in-memory scorer, sketch, gate, layers: rows each layer holds, share of n_ff
   single-token                             --in-memory scorer, sketch, gate, layers: tokens one at a time, as streamed
-  head=q8|f16                              the output head (default: q8 with the scorer)
+  head=q8|compact|resident                 the output head (default: compact with sketch, gate and
+                                           layers; q8 with the scorer on an f16 preparation)
   pread                                    read records with pread instead of io_uring
   max-run-bytes=N                          longest coalesced read (default 1048576)
   queue-depth=N                            io_uring queue depth (default 256)
@@ -94,7 +95,7 @@ struct Experiment {
     resident_bonus: Option<f32>,
     slot_share: Option<f64>,
     single_token: bool,
-    head_q8: Option<bool>,
+    head: Option<runtime::HeadChoice>,
     pread: bool,
     max_run_bytes: Option<usize>,
     queue_depth: Option<usize>,
@@ -118,7 +119,12 @@ impl Experiment {
                 "resident-bonus" => e.resident_bonus = Some(value.parse::<f32>().ok().filter(|v| v.is_finite() && *v >= 1.0).ok_or_else(|| bad("a factor >= 1"))?),
                 "slot-share" => e.slot_share = Some(value.parse::<f64>().ok().filter(|v| *v > 0.0 && *v <= 1.0).ok_or_else(|| bad("a share of n_ff in (0, 1]"))?),
                 "single-token" if value.is_empty() => e.single_token = true,
-                "head" => e.head_q8 = Some(match value { "q8" => true, "f16" => false, _ => return Err(bad("q8 or f16")) }),
+                "head" => e.head = Some(match value {
+                    "q8" => runtime::HeadChoice::Q8,
+                    "compact" => runtime::HeadChoice::Compact,
+                    "resident" | "f16" => runtime::HeadChoice::Resident,
+                    _ => return Err(bad("q8, compact or resident")),
+                }),
                 "pread" if value.is_empty() => e.pread = true,
                 "max-run-bytes" => e.max_run_bytes = Some(positive("a positive byte count")?),
                 "queue-depth" => e.queue_depth = Some(positive("a depth in 1..=4096")?),
@@ -162,7 +168,7 @@ impl ModeArgs {
             if streaming && model.is_dir() {
                 anyhow::bail!("{}: a model directory runs dense, in memory; --mem-budget, --in-memory, --strategy, --dense-prefix and --set-scale need a prepared model's manifest.toml (make prepare)", model.display());
             }
-            return Ok((PreparedMode::Dense { head_q8: false }, x, notes));
+            return Ok((PreparedMode::Dense { head: runtime::HeadChoice::Resident }, x, notes));
         }
         let manifest = formats::manifest::Manifest::load(model)?;
         let has = |role: &str| manifest.artifacts.iter().any(|a| a.role == role);
@@ -179,24 +185,11 @@ impl ModeArgs {
             }
             s => s,
         };
-        // the scorer's default head: the Q8_0 one, unless the resident head is already blocks
-        // (a native preparation: Q6_K, no larger)
-        let head_quantized = runtime::stream::budget::ResidentHead::of(model, &manifest)?.head_quantized;
-        let head_q8 = match (x.head_q8, strategy) {
-            (Some(h), _) => h,
-            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch) if head_quantized => false,
-            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch) if has("head_q8") => true,
-            (None, Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch) => {
-                notes.push(format!("{} has no head_q8 artifact: logits from the f16 head", model.display()));
-                false
-            }
-            (None, _) => false,
-        };
         if strategy == Strategy::Dense {
             if self.mem_budget.is_some() || self.in_memory {
                 anyhow::bail!("--strategy dense runs every layer in memory: it takes no --mem-budget or --in-memory");
             }
-            return Ok((PreparedMode::Dense { head_q8 }, x, notes));
+            return Ok((PreparedMode::Dense { head: x.head.unwrap_or_default() }, x, notes));
         }
         let scorer = strategy == Strategy::Scorer;
         let layers = matches!(strategy, Strategy::Layers | Strategy::Gate | Strategy::Sketch);
@@ -223,13 +216,18 @@ impl ModeArgs {
             SelectorChoice::Predictor { rule: x.set_rule.unwrap_or_default(), neuron_rank: x.neuron_rank.unwrap_or_default() }
         };
         let set_scale = self.set_scale.unwrap_or(if scorer || layers { SCORER_SET_SCALE } else { 1.0 });
+        // each strategy's default head (runtime::stream::auto::default_head), unless -X head= says
+        let head = match x.head {
+            Some(h) => h,
+            None => runtime::stream::auto::default_head(model, &manifest, selector)?,
+        };
         if self.in_memory {
             if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() {
                 anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
             let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Layer(manifest.sparsity.dense_prefix) } else { DensePrefix::Default });
-            let s = runtime::InMemorySettings { selector, dense_prefix, set_scale, slot_share: x.slot_share, head_q8, single_token: x.single_token, oracle_ranking: layer_oracle };
+            let s = runtime::InMemorySettings { selector, dense_prefix, set_scale, slot_share: x.slot_share, head, single_token: x.single_token, oracle_ranking: layer_oracle };
             return Ok((PreparedMode::InMemory(s), x, notes));
         }
         if x.set_rule == Some(SetRule::Oracle) {
@@ -250,14 +248,15 @@ impl ModeArgs {
             io.queue_depth = q;
         }
         let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
-        let mut s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head_q8, io, record_sets: false };
+        let mut s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head, io, record_sets: false };
         if self.strategy == Strategy::Auto && mem_budget_bytes.is_some() && (scorer || layers) {
-            if let Some((choice, note)) = runtime::stream::auto::choose(model, &manifest, &s)? {
+            if let Some((choice, head, note)) = runtime::stream::auto::choose(model, &manifest, &s, x.head)? {
                 s.selector = match choice {
                     SelectorChoice::Scorer { .. } => selector,
                     _ if x.resident_bonus.is_some() => anyhow::bail!("--experiment resident-bonus is the scorer's, and {}", note.unwrap_or_default()),
                     c => c,
                 };
+                s.head = head;
                 notes.extend(note);
             }
         }
@@ -1122,14 +1121,14 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
             );
         }
     };
-    let opened = mode.mode(manifest, ctx).and_then(|(m, _, notes)| {
+    let opened = mode.mode(manifest, ctx).and_then(|(m, x, notes)| {
         let PreparedMode::Stream(settings) = m else {
             anyhow::bail!("runtime plan predicts a streamed run: no --in-memory or --strategy dense");
         };
         let engine = runtime::stream::StreamingEngine::new(manifest, &mf, &settings)?;
-        Ok((settings, notes, engine))
+        Ok((settings, notes, engine, x.head))
     });
-    let (settings, notes, engine) = match opened {
+    let (settings, notes, engine, head_asked) = match opened {
         Ok(o) => o,
         // below our minimum, llama.cpp's predictions are still the answer asked for
         Err(e) if !llama.is_empty() && matches!(e.downcast_ref::<runtime::RuntimeError>(), Some(runtime::RuntimeError::BudgetTooSmall { .. })) => {
@@ -1157,7 +1156,7 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, known);
     // --strategy auto: every candidate at this budget, with its predicted rate
     let candidates: Vec<(String, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
-        runtime::stream::auto::candidates(manifest, &mf, &settings)?
+        runtime::stream::auto::candidates(manifest, &mf, &settings, head_asked)?
             .into_iter()
             .map(|cand| {
                 let r = match &cand.plan {

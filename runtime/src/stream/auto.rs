@@ -19,14 +19,38 @@
 use super::budget::{PlanInputs, Sizing};
 use super::{MemoryPlan, SelectorChoice, StreamSettings};
 use crate::error::{Result, RuntimeError};
+use crate::model::HeadChoice;
 use crate::select::{Footprint, HeldAs, SlotRow};
 use formats::manifest::Manifest;
 use std::path::Path;
+
+/// The head a strategy's logits come from unless `-X head=` says otherwise:
+/// - the whole-record strategies (sketch, gate, layers) run below the 4-bit model, where every
+///   MiB buys row slots: the 4-bit head (`head_compact`; Qwen2.5-Coder-1.5B: 125 MiB for the
+///   GGUF's 183 MiB Q6_K, +1.5% dense perplexity, while 64 MiB more slots cut the sketch's
+///   perplexity at 25% of F16 by ~10%: docs/RESULTS.md, "Issue #18 (part 3)");
+/// - the scorer, near the 4-bit model's size: the resident head when it is already GGML blocks,
+///   else the Q8_0 one (`head_q8`);
+/// - the shared predictor: the resident head.
+///
+/// A preparation without the artifact falls back to the next (the resident head last).
+pub fn default_head(manifest_path: &Path, m: &Manifest, choice: SelectorChoice) -> Result<HeadChoice> {
+    let has = |role: &str| m.artifacts.iter().any(|a| a.role == role);
+    if choice.ranker_kind().is_some() && has(formats::head_compact::ARTIFACT_ROLE) {
+        return Ok(HeadChoice::Compact);
+    }
+    if matches!(choice, SelectorChoice::Predictor { .. }) || super::budget::ResidentHead::of(manifest_path, m)?.head_quantized || !has("head_q8") {
+        return Ok(HeadChoice::Resident);
+    }
+    Ok(HeadChoice::Q8)
+}
 
 /// One strategy `auto` considered.
 pub struct Candidate {
     pub name: &'static str,
     pub choice: SelectorChoice,
+    /// The head it runs with (its default, or the one asked for).
+    pub head: HeadChoice,
     /// Its plan at the budget, or why not (the budget is below its minimum).
     pub plan: Result<MemoryPlan>,
     /// Bytes one needed row's read takes.
@@ -75,14 +99,18 @@ pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Op
 }
 
 /// Every candidate the preparation has, in `auto`'s order, planned at `s`'s budget (its
-/// selector is ignored).
-pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Result<Vec<Candidate>> {
+/// selector is ignored) with `head`, or each one's [`default_head`] when None.
+pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Option<HeadChoice>) -> Result<Vec<Candidate>> {
     let inputs = PlanInputs::of(manifest_path, m)?;
     let mut out = Vec::new();
     for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: 1.0 }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
-        let settings = StreamSettings { selector: choice, ..s.clone() };
+        let head = match head {
+            Some(h) => h,
+            None => default_head(manifest_path, m, choice)?,
+        };
+        let settings = StreamSettings { selector: choice, head, ..s.clone() };
         let plan = MemoryPlan::for_settings(&inputs, &sizing, &settings);
         if let Err(e) = &plan {
             if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
@@ -90,16 +118,17 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Res
             }
         }
         let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
-        out.push(Candidate { name, choice, plan, read_span_bytes });
+        out.push(Candidate { name, choice, head, plan, read_span_bytes });
     }
     Ok(out)
 }
 
-/// The strategy `auto` runs at `s`'s budget: the first candidate whose plan fits, with a note
-/// naming the better ones that did not (None when the first fits); None when the preparation has none of them (the
-/// shared predictor runs). Refused when the budget is below every candidate's minimum.
-pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Result<Option<(SelectorChoice, Option<String>)>> {
-    let cands = candidates(manifest_path, m, s)?;
+/// The strategy `auto` runs at `s`'s budget, and its head (`head`, or its default): the first
+/// candidate whose plan fits, with a note naming the better ones that did not (None when the
+/// first fits); None when the preparation has none of them (the shared predictor runs).
+/// Refused when the budget is below every candidate's minimum.
+pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Option<HeadChoice>) -> Result<Option<(SelectorChoice, HeadChoice, Option<String>)>> {
+    let cands = candidates(manifest_path, m, s, head)?;
     if cands.is_empty() {
         return Ok(None);
     }
@@ -112,7 +141,7 @@ pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings) -> Result<
     match cands.iter().find(|c| c.plan.is_ok()) {
         Some(c) => {
             let note = (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.name, skipped.join(", ")));
-            Ok(Some((c.choice, note)))
+            Ok(Some((c.choice, c.head, note)))
         }
         None => {
             let smallest = cands.iter().min_by_key(|c| minimum(c)).expect("not empty");

@@ -20,7 +20,7 @@ use serde::Serialize;
 use std::path::Path;
 
 /// Process allowance: code, allocator, activations, the tokenizer's tables (plus 4x the size of
-/// tokenizer.json and the RoPE table). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see
+/// tokenizer.json; RoPE holds no table, ops::rope). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see
 /// README.
 pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
 
@@ -108,10 +108,10 @@ impl<'a> Sizing<'a> {
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
-    /// resident.safetensors as held (without the f16 head with the Q8_0 head).
+    /// resident.safetensors as held (without its head when the logits come from another).
     pub resident_bytes: u64,
-    /// The Q8_0 output head (`-X head=q8` (the scorer's default); else 0).
-    pub head_q8_bytes: u64,
+    /// The Q8_0 or 4-bit output head the logits come from (0: the resident one).
+    pub head_artifact_bytes: u64,
     /// Layers `dense_prefix..` are sparse; `d0..dense_prefix` (d0: the prepared prefix) run
     /// dense from records.
     pub dense_prefix: usize,
@@ -219,19 +219,23 @@ impl MemoryPlan {
         // token is sampled: Budgeting Bytes' class A0): its rows fault in from the mapped file on
         // use and are not held, so it is not counted. A tied one is the output head: all of it.
         let untied_embedding_bytes = if c.tie_word_embeddings { 0 } else { rh.embed_bytes };
-        // With the Q8_0 head the resident head is never read (a tied embedding is then read a
-        // row per token, as an untied one): the Q8_0 head takes its place.
-        let head_f16_bytes = if s.head_q8 { rh.head_bytes } else { 0 };
-        let row_read_embedding = !c.tie_word_embeddings || s.head_q8;
-        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - head_f16_bytes + if row_read_embedding { 4 << 20 } else { 0 };
-        let head_q8_bytes = if s.head_q8 { formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size) } else { 0 };
+        // With the Q8_0 or 4-bit head the resident head is never read (a tied embedding is then
+        // read a row per token, as an untied one): that head takes its place.
+        let own_head = s.head != crate::model::HeadChoice::Resident;
+        let resident_head_bytes = if own_head { rh.head_bytes } else { 0 };
+        let row_read_embedding = !c.tie_word_embeddings || own_head;
+        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes + if row_read_embedding { 4 << 20 } else { 0 };
+        let head_artifact_bytes = match s.head {
+            crate::model::HeadChoice::Resident => 0,
+            crate::model::HeadChoice::Q8 => formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size),
+            crate::model::HeadChoice::Compact => formats::head_compact::bytes_for(c.vocab_size, c.hidden_size)
+                .ok_or_else(|| RuntimeError::Input(format!("{}: d_model {} has no 4-bit head", inputs.label, c.hidden_size)))?,
+        };
         let (predictor_bytes, centroid_bytes, scorer_bytes) = (fp.predictor_bytes, fp.centroid_bytes, fp.scorer_bytes);
         let kv_cache_bytes = kv_cache_bytes(c, s.ctx);
         let staging_bytes = s.io.staging_bytes.max(rb).div_ceil(4096) * 4096;
-        // the process: code, activations, the tokenizer's tables, and the RoPE cos/sin table
-        // (f32, every position the model supports: Model::load builds it whole)
-        let rope_bytes = (2 * c.max_position_embeddings.min(crate::model::ROPE_MAX_POSITIONS) * (c.head_dim() / 2) * 4) as u64;
-        let process_bytes = PROCESS_BASE_BYTES + 4 * inputs.tokenizer_bytes + rope_bytes;
+        // the process: code, activations and the tokenizer's tables
+        let process_bytes = PROCESS_BASE_BYTES + 4 * inputs.tokenizer_bytes;
         let (d0, n_layers) = (inputs.d0, c.num_hidden_layers);
         if dense_prefix < d0 || dense_prefix > n_layers {
             return Err(RuntimeError::Input(format!(
@@ -248,7 +252,7 @@ impl MemoryPlan {
         };
         let srb = sel.slot_row.bytes_in(c.hidden_size, shape);
         let prefix_records_bytes = ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64;
-        let fixed = resident_bytes + head_q8_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
+        let fixed = resident_bytes + head_artifact_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
@@ -262,7 +266,11 @@ impl MemoryPlan {
                     breakdown: format!(
                         "resident {} MiB{}, dense layers {d0}..{dense_prefix} from records {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
                         resident_bytes >> 20,
-                        if s.head_q8 { format!(" + Q8_0 head {} MiB", head_q8_bytes >> 20) } else { String::new() },
+                        match s.head {
+                            crate::model::HeadChoice::Resident => String::new(),
+                            crate::model::HeadChoice::Q8 => format!(" + Q8_0 head {} MiB", head_artifact_bytes >> 20),
+                            crate::model::HeadChoice::Compact => format!(" + 4-bit head {} MiB", head_artifact_bytes >> 20),
+                        },
                         prefix_records_bytes >> 20,
                         if scorer_bytes > 0 {
                             format!("resident ranking rows (scorer, sketch or gate) {:.1} MiB", scorer_bytes as f64 / 1048576.0)
@@ -283,7 +291,7 @@ impl MemoryPlan {
         Ok(MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
             resident_bytes,
-            head_q8_bytes,
+            head_artifact_bytes,
             dense_prefix,
             prefix_records_bytes,
             predictor_bytes,

@@ -145,8 +145,9 @@ pub struct StreamSettings {
     /// every layer after the prepared prefix is sparse.
     pub set_scale: f64,
     pub selector: SelectorChoice,
-    /// Logits from the Q8_0 head: the plan holds it instead of the f16 head.
-    pub head_q8: bool,
+    /// The head the logits come from: the plan holds the Q8_0 or 4-bit one instead of the
+    /// resident one.
+    pub head: crate::model::HeadChoice,
     pub io: IoSettings,
     /// Keep every token's sets in `StreamingEngine::history` (tests, analysis).
     pub record_sets: bool,
@@ -154,7 +155,7 @@ pub struct StreamSettings {
 
 impl Default for StreamSettings {
     fn default() -> Self {
-        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_prefix: DensePrefix::Default, set_scale: 1.0, selector: SelectorChoice::default(), head_q8: false, io: IoSettings::default(), record_sets: false }
+        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_prefix: DensePrefix::Default, set_scale: 1.0, selector: SelectorChoice::default(), head: crate::model::HeadChoice::Resident, io: IoSettings::default(), record_sets: false }
     }
 }
 
