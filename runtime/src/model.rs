@@ -283,23 +283,7 @@ impl Model {
         let rf = records_file(manifest_path, manifest, &records_path)?;
         let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let mut m = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))?;
-        if let Ok(t) = std::env::var("NP_HEAD_REQ") {
-            let ty = match t.as_str() { "q4k" => formats::ggml_quants::GgmlType::Q4K, "q8" => formats::ggml_quants::GgmlType::Q8_0, _ => panic!() };
-            let t0 = std::time::Instant::now();
-            let head = m.weights.lm_head.as_ref().unwrap();
-            let Matrix::Quant(q) = head else { panic!() };
-            let (rows, cols) = (q.rows, q.cols);
-            let bytes: Vec<Vec<u8>> = (0..rows).into_par_iter().map(|r| {
-                let mut f = vec![0f32; cols];
-                formats::ggml_quants::dequantize(q.ty, q.row(r), &mut f);
-                formats::ggml_quants::quantize(ty, &f).unwrap()
-            }).collect();
-            let all: Vec<u8> = bytes.concat();
-            m.weights.lm_head = Some(Matrix::Quant(crate::tensor::QMatrix::owned(ty, rows, cols, &all)));
-            eprintln!("requantized head to {t} in {:.1}s", t0.elapsed().as_secs_f64());
-        }
-        Ok(m)
+        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))
     }
 
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
