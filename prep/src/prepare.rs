@@ -347,8 +347,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     };
     st.run("scorer", &key, &[scorer_path.clone(), head_path.clone(), head_compact_path.clone()], || {
         scorer::scorer(&weights_dir, d, &scorer_path, show_progress)?;
-        scorer::head_q8(&weights_dir, &head_path)?;
-        scorer::head_compact(&weights_dir, &head_compact_path)
+        scorer::heads(&weights_dir, &head_path, &head_compact_path)
     })?;
 
     // sketch: the resident few-bit gate/up rows of the sparse layers (`--strategy sketch`),

@@ -24,12 +24,24 @@ pub struct ScorerSummary {
     pub seconds: f64,
 }
 
-/// The output head (lm_head, or the tied embedding) in Q8_0 blocks (`formats::head_q8`):
-/// what `--head-q8` computes the logits from.
-pub fn head_q8(model_dir: &Path, out: &Path) -> Result<()> {
+/// The output head (lm_head, or the tied embedding), from one load of the model, in Q8_0 blocks
+/// (`formats::head_q8`: `-X head=q8`, the scorer's head on an f16 preparation) into `q8_out`, and
+/// in 4-bit blocks (`formats::head_compact`: the whole-record strategies' head, below the 4-bit
+/// model's size) into `compact_out`.
+pub fn heads(model_dir: &Path, q8_out: &Path, compact_out: &Path) -> Result<()> {
     let (model, _) = runtime::open_model(model_dir)?;
     let w = &model.weights;
     let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+    for out in [q8_out, compact_out] {
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+    }
+    head_q8(head, q8_out)?;
+    head_compact(head, compact_out)
+}
+
+fn head_q8(head: &runtime::tensor::Matrix, out: &Path) -> Result<()> {
     let (rows, d) = (head.rows(), head.cols());
     if !d.is_multiple_of(formats::head_q8::Q8_BLOCK) {
         bail!("hidden size {d} is not a multiple of {}", formats::head_q8::Q8_BLOCK);
@@ -41,19 +53,11 @@ pub fn head_q8(model_dir: &Path, out: &Path) -> Result<()> {
         head.row_f32(r, &mut row);
         formats::head_q8::quantize_q8_row(&row, qr, sr);
     });
-    if let Some(parent) = out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
     formats::head_q8::Q8Head { path: out.to_path_buf(), rows, cols: d, q, scales }.save()?;
     Ok(())
 }
 
-/// The output head (lm_head, or the tied embedding) in 4-bit blocks (`formats::head_compact`):
-/// what the whole-record strategies compute the logits from, below the 4-bit model's size.
-pub fn head_compact(model_dir: &Path, out: &Path) -> Result<()> {
-    let (model, _) = runtime::open_model(model_dir)?;
-    let w = &model.weights;
-    let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+fn head_compact(head: &runtime::tensor::Matrix, out: &Path) -> Result<()> {
     let (rows, d) = (head.rows(), head.cols());
     let ty = formats::head_compact::type_for(d).ok_or_else(|| anyhow::anyhow!("hidden size {d} is not a multiple of 32: no 4-bit head"))?;
     let row_bytes = d / ty.block_elements() * ty.block_bytes();
@@ -63,9 +67,6 @@ pub fn head_compact(model_dir: &Path, out: &Path) -> Result<()> {
         head.row_f32(r, &mut row);
         dst.copy_from_slice(&formats::ggml_quants::quantize(ty, &row).expect("type_for returns a quantizable type"));
     });
-    if let Some(parent) = out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
     formats::head_compact::save(out, ty, rows, d, bytes)?;
     Ok(())
 }

@@ -82,6 +82,15 @@ impl HeadChoice {
             HeadChoice::Compact => Some(formats::head_compact::ARTIFACT_ROLE),
         }
     }
+
+    /// What messages call it, and its `-X head=` value.
+    pub fn label(self) -> (&'static str, &'static str) {
+        match self {
+            HeadChoice::Resident => ("resident", "resident"),
+            HeadChoice::Q8 => ("Q8_0", "q8"),
+            HeadChoice::Compact => ("4-bit", "compact"),
+        }
+    }
 }
 
 pub struct ModelWeights {
@@ -369,7 +378,8 @@ impl Model {
     pub fn use_head(&mut self, manifest_path: &Path, manifest: &formats::manifest::Manifest, head: HeadChoice) -> Result<()> {
         let Some(role) = head.artifact_role() else { return Ok(()) };
         let Some(a) = manifest.artifacts.iter().find(|a| a.role == role) else {
-            return Err(RuntimeError::Input(format!("{}: this preparation has no {role} artifact (the {} output head), which -X head={} needs: rerun make prepare", manifest_path.display(), if head == HeadChoice::Q8 { "Q8_0" } else { "4-bit" }, if head == HeadChoice::Q8 { "q8" } else { "compact" })));
+            let (what, knob) = head.label();
+            return Err(RuntimeError::Input(format!("{}: this preparation has no {role} artifact (the {what} output head), which -X head={knob} needs: rerun make prepare", manifest_path.display())));
         };
         let c = &self.config;
         let path = manifest.artifact_path(manifest_path, a);

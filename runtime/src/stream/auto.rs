@@ -27,8 +27,8 @@ use std::path::Path;
 /// The head a strategy's logits come from unless `-X head=` says otherwise:
 /// - the whole-record strategies (sketch, gate, layers) run below the 4-bit model, where every
 ///   MiB buys row slots: the 4-bit head (`head_compact`; Qwen2.5-Coder-1.5B: 125 MiB for the
-///   GGUF's 183 MiB Q6_K, +1.5% dense perplexity, while 64 MiB more slots cut the sketch's
-///   perplexity at 25% of F16 by ~10%: docs/RESULTS.md, "Issue #18 (part 3)");
+///   GGUF's 183 MiB Q6_K, +1.5% dense perplexity, while the 58 MiB it frees as slots cut the
+///   sketch's perplexity at 25% of F16 by 6%: docs/RESULTS.md, "Issue #18 (part 3)");
 /// - the scorer, near the 4-bit model's size: the resident head when it is already GGML blocks,
 ///   else the Q8_0 one (`head_q8`);
 /// - the shared predictor: the resident head.

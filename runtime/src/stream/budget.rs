@@ -266,11 +266,7 @@ impl MemoryPlan {
                     breakdown: format!(
                         "resident {} MiB{}, dense layers {d0}..{dense_prefix} from records {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
                         resident_bytes >> 20,
-                        match s.head {
-                            crate::model::HeadChoice::Resident => String::new(),
-                            crate::model::HeadChoice::Q8 => format!(" + Q8_0 head {} MiB", head_artifact_bytes >> 20),
-                            crate::model::HeadChoice::Compact => format!(" + 4-bit head {} MiB", head_artifact_bytes >> 20),
-                        },
+                        if own_head { format!(" + {} head {} MiB", s.head.label().0, head_artifact_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,
                         if scorer_bytes > 0 {
                             format!("resident ranking rows (scorer, sketch or gate) {:.1} MiB", scorer_bytes as f64 / 1048576.0)
