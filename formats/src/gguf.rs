@@ -445,15 +445,16 @@ pub fn write_gguf(path: &Path, metadata: &[(String, GgufValue)], tensors: &[Gguf
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("formats-gguf-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d.join(name)
+    /// A file path in a directory removed when the guard drops.
+    fn tmp(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::Builder::new().prefix("formats-gguf-").tempdir().unwrap();
+        let p = d.path().join(name);
+        (d, p)
     }
 
     #[test]
     fn write_then_read_round_trip() {
-        let p = tmp("rt.gguf");
+        let (_dir, p) = tmp("rt.gguf");
         let md = vec![
             ("general.architecture".to_string(), GgufValue::String("llama".into())),
             ("llama.block_count".to_string(), GgufValue::U32(2)),
@@ -471,7 +472,7 @@ mod tests {
 
     #[test]
     fn truncated_and_garbage_files_are_reported_with_offsets() {
-        let p = tmp("trunc.gguf");
+        let (_dir, p) = tmp("trunc.gguf");
         let bytes: Vec<u8> = vec![0u8; 64];
         write_gguf(&p, &[], &[GgufTensorData { name: "w".into(), ne: vec![16], ggml_type_id: 0, bytes }]).unwrap();
         let full = std::fs::read(&p).unwrap();
@@ -488,7 +489,7 @@ mod tests {
 
     #[test]
     fn unsupported_type_is_named() {
-        let p = tmp("q2k.gguf");
+        let (_dir, p) = tmp("q2k.gguf");
         write_gguf(&p, &[], &[GgufTensorData { name: "w".into(), ne: vec![256], ggml_type_id: 10, bytes: vec![0; 84] }]).unwrap();
         let g = GgufFile::open(&p).unwrap();
         let e = g.dequantize_f32("w").err().unwrap().to_string();

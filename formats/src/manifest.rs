@@ -346,15 +346,15 @@ mod tests {
         }
     }
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("formats-manifest-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A directory removed when the guard drops.
+    fn dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("formats-manifest-{name}-")).tempdir().unwrap()
     }
 
     #[test]
     fn round_trip_and_checksums() {
-        let d = dir("rt");
+        let guard = dir("rt");
+        let d = guard.path();
         let m = sample(&d);
         let p = d.join("manifest.toml");
         m.save(&p).unwrap();
@@ -372,7 +372,8 @@ mod tests {
 
     #[test]
     fn impossible_settings_are_refused() {
-        let d = dir("bad");
+        let guard = dir("bad");
+        let d = guard.path();
         let p = d.join("manifest.toml");
         let mut m = sample(&d);
         m.sparsity.k_max[3] = 2000;
@@ -406,7 +407,8 @@ mod tests {
 
     #[test]
     fn checksums_are_verified_once_per_artifact_set() {
-        let d = dir("verify");
+        let guard = dir("verify");
+        let d = guard.path();
         let p = d.join("manifest.toml");
         let m = sample(&d);
         m.save(&p).unwrap();
@@ -423,7 +425,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_refused() {
-        let d = dir("unknown");
+        let guard = dir("unknown");
+        let d = guard.path();
         let p = d.join("manifest.toml");
         sample(&d).save(&p).unwrap();
         let text = std::fs::read_to_string(&p).unwrap();
