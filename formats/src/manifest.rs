@@ -355,7 +355,7 @@ mod tests {
     fn round_trip_and_checksums() {
         let guard = dir("rt");
         let d = guard.path();
-        let m = sample(&d);
+        let m = sample(d);
         let p = d.join("manifest.toml");
         m.save(&p).unwrap();
         let back = Manifest::load(&p).unwrap();
@@ -375,10 +375,10 @@ mod tests {
         let guard = dir("bad");
         let d = guard.path();
         let p = d.join("manifest.toml");
-        let mut m = sample(&d);
+        let mut m = sample(d);
         m.sparsity.k_max[3] = 2000;
         assert!(m.save(&p).unwrap_err().to_string().contains("k_max 2000 is outside 1..=1536"));
-        let mut m = sample(&d);
+        let mut m = sample(d);
         m.sparsity.default_dense_from = Some(19);
         assert!(m.save(&p).unwrap_err().to_string().contains("default_dense_from 19 is outside"));
         m.sparsity.default_dense_from = Some(25);
@@ -386,21 +386,21 @@ mod tests {
         assert_eq!(Manifest::load(&p).unwrap().sparsity.default_dense_from(), 25);
         m.sparsity.dense_prefix = 31;
         assert!(m.save(&p).unwrap_err().to_string().contains("dense_prefix 31 exceeds"));
-        let mut m = sample(&d);
+        let mut m = sample(d);
         m.records.record_bytes = 4608;
         assert!(m.save(&p).unwrap_err().to_string().contains("record_bytes 4608"));
         std::fs::write(&p, "format_version = 1\nmodel_name = 3\n").unwrap();
         assert!(Manifest::load(&p).unwrap_err().to_string().contains("not a valid manifest"));
-        let mut m = sample(&d);
+        let mut m = sample(d);
         m.artifacts.push(m.artifacts[1].clone());
         assert!(m.save(&p).unwrap_err().to_string().contains("two artifacts with role 'thresholds'"));
         for escaping in ["/abs/tokenizer.json", "../models/tokenizer.json", "a/../../b"] {
-            let mut m = sample(&d);
+            let mut m = sample(d);
             m.artifacts[1].path = escaping.into();
             let e = m.save(&p).unwrap_err().to_string();
             assert!(e.contains("relative and inside") && e.contains(escaping), "{e}");
         }
-        let mut m = sample(&d);
+        let mut m = sample(d);
         m.records.path = "other.bin".into();
         assert!(m.save(&p).unwrap_err().to_string().contains("[records] path 'other.bin'"));
     }
@@ -410,7 +410,7 @@ mod tests {
         let guard = dir("verify");
         let d = guard.path();
         let p = d.join("manifest.toml");
-        let m = sample(&d);
+        let m = sample(d);
         m.save(&p).unwrap();
         assert!(matches!(m.verify_checksums_cached(&p).unwrap(), Verification::Verified { stamp_written: true, .. }));
         assert_eq!(m.verify_checksums_cached(&p).unwrap(), Verification::Cached);
@@ -428,7 +428,7 @@ mod tests {
         let guard = dir("unknown");
         let d = guard.path();
         let p = d.join("manifest.toml");
-        sample(&d).save(&p).unwrap();
+        sample(d).save(&p).unwrap();
         let text = std::fs::read_to_string(&p).unwrap();
         // an optional key misspelled (its default would apply silently), an extra key in a table
         // and at the top

@@ -1155,16 +1155,19 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let known = reuse.map_or(prepared, runtime::plan::Reuse::Given);
     let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, known);
     // --strategy auto: every candidate at this budget, with its predicted rate
-    let candidates: Vec<(String, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
-        runtime::stream::auto::candidates(manifest, &mf, &settings, head_asked)?
+    let candidates: Vec<(String, bool, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
+        let cands = runtime::stream::auto::candidates(manifest, &mf, &settings, head_asked)?;
+        let runs = runtime::stream::auto::chosen(&cands);
+        cands
             .into_iter()
-            .map(|cand| {
+            .enumerate()
+            .map(|(i, cand)| {
                 let r = match &cand.plan {
                     Ok(plan) => Ok(runtime::plan::predict_plan(plan, cand.name, cand.read_span_bytes, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, prepared)),
                     Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(format!("needs {:.1} MiB", *minimum as f64 / 1048576.0)),
                     Err(e) => Err(e.to_string()),
                 };
-                (cand.name.to_string(), r)
+                (cand.label(), runs == Some(i), r)
             })
             .collect()
     } else {
@@ -1173,9 +1176,9 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     if json {
         let cands: Vec<serde_json::Value> = candidates
             .iter()
-            .map(|(name, r)| match r {
-                Ok(p) => serde_json::json!({"strategy": name, "fits": true, "prediction": p}),
-                Err(why) => serde_json::json!({"strategy": name, "fits": false, "refused": why}),
+            .map(|(name, runs, r)| match r {
+                Ok(p) => serde_json::json!({"strategy": name, "fits": true, "runs": runs, "prediction": p}),
+                Err(why) => serde_json::json!({"strategy": name, "fits": false, "runs": false, "refused": why}),
             })
             .collect();
         let v = serde_json::json!({"device": dev.name, "ours": p, "auto_candidates": cands, "llama_cpp": llama_json()});
@@ -1211,8 +1214,8 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
         p.exposed_io_s_per_token * 1e3,
         p.predicted_tok_per_s
     );
-    for (name, r) in &candidates {
-        let chosen = if *name == p.selector { "  <- runs (the first that fits, best quality first)" } else { "" };
+    for (name, runs, r) in &candidates {
+        let chosen = if *runs { "  <- runs (the best quality that fits)" } else { "" };
         match r {
             Ok(c) => println!("auto candidate {name}: plan {:.1} MiB (minimum {:.1} MiB), predicted {:.2} tok/s{chosen}", mib(c.planned_bytes), mib(c.minimum_bytes), c.predicted_tok_per_s),
             Err(why) => println!("auto candidate {name}: {why}"),

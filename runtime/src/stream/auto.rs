@@ -102,25 +102,79 @@ pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Op
 /// selector is ignored) with `head`, or each one's [`default_head`] when None.
 pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Option<HeadChoice>) -> Result<Vec<Candidate>> {
     let inputs = PlanInputs::of(manifest_path, m)?;
+    let has_compact = m.artifacts.iter().any(|a| a.role == formats::head_compact::ARTIFACT_ROLE);
     let mut out = Vec::new();
     for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: 1.0 }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
-        let head = match head {
-            Some(h) => h,
-            None => default_head(manifest_path, m, choice)?,
-        };
-        let settings = StreamSettings { selector: choice, head, ..s.clone() };
-        let plan = MemoryPlan::for_settings(&inputs, &sizing, &settings);
-        if let Err(e) = &plan {
-            if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
-                return Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())));
+        let heads = match head {
+            Some(h) => vec![h],
+            None => {
+                let h = default_head(manifest_path, m, choice)?;
+                // the scorer again with the 4-bit head: the MiB it frees keep the scorer below
+                // its own minimum (Qwen2.5-Coder-1.5B at 25% of F16: 1.14x against the
+                // sketch's 1.25x, docs/RESULTS.md "Issue #17 (part 4)")
+                if matches!(choice, SelectorChoice::Scorer { .. }) && h != HeadChoice::Compact && has_compact { vec![h, HeadChoice::Compact] } else { vec![h] }
             }
+        };
+        for head in heads {
+            let settings = StreamSettings { selector: choice, head, ..s.clone() };
+            let plan = MemoryPlan::for_settings(&inputs, &sizing, &settings);
+            if let Err(e) = &plan {
+                if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
+                    return Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())));
+                }
+            }
+            let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
+            let c = Candidate { name, choice, head, plan, read_span_bytes };
+            // a second head is a candidate only where it needs less memory than the first
+            if let Some(prev) = out.last().filter(|p: &&Candidate| p.name == name) {
+                if minimum_of(&c) >= minimum_of(prev) {
+                    continue;
+                }
+            }
+            out.push(c);
         }
-        let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
-        out.push(Candidate { name, choice, head, plan, read_span_bytes });
     }
     Ok(out)
+}
+
+/// The smallest budget a candidate runs at.
+fn minimum_of(c: &Candidate) -> u64 {
+    match &c.plan {
+        Ok(p) => p.minimum_bytes,
+        Err(RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
+        Err(_) => unreachable!("candidates keeps only refusals"),
+    }
+}
+
+impl Candidate {
+    /// What messages call it: the strategy, and its head where the strategy has two candidates.
+    pub fn label(&self) -> String {
+        match (self.choice, self.head) {
+            (SelectorChoice::Scorer { .. }, HeadChoice::Compact) => format!("{} with the {} head", self.name, self.head.label().0),
+            _ => self.name.to_string(),
+        }
+    }
+}
+
+/// Which candidate runs: the first whose plan fits, except that of one strategy's head variants
+/// (the scorer with its default head, then with the 4-bit one) a later one runs when its plan
+/// keeps larger sets (`fit` cuts a set before it gives up a candidate: a 4-bit head at full sets
+/// beats the resident one at cut sets).
+pub fn chosen(cands: &[Candidate]) -> Option<usize> {
+    let first = cands.iter().position(|c| c.plan.is_ok())?;
+    let set = |c: &Candidate| c.plan.as_ref().map_or(0.0, |p| p.set_scale);
+    let mut best = first;
+    for (i, c) in cands.iter().enumerate().skip(first + 1) {
+        if c.name != cands[first].name {
+            break;
+        }
+        if set(c) > set(&cands[best]) + 1e-9 {
+            best = i;
+        }
+    }
+    Some(best)
 }
 
 /// The strategy `auto` runs at `s`'s budget, and its head (`head`, or its default): the first
@@ -132,15 +186,25 @@ pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Opti
     if cands.is_empty() {
         return Ok(None);
     }
-    let minimum = |c: &Candidate| match &c.plan {
-        Ok(p) => p.minimum_bytes,
-        Err(RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
-        Err(_) => unreachable!("candidates returns only refusals"),
-    };
-    let skipped: Vec<String> = cands.iter().take_while(|c| c.plan.is_err()).map(|c| format!("{} needs {:.0} MiB", c.name, minimum(c) as f64 / 1048576.0)).collect();
-    match cands.iter().find(|c| c.plan.is_ok()) {
-        Some(c) => {
-            let note = (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.name, skipped.join(", ")));
+    let minimum = minimum_of;
+    let skipped: Vec<String> = cands.iter().take_while(|c| c.plan.is_err()).map(|c| format!("{} needs {:.0} MiB", c.label(), minimum(c) as f64 / 1048576.0)).collect();
+    match chosen(&cands) {
+        Some(i) => {
+            let c = &cands[i];
+            let note = match (i, cands.iter().position(|c| c.plan.is_ok())) {
+                (i, Some(first)) if i != first => {
+                    let f = &cands[first];
+                    let set = |c: &Candidate| c.plan.as_ref().map_or(0.0, |p| p.set_scale);
+                    Some(format!(
+                        "--strategy auto runs {} with sets of {:.2}: {} fits only with sets of {:.2}",
+                        c.label(),
+                        set(c),
+                        f.label(),
+                        set(f)
+                    ))
+                }
+                _ => (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.label(), skipped.join(", "))),
+            };
             Ok(Some((c.choice, c.head, note)))
         }
         None => {
