@@ -238,6 +238,8 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     }
     per_layer_predictor_files_refused(native_out);
     auto_sizes_as_the_selectors_and_runs_the_best_that_fits(native_out);
+    auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(f16_out, runtime::HeadChoice::Q8);
+    auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(native_out, runtime::HeadChoice::Resident);
     down_rows_in_fewer_bits(&dir.join("native"), native_out);
 }
 
@@ -337,47 +339,95 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
         Err(e) => panic!("{e}"),
     };
-    // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff)
+    // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff); the scorer
+    // twice, with the resident head and with the smaller 4-bit one
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
-    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "sketch", "gate", "layers"]);
+    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "scorer", "sketch", "gate", "layers"]);
     let mins: Vec<u64> = cands.iter().map(minimum_of).collect();
-    eprintln!("auto: minimums scorer {} sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3]);
-    assert!(mins[3] < mins[2] && mins[2] < mins[1] && mins[1] < mins[0], "{mins:?}: the fixture's minimums order as Qwen's");
+    eprintln!("auto: minimums scorer {} (4-bit head {}) sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3], mins[4]);
+    assert!(mins.windows(2).all(|w| w[1] < w[0]), "{mins:?}: the fixture's minimums order as Qwen's");
     // the header sizing plans what the loaded selector plans, at several budgets
-    for budget in [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 19)), Some(mins[3] + (1 << 19)), Some(mins[3] - 1)] {
+    let budgets = [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 20)), Some(mins[3] + (1 << 19)), Some(mins[4] + (1 << 19)), Some(mins[4] - 1)];
+    for budget in budgets {
         for c in auto::candidates(&manifest, &m, &settings(budget), None).unwrap() {
             let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, head: c.head, ..settings(budget) });
             match (&c.plan, engine) {
                 (Ok(p), Ok(e)) => {
                     let (a, b) = (serde_json::to_value(p).unwrap(), serde_json::to_value(&e.plan).unwrap());
-                    assert_eq!(a, b, "{} at {budget:?}: the header-sized plan differs from the loaded one", c.name);
-                    assert_eq!(c.read_span_bytes, e.read_span_bytes, "{}", c.name);
+                    assert_eq!(a, b, "{} at {budget:?}: the header-sized plan differs from the loaded one", c.label());
+                    assert_eq!(c.read_span_bytes, e.read_span_bytes, "{}", c.label());
                 }
-                (Err(_), Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. })) => assert_eq!(minimum, minimum_of(&c), "{}", c.name),
-                (p, e) => panic!("{} at {budget:?}: header sizing {:?}, loaded {:?}", c.name, p.as_ref().map(|p| p.total_bytes), e.map(|e| e.plan.total_bytes)),
+                (Err(_), Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. })) => assert_eq!(minimum, minimum_of(&c), "{}", c.label()),
+                (p, e) => panic!("{} at {budget:?}: header sizing {:?}, loaded {:?}", c.label(), p.as_ref().map(|p| p.total_bytes), e.map(|e| e.plan.total_bytes)),
             }
         }
     }
-    // each budget runs the best that fits
+    // each budget below the scorer's runs the best whole-record strategy that fits (the scorer's
+    // two heads: auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets)
     let expect = [
-        (mins[0] + (1 << 20), SelectorChoice::Scorer { resident_bonus: 1.0 }, "scorer"),
-        ((mins[0] + mins[1]) / 2, SelectorChoice::Sketch, "sketch"),
-        ((mins[1] + mins[2]) / 2, SelectorChoice::Gate, "gate"),
-        ((mins[2] + mins[3]) / 2, SelectorChoice::Layers, "layers"),
+        ((mins[1] + mins[2]) / 2, SelectorChoice::Sketch, "sketch"),
+        ((mins[2] + mins[3]) / 2, SelectorChoice::Gate, "gate"),
+        ((mins[3] + mins[4]) / 2, SelectorChoice::Layers, "layers"),
     ];
     for (budget, want, name) in expect {
         let (choice, _, note) = auto::choose(&manifest, &m, &settings(Some(budget)), None).unwrap().unwrap();
         assert_eq!(choice, want, "at {budget}");
-        assert_eq!(note.is_some(), name != "scorer", "{note:?}");
+        assert!(note.as_deref().unwrap_or("").contains("scorer with the 4-bit head needs"), "{note:?}");
         // the CLI's default strategy is auto: the same choice, and the note says why
         let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &budget.to_string(), "-n", "2", "--json"]);
         assert!(ok, "{err}");
         let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
         assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
-        assert_eq!(err.contains(&format!("--strategy auto runs {name}")), name != "scorer", "{err}");
+        assert!(err.contains(&format!("--strategy auto runs {name}")), "{err}");
     }
-    let err = auto::choose(&manifest, &m, &settings(Some(mins[3] - 1)), None).err().unwrap().to_string();
-    assert!(err.contains(&format!("at least {}", mins[3])) && err.contains("scorer needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"), "{err}");
+    let err = auto::choose(&manifest, &m, &settings(Some(mins[4] - 1)), None).err().unwrap().to_string();
+    assert!(
+        err.contains(&format!("at least {}", mins[4])) && err.contains("scorer needs") && err.contains("scorer with the 4-bit head needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"),
+        "{err}"
+    );
+}
+
+/// The scorer's default head (the resident one on a native preparation, the Q8_0 one on an f16
+/// preparation) is larger than the 4-bit head, which makes a second scorer candidate: it runs
+/// where the first does not fit, or fits only by cutting its sets, and not where both keep full
+/// sets.
+fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path::Path, default_head: runtime::HeadChoice) {
+    use runtime::stream::{auto, DensePrefix, SelectorChoice, StreamSettings};
+    use runtime::HeadChoice;
+    let manifest = out.join("manifest.toml");
+    let m = formats::manifest::Manifest::load(&manifest).unwrap();
+    let settings = |budget: Option<u64>| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: budget, dense_prefix: DensePrefix::Fit, ..Default::default() };
+    let minimum_of = |c: &auto::Candidate| match &c.plan {
+        Ok(p) => p.minimum_bytes,
+        Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
+        Err(e) => panic!("{e}"),
+    };
+    let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
+    let labels: Vec<String> = cands.iter().map(|c| c.label()).collect();
+    assert_eq!(labels, ["scorer", "scorer with the 4-bit head", "sketch", "gate", "layers"]);
+    assert_eq!((cands[0].head, cands[1].head), (default_head, HeadChoice::Compact));
+    let (min_default, min_4bit) = (minimum_of(&cands[0]), minimum_of(&cands[1]));
+    assert!(min_4bit < min_default && minimum_of(&cands[2]) < min_4bit, "{min_default} {min_4bit}");
+    let set_of = |c: &auto::Candidate| c.plan.as_ref().map(|p| p.set_scale).unwrap();
+    // below the default head's minimum: the 4-bit head, and the note names the other's minimum
+    let (choice, head, note) = auto::choose(&manifest, &m, &settings(Some((min_4bit + min_default) / 2)), None).unwrap().unwrap();
+    let note = note.unwrap();
+    assert!(matches!(choice, SelectorChoice::Scorer { .. }) && head == HeadChoice::Compact && note.contains("runs scorer with the 4-bit head") && note.contains("scorer needs"), "{note}");
+    // at the default head's minimum it fits only with cut sets: the 4-bit head, at full sets
+    let at = settings(Some(min_default));
+    let c = auto::candidates(&manifest, &m, &at, None).unwrap();
+    assert!(set_of(&c[0]) < 0.25 && (set_of(&c[1]) - 0.25).abs() < 1e-9, "{} {}", set_of(&c[0]), set_of(&c[1]));
+    let (_, head, note) = auto::choose(&manifest, &m, &at, None).unwrap().unwrap();
+    assert!(head == HeadChoice::Compact && note.as_deref().unwrap_or("").contains("fits only with sets of"), "{note:?}");
+    // the CLI runs the same and reports its head
+    let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &min_default.to_string(), "-n", "2", "--json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    assert!(r["set_rule"] == "scorer" && r["head"] == "compact", "{r}");
+    // with room for full sets either way: the default head
+    let full = (min_default..).step_by(64 << 10).take(4096).find(|&b| set_of(&auto::candidates(&manifest, &m, &settings(Some(b)), None).unwrap()[0]) >= 0.25 - 1e-9).unwrap();
+    let (_, head, note) = auto::choose(&manifest, &m, &settings(Some(full)), None).unwrap().unwrap();
+    assert!(head == default_head && note.is_none(), "at {full}: {head:?} {note:?}");
 }
 
 /// A whole-record strategy streamed at a budget between its minimum and every row equals the

@@ -174,11 +174,8 @@ pub fn chat_template_of(input: &Path) -> Result<Option<String>> {
 pub fn write_chat_template(dir: &Path, template: Option<&str>) -> Result<()> {
     let path = dir.join(model_dir::CHAT_TEMPLATE_FILE);
     match template {
-        Some(t) => {
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(t) {
-                safetensors_io::write_atomic(&safetensors_io::tmp_path(&path), &path, t.as_bytes())?;
-            }
-        }
+        Some(t) if std::fs::read_to_string(&path).ok().as_deref() != Some(t) => safetensors_io::write_atomic(&safetensors_io::tmp_path(&path), &path, t.as_bytes())?,
+        Some(_) => {}
         None if path.exists() => std::fs::remove_file(&path).with_context(|| format!("{}: cannot remove", path.display()))?,
         None => {}
     }

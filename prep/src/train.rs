@@ -293,7 +293,9 @@ pub fn train(
 
     let pb = if show_progress { ProgressBar::new(settings.max_epochs as u64) } else { ProgressBar::hidden() };
     pb.set_style(ProgressStyle::with_template("train [{bar:40}] epoch {pos}/{len} {msg} ({elapsed})").unwrap());
-    let mut best: Option<(f64, usize, HashMap<String, Tensor>, Vec<u32>)> = None;
+    // (held-out loss, epoch, weights, predictions) of the best epoch so far
+    type Best = (f64, usize, HashMap<String, Tensor>, Vec<u32>);
+    let mut best: Option<Best> = None;
     let mut epochs_run = 0;
     for epoch in 0..settings.max_epochs {
         epochs_run = epoch + 1;

@@ -24,8 +24,10 @@ struct ModeArgs {
     /// too small; what it leaves beyond each layer's set becomes extra row slots.
     #[arg(long)]
     mem_budget: Option<String>,
-    /// auto (default): the scorer where the preparation has it (with the Q8_0 head unless the
-    /// resident head is already GGML blocks), else the predictor. scorer: each sparse layer
+    /// auto (default): with --mem-budget, the best-quality strategy whose plan fits it: the
+    /// scorer (with its default head, then with the 4-bit head when that keeps larger sets),
+    /// else sketch, gate, layers (`runtime plan` lists each); a preparation with none of them
+    /// runs the predictor. scorer: each sparse layer
     /// scores its neurons from its own input with resident 4-bit gate/up rows (the GGUF's own in
     /// a native preparation) and streams only the down rows it needs. predictor: the shared
     /// predictor picks every sparse layer's set after layer 0 and streams whole records.
