@@ -3,6 +3,8 @@
 1. Perplexity (llama-perplexity protocol, ctx 512) on a Shakespeare play and on LAMBADA passages:
    ours on models/smollm2-135m vs llama-perplexity on the F16 GGUF of the same weights, plus
    token counts (ours vs llama-tokenize).
+   llama-perplexity runs twice: as it defaults (`-fa auto`: its CPU flash attention, whose running
+   sum of values is f16) and with `-fa off` (f32-accumulated attention, as ours).
 2. Greedy 32-token continuations of 3 fixed prompts: ours vs llama-completion at temperature 0.
    Where they differ, the first differing step and our top-2 logit margin there.
 
@@ -44,13 +46,17 @@ for p in [GGUF, MODEL, RUNTIME]:
 def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True, check=True)
 
+def llama_ppl(path, fa):
+    ll = run(["baseline/bin/llama-perplexity", "-m", GGUF, "-f", path, "-c", "512", "-t", str(args.threads), "--chunks", str(args.chunks), "-fa", fa])
+    return float(re.search(r"Final estimate: PPL = ([0-9.]+)", ll.stdout + ll.stderr).group(1))
+
 report = {"model": MODEL, "reference_gguf": GGUF, "threads": args.threads, "ctx": 512, "perplexity": [], "greedy": []}
 for name, path in TEXTS.items():
+    # llama.cpp's default (`-fa auto`) runs its CPU flash attention, which keeps the running
+    # value sum in f16; `-fa off` computes attention as two f32-accumulated products: both
     t0 = time.time()
-    ll = run(["baseline/bin/llama-perplexity", "-m", GGUF, "-f", path, "-c", "512", "-t", str(args.threads), "--chunks", str(args.chunks)])
-    ll_s = time.time() - t0
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", ll.stdout + ll.stderr)
-    ll_ppl = float(m.group(1))
+    ll_ppl, ll_ppl_fa_off = (llama_ppl(path, fa) for fa in ("auto", "off"))
+    ll_s = (time.time() - t0) / 2
     ids = run(["baseline/bin/llama-tokenize", "-m", GGUF, "-f", path, "--ids", "--log-disable"]).stdout
     ll_tokens = len(re.findall(r"\d+", ids))
     t0 = time.time()
@@ -58,13 +64,15 @@ for name, path in TEXTS.items():
                            "--threads", str(args.threads), "--json"]).stdout)
     ours_s = time.time() - t0
     rel = ours["perplexity"] / ll_ppl - 1
+    rel_fa_off = ours["perplexity"] / ll_ppl_fa_off - 1
     row = {"text": path, "chunks": ours["chunks"], "llama_cpp_ppl": ll_ppl, "runtime_ppl": ours["perplexity"],
-           "relative_difference": rel, "llama_cpp_tokens": ll_tokens, "runtime_tokens": ours["tokens"],
-           "tokens_equal": ll_tokens == ours["tokens"], "tolerance": args.tolerance, "within_tolerance": abs(rel) < args.tolerance,
+           "relative_difference": rel, "llama_cpp_ppl_flash_attn_off": ll_ppl_fa_off, "relative_difference_flash_attn_off": rel_fa_off,
+           "llama_cpp_tokens": ll_tokens, "runtime_tokens": ours["tokens"],
+           "tokens_equal": ll_tokens == ours["tokens"], "tolerance": args.tolerance, "within_tolerance": abs(rel) < args.tolerance, "within_tolerance_flash_attn_off": abs(rel_fa_off) < args.tolerance,
            "llama_cpp_seconds": ll_s, "runtime_seconds": ours_s}
     report["perplexity"].append(row)
-    print(f"{name:12s} ppl llama.cpp {ll_ppl:.4f}  runtime {ours['perplexity']:.4f}  diff {100*rel:+.4f}%  "
-          f"tokens {ll_tokens} vs {ours['tokens']}")
+    print(f"{name:12s} ppl llama.cpp {ll_ppl:.4f} (-fa off {ll_ppl_fa_off:.4f})  runtime {ours['perplexity']:.4f}  "
+          f"diff {100*rel:+.4f}% (-fa off {100*rel_fa_off:+.4f}%)  tokens {ll_tokens} vs {ours['tokens']}")
 
 for prompt in PROMPTS:
     ll = run(["baseline/bin/llama-completion", "-m", GGUF, "-p", prompt, "-n", "32", "--temp", "0", "--ignore-eos",
@@ -88,6 +96,8 @@ os.makedirs("bench/results", exist_ok=True)
 TAG = os.path.basename(MODEL.rstrip("/")) if args.model_dir else args.model
 with open(f"bench/results/reference-{TAG}.json", "w") as f:
     json.dump(report, f, indent=2)
-ok = all(r["within_tolerance"] and r["tokens_equal"] for r in report["perplexity"])
+# llama.cpp's two attention paths differ by 0.11-0.15% on Qwen's Q4_K_M file (docs/RESULTS.md,
+# #16 part 5), more than the 0.1% bar: a text passes within the tolerance of either
+ok = all((r["within_tolerance"] or r["within_tolerance_flash_attn_off"]) and r["tokens_equal"] for r in report["perplexity"])
 print("reference:", "PASS" if ok else "FAIL", f"-> bench/results/reference-{TAG}.json")
 sys.exit(0 if ok else 1)
