@@ -334,11 +334,7 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     let manifest = out.join("manifest.toml");
     let m = formats::manifest::Manifest::load(&manifest).unwrap();
     let settings = |budget: Option<u64>| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: budget, dense_prefix: runtime::stream::DensePrefix::Fit, ..Default::default() };
-    let minimum_of = |c: &auto::Candidate| match &c.plan {
-        Ok(p) => p.minimum_bytes,
-        Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
-        Err(e) => panic!("{e}"),
-    };
+    let minimum_of = auto::Candidate::minimum_bytes;
     // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff); the scorer
     // twice, with the resident head and with the smaller 4-bit one
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
@@ -397,11 +393,7 @@ fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path:
     let manifest = out.join("manifest.toml");
     let m = formats::manifest::Manifest::load(&manifest).unwrap();
     let settings = |budget: Option<u64>| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: budget, dense_prefix: DensePrefix::Fit, ..Default::default() };
-    let minimum_of = |c: &auto::Candidate| match &c.plan {
-        Ok(p) => p.minimum_bytes,
-        Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
-        Err(e) => panic!("{e}"),
-    };
+    let minimum_of = auto::Candidate::minimum_bytes;
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
     let labels: Vec<String> = cands.iter().map(|c| c.label()).collect();
     assert_eq!(labels, ["scorer", "scorer with the 4-bit head", "sketch", "gate", "layers"]);

@@ -113,10 +113,11 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
                 let h = default_head(manifest_path, m, choice)?;
                 // the scorer again with the 4-bit head: the MiB it frees keep the scorer below
                 // its own minimum (Qwen2.5-Coder-1.5B at 25% of F16: 1.14x against the
-                // sketch's 1.25x, docs/RESULTS.md "Issue #17 (part 4)")
+                // sketch's 1.25x, docs/RESULTS.md "Issue #17 (part 3)")
                 if matches!(choice, SelectorChoice::Scorer { .. }) && h != HeadChoice::Compact && has_compact { vec![h, HeadChoice::Compact] } else { vec![h] }
             }
         };
+        let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
         for head in heads {
             let settings = StreamSettings { selector: choice, head, ..s.clone() };
             let plan = MemoryPlan::for_settings(&inputs, &sizing, &settings);
@@ -125,11 +126,10 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
                     return Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())));
                 }
             }
-            let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
             let c = Candidate { name, choice, head, plan, read_span_bytes };
             // a second head is a candidate only where it needs less memory than the first
             if let Some(prev) = out.last().filter(|p: &&Candidate| p.name == name) {
-                if minimum_of(&c) >= minimum_of(prev) {
+                if c.minimum_bytes() >= prev.minimum_bytes() {
                     continue;
                 }
             }
@@ -139,16 +139,21 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
     Ok(out)
 }
 
-/// The smallest budget a candidate runs at.
-fn minimum_of(c: &Candidate) -> u64 {
-    match &c.plan {
-        Ok(p) => p.minimum_bytes,
-        Err(RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
-        Err(_) => unreachable!("candidates keeps only refusals"),
-    }
-}
-
 impl Candidate {
+    /// The smallest budget it runs at.
+    pub fn minimum_bytes(&self) -> u64 {
+        match &self.plan {
+            Ok(p) => p.minimum_bytes,
+            Err(RuntimeError::BudgetTooSmall { minimum, .. }) => *minimum,
+            Err(_) => unreachable!("candidates keeps only refusals"),
+        }
+    }
+
+    /// Its plan's set scale (0 when it does not fit).
+    fn set_scale(&self) -> f64 {
+        self.plan.as_ref().map_or(0.0, |p| p.set_scale)
+    }
+
     /// What messages call it: the strategy, and its head where the strategy has two candidates.
     pub fn label(&self) -> String {
         match (self.choice, self.head) {
@@ -164,13 +169,12 @@ impl Candidate {
 /// beats the resident one at cut sets).
 pub fn chosen(cands: &[Candidate]) -> Option<usize> {
     let first = cands.iter().position(|c| c.plan.is_ok())?;
-    let set = |c: &Candidate| c.plan.as_ref().map_or(0.0, |p| p.set_scale);
     let mut best = first;
     for (i, c) in cands.iter().enumerate().skip(first + 1) {
         if c.name != cands[first].name {
             break;
         }
-        if set(c) > set(&cands[best]) + 1e-9 {
+        if c.set_scale() > cands[best].set_scale() + 1e-9 {
             best = i;
         }
     }
@@ -186,29 +190,21 @@ pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Opti
     if cands.is_empty() {
         return Ok(None);
     }
-    let minimum = minimum_of;
-    let skipped: Vec<String> = cands.iter().take_while(|c| c.plan.is_err()).map(|c| format!("{} needs {:.0} MiB", c.label(), minimum(c) as f64 / 1048576.0)).collect();
+    let skipped: Vec<String> = cands.iter().take_while(|c| c.plan.is_err()).map(|c| format!("{} needs {:.0} MiB", c.label(), c.minimum_bytes() as f64 / 1048576.0)).collect();
     match chosen(&cands) {
         Some(i) => {
             let c = &cands[i];
             let note = match (i, cands.iter().position(|c| c.plan.is_ok())) {
                 (i, Some(first)) if i != first => {
                     let f = &cands[first];
-                    let set = |c: &Candidate| c.plan.as_ref().map_or(0.0, |p| p.set_scale);
-                    Some(format!(
-                        "--strategy auto runs {} with sets of {:.2}: {} fits only with sets of {:.2}",
-                        c.label(),
-                        set(c),
-                        f.label(),
-                        set(f)
-                    ))
+                    Some(format!("--strategy auto runs {} with sets of {:.2}: {} fits only with sets of {:.2}", c.label(), c.set_scale(), f.label(), f.set_scale()))
                 }
                 _ => (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.label(), skipped.join(", "))),
             };
             Ok(Some((c.choice, c.head, note)))
         }
         None => {
-            let smallest = cands.iter().min_by_key(|c| minimum(c)).expect("not empty");
+            let smallest = cands.iter().min_by_key(|c| c.minimum_bytes()).expect("not empty");
             let Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) = &smallest.plan else { unreachable!("every candidate was refused") };
             Err(RuntimeError::BudgetTooSmall {
                 budget: *budget,
