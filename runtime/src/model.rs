@@ -561,8 +561,7 @@ impl Model {
         for t in 0..n {
             self.rope.apply_pair(&mut s.q[t * q_dim..(t + 1) * q_dim], &mut s.k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
         }
-        cache.k[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.k);
-        cache.v[l][pos0 * kv_dim..(pos0 + n) * kv_dim].copy_from_slice(&s.v);
+        cache.store(l, pos0, &s.k[..n * kv_dim], &s.v[..n * kv_dim]);
         attention(&s.q, &cache.k[l], &cache.v[l], pos0, &shape, &mut s.att);
         matmul(&s.att, n, &lw.wo, &mut s.proj);
         s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);

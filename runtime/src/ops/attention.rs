@@ -1,7 +1,8 @@
 //! Causal grouped-query attention over the KV cache.
 //!
 //! q: `[n_tokens, n_heads * head_dim]` (already rotated). The cache holds keys and values of
-//! positions `0..pos0 + n_tokens` for this layer: `[max_seq, n_kv_heads * head_dim]` each.
+//! positions `0..pos0 + n_tokens` for this layer: `[max_seq, n_kv_heads * head_dim]` each, in
+//! f16 (`crate::kv_cache`); scores, softmax and the weighted sum are f32.
 //! out: `[n_tokens, n_heads * head_dim]` (n_tokens = q.len() / q_dim). Query head `h` reads kv
 //! head `h / (n_heads / n_kv_heads)`.
 //!
@@ -9,6 +10,8 @@
 //! load (4 dot products per key row) and every value row load.
 
 use crate::ops::{simd, softmax::softmax};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 pub struct AttentionShape {
@@ -19,7 +22,7 @@ pub struct AttentionShape {
 
 const TOKENS_PER_TASK: usize = 4;
 
-pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], pos0: usize, s: &AttentionShape, out: &mut [f32]) {
+pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &AttentionShape, out: &mut [f32]) {
     let (hd, q_dim, kv_dim) = (s.head_dim, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
     let n_tokens = q.len() / q_dim;
     let group = s.n_heads / s.n_kv_heads;
@@ -38,9 +41,10 @@ pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], pos0: usize, s: &A
             let n_keys = pos0 + t0 + nt; // keys visible to the last token of the block
             // scores: [TOKENS_PER_TASK, n_keys]
             let mut scores = vec![0f32; TOKENS_PER_TASK * n_keys];
+            let mut k = vec![0f32; hd];
             for p in 0..n_keys {
-                let k = &k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                let d = simd::dot4_f32(k, qs[0], qs[1], qs[2], qs[3]);
+                k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut k);
+                let d = simd::dot4_f32(&k, qs[0], qs[1], qs[2], qs[3]);
                 for (i, di) in d.iter().enumerate() {
                     scores[i * n_keys + p] = di * scale;
                 }
@@ -64,23 +68,12 @@ pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], pos0: usize, s: &A
     }
 }
 
-/// `out = sum_p w[p] * rows[p * stride + col .. + out.len()]`, in column blocks of 32 so the
-/// running sums stay in registers.
-fn weighted_sum_of_rows(w: &[f32], rows: &[f32], stride: usize, col: usize, out: &mut [f32]) {
-    const BLOCK: usize = 32;
+/// `out = sum_p w[p] * rows[p * stride + col .. + out.len()]` (f16 rows, f32 sums).
+fn weighted_sum_of_rows(w: &[f32], rows: &[f16], stride: usize, col: usize, out: &mut [f32]) {
     let width = out.len();
-    let mut c = 0;
-    while c < width {
-        let bw = BLOCK.min(width - c);
-        let mut acc = [0f32; BLOCK];
-        for (p, &wp) in w.iter().enumerate() {
-            let r = &rows[p * stride + col + c..p * stride + col + c + bw];
-            for (a, &x) in acc[..bw].iter_mut().zip(r) {
-                *a = wp.mul_add(x, *a);
-            }
-        }
-        out[c..c + bw].copy_from_slice(&acc[..bw]);
-        c += bw;
+    out.fill(0.0);
+    for (p, &wp) in w.iter().enumerate() {
+        simd::axpy_f16(wp, &rows[p * stride + col..p * stride + col + width], out);
     }
 }
 
@@ -89,7 +82,7 @@ mod tests {
     use super::*;
 
     /// Straightforward per-(token, head) attention to check the blocked version against.
-    fn naive(q: &[f32], k: &[f32], v: &[f32], pos0: usize, s: &AttentionShape) -> Vec<f32> {
+    fn naive(q: &[f32], k: &[f16], v: &[f16], pos0: usize, s: &AttentionShape) -> Vec<f32> {
         let (hd, q_dim, kv_dim) = (s.head_dim, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
         let n = q.len() / q_dim;
         let mut out = vec![0f32; n * q_dim];
@@ -98,12 +91,12 @@ mod tests {
                 let kvh = h / (s.n_heads / s.n_kv_heads);
                 let qh = &q[t * q_dim + h * hd..][..hd];
                 let mut sc: Vec<f32> = (0..=pos0 + t)
-                    .map(|p| qh.iter().zip(&k[p * kv_dim + kvh * hd..][..hd]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt())
+                    .map(|p| qh.iter().zip(&k[p * kv_dim + kvh * hd..][..hd]).map(|(a, b)| a * b.to_f32()).sum::<f32>() / (hd as f32).sqrt())
                     .collect();
                 softmax(&mut sc);
                 for (p, w) in sc.iter().enumerate() {
                     for j in 0..hd {
-                        out[t * q_dim + h * hd + j] += w * v[p * kv_dim + kvh * hd + j];
+                        out[t * q_dim + h * hd + j] += w * v[p * kv_dim + kvh * hd + j].to_f32();
                     }
                 }
             }
@@ -118,8 +111,8 @@ mod tests {
         for (pos0, n) in [(0usize, 1usize), (0, 7), (5, 6), (9, 1)] {
             let total = pos0 + n;
             let q: Vec<f32> = (0..n * q_dim).map(|i| ((i * 37 % 23) as f32 - 11.0) / 10.0).collect();
-            let k: Vec<f32> = (0..total * kv_dim).map(|i| ((i * 13 % 19) as f32 - 9.0) / 10.0).collect();
-            let v: Vec<f32> = (0..total * kv_dim).map(|i| ((i * 7 % 17) as f32 - 8.0) / 10.0).collect();
+            let k: Vec<f16> = (0..total * kv_dim).map(|i| f16::from_f32(((i * 13 % 19) as f32 - 9.0) / 10.0)).collect();
+            let v: Vec<f16> = (0..total * kv_dim).map(|i| f16::from_f32(((i * 7 % 17) as f32 - 8.0) / 10.0)).collect();
             let mut out = vec![0f32; n * q_dim];
             attention(&q, &k, &v, pos0, &s, &mut out);
             let want = naive(&q, &k, &v, pos0, &s);

@@ -308,9 +308,9 @@ impl MemoryPlan {
     }
 }
 
-/// The KV cache of `ctx` positions (f32 keys and values of every layer).
+/// The KV cache of `ctx` positions (f16 keys and values of every layer, [`crate::kv_cache`]).
 pub fn kv_cache_bytes(c: &formats::model_dir::ModelConfig, ctx: usize) -> u64 {
-    (2 * c.num_hidden_layers * ctx * c.n_kv_heads() * c.head_dim() * 4) as u64
+    (2 * c.num_hidden_layers * ctx * c.n_kv_heads() * c.head_dim() * crate::kv_cache::KV_VALUE_BYTES) as u64
 }
 
 /// Parses a size: `155MiB`, `1.5GiB`, `500MB`, `4096` (bytes).
