@@ -4,7 +4,7 @@
    ours on models/smollm2-135m vs llama-perplexity on the F16 GGUF of the same weights, plus
    token counts (ours vs llama-tokenize).
    llama-perplexity runs twice: as it defaults (`-fa auto`: its CPU flash attention, whose running
-   sum of values is f16) and with `-fa off` (f32-accumulated attention, as ours).
+   sum of values is f16) and with `-fa off` (an f16 KV cache and f32 sums, as ours).
 2. Greedy 32-token continuations of 3 fixed prompts: ours vs llama-completion at temperature 0.
    Where they differ, the first differing step and our top-2 logit margin there.
 
@@ -52,8 +52,7 @@ def llama_ppl(path, fa):
 
 report = {"model": MODEL, "reference_gguf": GGUF, "threads": args.threads, "ctx": 512, "perplexity": [], "greedy": []}
 for name, path in TEXTS.items():
-    # llama.cpp's default (`-fa auto`) runs its CPU flash attention, which keeps the running
-    # value sum in f16; `-fa off` computes attention as two f32-accumulated products: both
+    # both of llama.cpp's attention paths (the module docstring); the seconds are their mean
     t0 = time.time()
     ll_ppl, ll_ppl_fa_off = (llama_ppl(path, fa) for fa in ("auto", "off"))
     ll_s = (time.time() - t0) / 2
