@@ -50,11 +50,6 @@ pub struct BenchReport {
     pub computed_rows_per_token: f64,
     /// With the scorer: the weight of rows already in memory (1 for the predictor).
     pub resident_bonus: f32,
-    /// With the scorer's lookahead: share of the next layer's guessed missing rows read one
-    /// layer ahead (0: off); rows so read per token, and the share of them the layer needed.
-    pub lookahead: f64,
-    pub rows_prefetched_per_token: f64,
-    pub prefetch_precision: f64,
     pub set_size_per_layer: Vec<usize>,
     pub slots_per_layer: Vec<usize>,
     /// Reuse per sparse layer during decode.
@@ -106,8 +101,6 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
                 rows_loaded: x.rows_loaded - y.rows_loaded,
             })
             .collect(),
-        rows_prefetched: a.rows_prefetched - b.rows_prefetched,
-        rows_prefetched_needed: a.rows_prefetched_needed - b.rows_prefetched_needed,
     }
 }
 
@@ -172,9 +165,6 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
             crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,
             crate::stream::SelectorChoice::Predictor { .. } | crate::stream::SelectorChoice::Layers | crate::stream::SelectorChoice::Gate | crate::stream::SelectorChoice::Sketch => 1.0,
         },
-        lookahead: engine.lookahead,
-        rows_prefetched_per_token: per(d.rows_prefetched as f64),
-        prefetch_precision: d.rows_prefetched_needed as f64 / d.rows_prefetched.max(1) as f64,
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),

@@ -495,16 +495,7 @@ impl Model {
                         mul_in_place(&mut s.gate, &s.up);
                         matmul(&s.gate, 1, &w.w_down, &mut s.proj);
                     }
-                    Mlp::Streamed => {
-                        // the next layer's input, guessed before this MLP: its reads can start now
-                        let guess = if engine.wants_guess_after(l) {
-                            rmsnorm(&s.x, &self.weights.layers[l + 1].mlp_norm, c.rms_norm_eps as f32, &mut s.guess);
-                            Some(s.guess.as_slice())
-                        } else {
-                            None
-                        };
-                        engine.mlp(l, &s.xn, guess, &mut s.proj)?
-                    }
+                    Mlp::Streamed => engine.mlp(l, &s.xn, &mut s.proj)?,
                 }
                 s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
                 check_finite(&s.x, "the hidden state", Some(l))?;
@@ -622,7 +613,6 @@ fn dense_gate_up(w: &DenseMlp, n: usize, xn: &[f32], gate: &mut [f32], up: &mut 
 pub struct DecodeState {
     x: Vec<f32>,    // [n, d] residual stream
     xn: Vec<f32>,   // [n, d] normed input of a block
-    guess: Vec<f32>, // [n, d] the residual stream normed with the next block's MLP weights
     q: Vec<f32>,    // [n, q_dim]
     k: Vec<f32>,    // [n, kv_dim]
     v: Vec<f32>,    // [n, kv_dim]
@@ -639,7 +629,6 @@ impl DecodeState {
         DecodeState {
             x: vec![0.0; n * d],
             xn: vec![0.0; n * d],
-            guess: vec![0.0; n * d],
             q: vec![0.0; n * q_dim],
             k: vec![0.0; n * kv_dim],
             v: vec![0.0; n * kv_dim],

@@ -77,27 +77,6 @@ impl GateUpScorer {
         }
     }
 
-    /// `h[i]` = silu(gate . xn) * (up . xn) of neuron `neurons[i]` of sparse layer `layer`, as
-    /// [`GateUpScorer::activations`] computes it, for a few neurons: the model's own blocks row
-    /// by row (a native preparation), or the whole layer from the Q4_0 copy.
-    pub fn activations_at(&self, layer: usize, xn: &[f32], neurons: &[u32], h: &mut [f32]) {
-        let f = &self.file;
-        match f.blocks {
-            None => {
-                let mut all = vec![0f32; f.n_ff];
-                self.activations(layer, xn, &mut all);
-                h.iter_mut().zip(neurons).for_each(|(hi, &j)| *hi = all[j as usize]);
-            }
-            Some(ty) => {
-                let at = crate::ops::qmatmul::activation_type(ty).expect("the loader accepts computed types only");
-                let xa = crate::ops::qmatmul::QActivation::quantize(at, xn);
-                let (rows, rb, d) = (f.layer_q4(layer), f.row_bytes(), f.d_model);
-                let row = |r: usize| crate::ops::qmatmul::dot_row(ty, &rows[r * rb..(r + 1) * rb], d, &xa);
-                h.par_iter_mut().zip(neurons.par_iter()).with_min_len(64).for_each(|(hi, &j)| *hi = silu(row(2 * j as usize)) * row(2 * j as usize + 1));
-            }
-        }
-    }
-
     /// `h` `[n]` = silu(gate4 . x) * (up4 . x) of neurons `from..from + n` of sparse layer
     /// `layer` for one token (the Q4_0 copy).
     pub fn activations_of(&self, layer: usize, x: &Q8Vector, from: usize, h: &mut [f32]) {
@@ -114,12 +93,6 @@ impl GateUpScorer {
     /// row already in memory is kept unless a missing one is clearly larger, so marginal
     /// neurons do not swap in and out every token.
     pub fn keep(&self, layer: usize, h: &[f32], k: usize, slot_of: &[u32], resident_bonus: f32) -> Vec<u32> {
-        self.keep_with_threshold(layer, h, k, slot_of, resident_bonus).0
-    }
-
-    /// [`GateUpScorer::keep`], and the smallest kept score (with the bonus): what a missing row
-    /// had to score to be kept.
-    pub fn keep_with_threshold(&self, layer: usize, h: &[f32], k: usize, slot_of: &[u32], resident_bonus: f32) -> (Vec<u32>, f32) {
         let norm = self.file.layer_down_norm(layer);
         let score: Vec<f32> = h
             .iter()
@@ -133,9 +106,8 @@ impl GateUpScorer {
             idx.select_nth_unstable_by(k - 1, |&a, &b| score[b as usize].total_cmp(&score[a as usize]));
         }
         idx.truncate(k);
-        let threshold = idx.iter().map(|&j| score[j as usize]).fold(f32::INFINITY, f32::min);
         idx.sort_unstable();
-        (idx, threshold)
+        idx
     }
 }
 
@@ -163,14 +135,11 @@ pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
 /// average of each neuron's score ([`update_heat`]); slots evict the coolest.
 pub struct LayerScoring {
     pub heat: Vec<f32>,
-    /// The last token's smallest kept score ([`GateUpScorer::keep_with_threshold`]): a guess one
-    /// layer ahead reads the missing rows that score above it.
-    pub threshold: f32,
 }
 
 impl LayerScoring {
     pub fn new(n_ff: usize) -> Self {
-        LayerScoring { heat: vec![0.0; n_ff], threshold: f32::INFINITY }
+        LayerScoring { heat: vec![0.0; n_ff] }
     }
 }
 
@@ -183,8 +152,7 @@ impl LayerScoring {
 pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize, resident_bonus: f32, map: &mut SlotMap, state: &mut LayerScoring, tick: u64, h: &mut [f32]) -> (Vec<u32>, Vec<Load>) {
     let norm = scorer.file.layer_down_norm(layer);
     scorer.activations(layer, xn, h);
-    let (kept, threshold) = scorer.keep_with_threshold(layer, h, k, &map.slot_of, resident_bonus);
-    state.threshold = threshold;
+    let kept = scorer.keep(layer, h, k, &map.slot_of, resident_bonus);
     update_heat(&mut state.heat, h, norm);
     let loads = map.plan_by_heat(&kept, tick, &state.heat);
     (kept, loads)

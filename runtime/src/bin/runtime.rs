@@ -52,7 +52,7 @@ struct ModeArgs {
     #[arg(long, value_parser = parse_set_scale)]
     set_scale: Option<f64>,
     /// Research knobs, KEY=VALUE (repeatable; `-X help` lists them): set-rule, neuron-rank,
-    /// resident-bonus, lookahead, slot-share, head, single-token, pread, max-run-bytes, queue-depth,
+    /// resident-bonus, slot-share, head, single-token, pread, max-run-bytes, queue-depth,
     /// oracle-thresholds.
     #[arg(long = "experiment", short = 'X', value_name = "KEY=VALUE")]
     experiment: Vec<String>,
@@ -79,8 +79,6 @@ const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
                                            with --strategy layers, sketch or gate: oracle ranking in memory)
   neuron-rank=importance|membership        how the predictor's cut sets rank neurons
   resident-bonus=F                         scorer: a held row counts F (>= 1) times its score
-  lookahead=F                              streamed scorer: read the most wanted share F (0..=1) of the
-                                           next layer's guessed missing rows one layer ahead
   slot-share=C                             --in-memory scorer, sketch, gate, layers: rows each layer holds, share of n_ff
   single-token                             --in-memory scorer, sketch, gate, layers: tokens one at a time, as streamed
   head=q8|compact|resident                 the output head (default: compact with sketch, gate and
@@ -97,7 +95,6 @@ struct Experiment {
     set_rule: Option<SetRule>,
     neuron_rank: Option<NeuronRank>,
     resident_bonus: Option<f32>,
-    lookahead: Option<f64>,
     slot_share: Option<f64>,
     single_token: bool,
     head: Option<runtime::HeadChoice>,
@@ -122,7 +119,6 @@ impl Experiment {
                 "set-rule" => e.set_rule = Some(value.parse().map_err(|m: String| anyhow::anyhow!("--experiment {item}: {m}"))?),
                 "neuron-rank" => e.neuron_rank = Some(<NeuronRank as clap::ValueEnum>::from_str(value, false).map_err(|_| bad("importance or membership"))?),
                 "resident-bonus" => e.resident_bonus = Some(value.parse::<f32>().ok().filter(|v| v.is_finite() && *v >= 1.0).ok_or_else(|| bad("a factor >= 1"))?),
-                "lookahead" => e.lookahead = Some(value.parse::<f64>().ok().filter(|v| (0.0..=1.0).contains(v)).ok_or_else(|| bad("a share in [0, 1]"))?),
                 "slot-share" => e.slot_share = Some(value.parse::<f64>().ok().filter(|v| *v > 0.0 && *v <= 1.0).ok_or_else(|| bad("a share of n_ff in (0, 1]"))?),
                 "single-token" if value.is_empty() => e.single_token = true,
                 "head" => e.head = Some(match value {
@@ -207,9 +203,6 @@ impl ModeArgs {
         if !(scorer || layers) && (x.slot_share.is_some() || x.single_token) {
             anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots: use them with --strategy scorer, sketch, gate or layers");
         }
-        if !scorer && x.lookahead.is_some() {
-            anyhow::bail!("--experiment lookahead guesses with the scorer: use it with --strategy scorer");
-        }
         if !scorer && x.resident_bonus.is_some() {
             anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
         }
@@ -231,8 +224,8 @@ impl ModeArgs {
             None => runtime::stream::auto::default_head(model, &manifest, selector)?,
         };
         if self.in_memory {
-            if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() || x.lookahead.is_some() {
-                anyhow::bail!("--experiment pread, max-run-bytes, queue-depth and lookahead tune a streamed run's reads: not with --in-memory");
+            if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() {
+                anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
             let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Layer(manifest.sparsity.dense_prefix) } else { DensePrefix::Default });
@@ -257,12 +250,12 @@ impl ModeArgs {
             io.queue_depth = q;
         }
         let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
-        let mut s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head, io, record_sets: false, lookahead: x.lookahead.unwrap_or(0.0) };
+        let mut s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head, io, record_sets: false };
         if self.strategy == Strategy::Auto && mem_budget_bytes.is_some() && (scorer || layers) {
             if let Some((choice, head, note)) = runtime::stream::auto::choose(model, &manifest, &s, x.head)? {
                 s.selector = match choice {
                     SelectorChoice::Scorer { .. } => selector,
-                    _ if x.resident_bonus.is_some() || x.lookahead.is_some() => anyhow::bail!("--experiment resident-bonus and lookahead are the scorer's, and {}", note.unwrap_or_default()),
+                    _ if x.resident_bonus.is_some() => anyhow::bail!("--experiment resident-bonus is the scorer's, and {}", note.unwrap_or_default()),
                     c => c,
                 };
                 s.head = head;

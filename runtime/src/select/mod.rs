@@ -150,17 +150,6 @@ pub trait SetSelector: Send {
     /// coefficients `h` (the same order), the held rows and then the read ones.
     fn observe_coefficients(&mut self, _si: usize, _neurons: &[u32], _h: &[f32]) {}
 
-    /// One layer ahead: sparse layer `si` (model layer `layer`) runs next, and `xn_guess`
-    /// `[d_model]` approximates its normed input (the current residual stream, normed with that
-    /// layer's weights). A selector that scores from the layer's input guesses its set of `k`
-    /// and plans the most wanted `share` (0..=1) of its missing rows, at most `max_loads`, into
-    /// `map` ([`SlotMap::prefetch`]), so their reads start now. None: this selector does not
-    /// look ahead.
-    #[allow(clippy::too_many_arguments)]
-    fn prefetch_at_layer(&mut self, _si: usize, _layer: usize, _xn_guess: &[f32], _k: usize, _share: f64, _max_loads: usize, _map: &mut SlotMap, _tick: u64) -> Option<Vec<Load>> {
-        None
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn choose_at_layer(&mut self, _si: usize, _layer: usize, _xn: &[f32], _k: usize, _map: &mut SlotMap, _tick: u64, _h: &mut [f32]) -> Option<LayerChoice> {
         None

@@ -7,7 +7,7 @@
 use super::{Footprint, LayerChoice, SetSelector, SlotRow};
 use crate::error::Result;
 use crate::scorer::{score_and_plan, GateUpScorer, LayerScoring};
-use crate::stream::slots::{Load, SlotMap, EMPTY};
+use crate::stream::slots::SlotMap;
 use formats::manifest::Manifest;
 use std::path::Path;
 use std::sync::Arc;
@@ -56,20 +56,6 @@ impl SetSelector for ScoredSelector {
         let drop = first_layer.saturating_sub(self.scorer.file.first_layer).min(self.scoring.len());
         self.scorer.drop_layers_before(first_layer);
         self.scoring.drain(..drop);
-    }
-
-    fn prefetch_at_layer(&mut self, si: usize, layer: usize, xn_guess: &[f32], _k: usize, share: f64, max_loads: usize, map: &mut SlotMap, tick: u64) -> Option<Vec<Load>> {
-        // only the missing rows are guessed: those scoring above the last token's threshold
-        let missing: Vec<u32> = (0..map.slot_of.len() as u32).filter(|&j| map.slot_of[j as usize] == EMPTY).collect();
-        let mut h = vec![0f32; missing.len()];
-        self.scorer.activations_at(layer, xn_guess, &missing, &mut h);
-        let norm = self.scorer.file.layer_down_norm(layer);
-        let threshold = self.scoring[si].threshold;
-        let mut wanted: Vec<(f32, u32)> = missing.iter().zip(&h).map(|(&j, hj)| (hj.abs() * norm[j as usize], j)).filter(|&(s, _)| s >= threshold).collect();
-        wanted.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        wanted.truncate(((share * wanted.len() as f64).ceil() as usize).min(max_loads));
-        let rows: Vec<u32> = wanted.iter().map(|&(_, j)| j).collect();
-        Some(map.prefetch(&rows, &rows, tick, &self.scoring[si].heat))
     }
 
     fn choose_at_layer(&mut self, si: usize, layer: usize, xn: &[f32], k: usize, map: &mut SlotMap, tick: u64, h: &mut [f32]) -> Option<LayerChoice> {

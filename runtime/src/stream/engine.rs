@@ -61,10 +61,6 @@ pub struct StreamStats {
     pub io_busy_ms: f64,
     /// Rows whose product was added, over tokens and layers.
     pub computed_rows: u64,
-    /// Rows read one layer ahead (`lookahead`), and those of them the layer's own set then
-    /// needed.
-    pub rows_prefetched: u64,
-    pub rows_prefetched_needed: u64,
     pub layers: Vec<LayerStreamStats>,
 }
 
@@ -155,15 +151,11 @@ pub struct StreamSettings {
     pub io: IoSettings,
     /// Keep every token's sets in `StreamingEngine::history` (tests, analysis).
     pub record_sets: bool,
-    /// Share (0..=1) of the next sparse layer's guessed missing rows read one layer ahead: the
-    /// scorer scores the next layer from the current residual stream and its reads start while
-    /// this layer's are in flight. 0: off.
-    pub lookahead: f64,
 }
 
 impl Default for StreamSettings {
     fn default() -> Self {
-        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_prefix: DensePrefix::Default, set_scale: 1.0, selector: SelectorChoice::default(), head: crate::model::HeadChoice::Resident, io: IoSettings::default(), record_sets: false, lookahead: 0.0 }
+        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_prefix: DensePrefix::Default, set_scale: 1.0, selector: SelectorChoice::default(), head: crate::model::HeadChoice::Resident, io: IoSettings::default(), record_sets: false }
     }
 }
 
@@ -172,9 +164,6 @@ impl StreamSettings {
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(RuntimeError::Input(what));
         check_share("set scale", self.set_scale)?;
-        if !(0.0..=1.0).contains(&self.lookahead) {
-            return bad(format!("lookahead {}: expected a share in [0, 1]", self.lookahead));
-        }
         if self.ctx == 0 {
             return bad("--ctx 0: the KV cache needs at least one position".into());
         }
@@ -235,10 +224,6 @@ pub struct StreamingEngine {
     io: IoThread,
     /// Per sparse layer, the current token's loads sent to the reader and not yet landed.
     in_flight: Vec<Vec<Load>>,
-    /// Per sparse layer, the current token's loads read one layer ahead, not yet landed.
-    prefetched: Vec<Vec<Load>>,
-    /// See [`StreamSettings::lookahead`].
-    pub lookahead: f64,
     /// The current token's set per sparse layer (ascending).
     sets: Vec<Vec<u32>>,
     /// `[n_ff]` coefficients from a selector that scores at the layer.
@@ -330,8 +315,6 @@ impl StreamingEngine {
             layers,
             io,
             in_flight: vec![Vec::new(); n_sparse],
-            prefetched: vec![Vec::new(); n_sparse],
-            lookahead: settings.lookahead,
             sets: vec![Vec::new(); n_sparse],
             h: vec![0.0; c.intermediate_size],
             dense_prefix: first,
@@ -370,8 +353,7 @@ impl StreamingEngine {
     /// computing from whatever the slot held. The reader's late results for this token are
     /// dropped by [`IoThread::wait`] (their tick is stale).
     pub fn abandon_token(&mut self) {
-        for (si, loads) in self.in_flight.iter_mut().chain(self.prefetched.iter_mut()).enumerate() {
-            let si = si % self.layers.len();
+        for (si, loads) in self.in_flight.iter_mut().enumerate() {
             for l in loads.drain(..) {
                 self.layers[si].map.invalidate(l.slot);
             }
@@ -411,128 +393,73 @@ impl StreamingEngine {
         Ok(())
     }
 
-    /// Whether [`StreamingEngine::mlp`] of model layer `layer` wants the next layer's input
-    /// guessed (`lookahead`): the next layer is sparse too.
-    pub fn wants_guess_after(&self, layer: usize) -> bool {
-        self.lookahead > 0.0 && layer >= self.dense_prefix && layer + 1 < self.dense_prefix + self.layers.len()
-    }
-
     /// The MLP of sparse layer `layer` for one token's normed input `xn` `[d_model]`, into
     /// `out` `[d_model]`: `sum_j c_j downT_j` over the rows that count (the set, or every row
     /// held), `c_j = silu(gate_j . xn) (up_j . xn)` from the slot or the selector's score.
-    /// `next_guess` `[d_model]` (with [`StreamingEngine::wants_guess_after`]): the residual
-    /// stream normed with the next layer's weights, from which that layer's rows start to be read.
-    pub fn mlp(&mut self, layer: usize, xn: &[f32], next_guess: Option<&[f32]>, out: &mut [f32]) -> Result<()> {
+    pub fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
         let si = layer - self.dense_prefix;
         let t0 = Instant::now();
         if let Some(choice) = self.selector.choose_at_layer(si, layer, xn, self.plan.set_sizes[si], &mut self.layers[si].map, self.tick, &mut self.h) {
             self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
-            self.stats.count_layer(si, choice.set.len(), choice.loads.len() + self.prefetched[si].len());
-            self.stats.rows_prefetched_needed += self.prefetched[si].iter().filter(|l| choice.set.binary_search(&l.neuron).is_ok()).count() as u64;
+            self.stats.count_layer(si, choice.set.len(), choice.loads.len());
             if !choice.loads.is_empty() {
                 self.io.submit(self.tick, vec![LayerReads { si, layer, loads: choice.loads.clone() }])?;
             }
             self.in_flight[si] = choice.loads;
             self.sets[si] = choice.set;
         }
-        // the next layer's guessed rows, read while this layer's are
-        if let (Some(guess), true) = (next_guess, si + 1 < self.layers.len()) {
-            let t = Instant::now();
-            let (k, cap) = (self.plan.set_sizes[si + 1], self.layers[si + 1].map.capacity());
-            if let Some(loads) = self.selector.prefetch_at_layer(si + 1, layer + 1, guess, k, self.lookahead, cap.saturating_sub(k), &mut self.layers[si + 1].map, self.tick) {
-                self.stats.predictor_ms += t.elapsed().as_secs_f64() * 1e3;
-                self.stats.rows_prefetched += loads.len() as u64;
-                if !loads.is_empty() {
-                    self.io.submit(self.tick, vec![LayerReads { si: si + 1, layer: layer + 1, loads: loads.clone() }])?;
-                }
-                self.prefetched[si + 1] = loads;
-            }
-        }
         let t1 = Instant::now();
         let loads = std::mem::take(&mut self.in_flight[si]);
-        let early = std::mem::take(&mut self.prefetched[si]);
         let (d, slot_row, h) = (self.d_model, self.selector.slot_row(), &self.h);
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
-        let busy: Vec<Load> = loads.iter().chain(&early).copied().collect();
-        let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&busy) } else { slots.map.held_slots_of(&self.sets[si], &busy) };
+        let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
         let records = self.records;
         if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &held, out) {
             let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
             self.selector.observe_coefficients(si, &neurons, &c);
         }
         let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
-        // 2. the read rows (those read a layer ahead land first), into their slots, then added
-        // (in neuron order)
-        let mut failure = None;
-        for part_loads in [early, loads] {
-            if part_loads.is_empty() {
-                continue;
-            }
-            if failure.is_some() {
-                part_loads.iter().for_each(|l| slots.map.invalidate(l.slot));
-                continue;
-            }
+        // 2. the read rows, into their slots, then added (in neuron order)
+        if !loads.is_empty() {
             let tw = Instant::now();
-            let landed = self.io.wait(self.tick, si);
+            let landed = self.io.wait(self.tick, si)?;
             self.stats.io_wait_ms += tw.elapsed().as_secs_f64() * 1e3;
-            let t2 = Instant::now();
-            match land(slots, &self.io, landed, &part_loads, self.plan.slot_row_bytes, layer) {
-                Ok(()) => {
-                    let loaded: Vec<u32> = part_loads.iter().map(|l| l.slot).collect();
-                    let mut part = vec![0f32; d];
-                    if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &loaded, &mut part) {
-                        let neurons: Vec<u32> = part_loads.iter().map(|l| l.neuron).collect();
-                        self.selector.observe_coefficients(si, &neurons, &c);
-                    }
-                    out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
-                    self.stats.computed_rows += part_loads.len() as u64;
-                }
-                Err(e) => failure = Some(e),
+            if let Err(e) = landed.result {
+                landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+                self.io.recycle(landed.rows);
+                return Err(e);
             }
+            let t2 = Instant::now();
+            let rb = self.plan.slot_row_bytes;
+            if landed.rows.len() != landed.loads.len() * rb || landed.loads.len() != loads.len() {
+                landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+                let what = format!("layer {layer}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)", landed.rows.len(), landed.loads.len(), loads.len());
+                self.io.recycle(landed.rows);
+                return Err(RuntimeError::Input(what));
+            }
+            let buf = slots.buf.as_mut_slice();
+            for (k, l) in landed.loads.iter().enumerate() {
+                let s = l.slot as usize;
+                buf[s * rb..(s + 1) * rb].copy_from_slice(&landed.rows[k * rb..(k + 1) * rb]);
+            }
+            self.io.recycle(landed.rows);
+            let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
+            let mut part = vec![0f32; d];
+            if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &loaded, &mut part) {
+                let neurons: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
+                self.selector.observe_coefficients(si, &neurons, &c);
+            }
+            out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
             compute_ms += t2.elapsed().as_secs_f64() * 1e3;
         }
-        if let Some(e) = failure {
-            return Err(e);
-        }
         self.stats.sparse_compute_ms += compute_ms;
-        self.stats.computed_rows += held.len() as u64;
+        self.stats.computed_rows += (held.len() + loads.len()) as u64;
         if self.record_sets && si + 1 == self.sets.len() {
             self.history.push(self.sets.clone());
         }
         Ok(())
     }
-}
-
-/// One read of a layer landed (`landed`, for `loads`): its rows copied into their slots. On an
-/// error every load's slot is forgotten, so a later token reads it again.
-fn land(slots: &mut LayerSlots, io: &IoThread, landed: Result<super::io::Landed>, loads: &[Load], rb: usize, layer: usize) -> Result<()> {
-    let landed = match landed {
-        Ok(l) => l,
-        Err(e) => {
-            loads.iter().for_each(|l| slots.map.invalidate(l.slot));
-            return Err(e);
-        }
-    };
-    let check = if let Err(e) = landed.result {
-        Err(e)
-    } else if landed.rows.len() != landed.loads.len() * rb || landed.loads.as_slice() != loads {
-        Err(RuntimeError::Input(format!("layer {layer}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)", landed.rows.len(), landed.loads.len(), loads.len())))
-    } else {
-        Ok(())
-    };
-    if let Err(e) = check {
-        loads.iter().chain(&landed.loads).for_each(|l| slots.map.invalidate(l.slot));
-        io.recycle(landed.rows);
-        return Err(e);
-    }
-    let buf = slots.buf.as_mut_slice();
-    for (k, l) in landed.loads.iter().enumerate() {
-        let s = l.slot as usize;
-        buf[s * rb..(s + 1) * rb].copy_from_slice(&landed.rows[k * rb..(k + 1) * rb]);
-    }
-    io.recycle(landed.rows);
-    Ok(())
 }
 
 /// `out` = the sum over `slots` of each row's coefficient times its down row: from the slot's

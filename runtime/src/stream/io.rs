@@ -85,10 +85,8 @@ struct Job {
 
 #[derive(Default)]
 struct Mailbox {
-    /// Per sparse layer, the rows of the jobs that covered it and are not collected yet (tick,
-    /// rows), in the order they were submitted: a token can read a layer twice (rows guessed
-    /// one layer ahead, then the rest).
-    landed: Vec<std::collections::VecDeque<(u64, Landed)>>,
+    /// Per sparse layer, the rows of the last job that covered it (tick, rows).
+    landed: Vec<Option<(u64, Landed)>>,
     /// Landing buffers handed back by the engine, reused so a layer's reads do not fault in
     /// fresh pages every token.
     free: Vec<Vec<u8>>,
@@ -147,7 +145,7 @@ impl IoThread {
         if max_records == 0 {
             return Err(RuntimeError::Input(format!("the staging buffer ({} bytes) is smaller than one record ({rb} bytes)", reader.staging_len())));
         }
-        let shared = Arc::new(Shared { mailbox: Mutex::new(Mailbox { landed: (0..n_sparse).map(|_| Default::default()).collect(), ..Default::default() }), cv: Condvar::new() });
+        let shared = Arc::new(Shared { mailbox: Mutex::new(Mailbox { landed: (0..n_sparse).map(|_| None).collect(), ..Default::default() }), cv: Condvar::new() });
         let (tx, rx) = channel();
         let plan = ReadPlan { layout, d_model, span, max_records };
         let worker = {
@@ -169,12 +167,11 @@ impl IoThread {
         self.tx.as_ref().ok_or_else(stopped)?.send(Job { tick, layers }).map_err(|_| stopped())
     }
 
-    /// Blocks until the next of sparse layer `si`'s reads of token `tick` has landed (a layer
-    /// read twice in a token lands in the order the reads were submitted).
+    /// Blocks until sparse layer `si`'s reads of token `tick` have landed.
     pub fn wait(&self, tick: u64, si: usize) -> Result<Landed> {
         let mut m = self.shared.mailbox.lock().map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?;
         loop {
-            match m.landed[si].pop_front() {
+            match m.landed[si].take() {
                 Some((t, landed)) if t == tick => return Ok(landed),
                 // rows of an earlier token nobody collected (its forward pass failed): drop them
                 Some((_, stale)) => m.give_back(stale.rows),
@@ -229,13 +226,9 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
             let Ok(mut m) = shared.mailbox.lock() else { return };
             m.counters.bytes_read = reader.bytes_read;
             m.counters.requests = reader.requests;
-            // rows of an earlier token nobody collected (its forward pass failed) are dropped
-            while m.landed[lr.si].front().is_some_and(|(t, _)| *t != job.tick) {
-                if let Some((_, uncollected)) = m.landed[lr.si].pop_front() {
-                    m.give_back(uncollected.rows);
-                }
+            if let Some((_, uncollected)) = m.landed[lr.si].replace((job.tick, Landed { loads: lr.loads, rows, result })) {
+                m.give_back(uncollected.rows);
             }
-            m.landed[lr.si].push_back((job.tick, Landed { loads: lr.loads, rows, result }));
             drop(m);
             shared.cv.notify_all();
         }

@@ -56,48 +56,6 @@ impl SlotMap {
         })
     }
 
-    /// Gives `rows` (missing, distinct, most wanted first) slots ahead of the plan of `tick`:
-    /// a read one layer ahead. Victims are the coolest rows (`heat`) not used at `tick` and not in
-    /// `keep` (the rows the guess wants held); each assigned slot is marked used at `tick`, so the
-    /// token's own plan does not evict it while its read is in flight. Gives fewer loads than
-    /// `rows` when victims run out.
-    pub fn prefetch(&mut self, rows: &[u32], keep: &[u32], tick: u64, heat: &[f32]) -> Vec<Load> {
-        let mut wanted = vec![false; self.slot_of.len()];
-        keep.iter().chain(rows).for_each(|&j| wanted[j as usize] = true);
-        let mut victims: Vec<u32> = (0..self.capacity() as u32)
-            .filter(|&s| match self.neuron_of[s as usize] {
-                EMPTY => true,
-                j => self.last_used[s as usize] < tick && !wanted[j as usize],
-            })
-            .collect();
-        let key = |m: &Self, s: u32| match m.neuron_of[s as usize] {
-            EMPTY => f32::NEG_INFINITY,
-            j => heat[j as usize],
-        };
-        let n = rows.len().min(victims.len());
-        if n == 0 {
-            return vec![];
-        }
-        if victims.len() > n {
-            victims.select_nth_unstable_by(n - 1, |&a, &b| key(self, a).total_cmp(&key(self, b)).then(a.cmp(&b)));
-            victims.truncate(n);
-        }
-        let mut loads = Vec::with_capacity(n);
-        for (&j, &s) in rows.iter().zip(&victims) {
-            debug_assert_eq!(self.slot_of[j as usize], EMPTY, "a prefetched row must be missing");
-            let old = self.neuron_of[s as usize];
-            if old != EMPTY {
-                self.slot_of[old as usize] = EMPTY;
-            }
-            self.neuron_of[s as usize] = j;
-            self.slot_of[j as usize] = s;
-            self.last_used[s as usize] = tick;
-            loads.push(Load { neuron: j, slot: s });
-        }
-        loads.sort_unstable();
-        loads
-    }
-
     /// The planning both policies share: `order` puts the candidate victim slots (empty, or not
     /// used at `tick`) in eviction order; its third argument is how many are needed.
     fn plan_evicting(&mut self, active: &[u32], tick: u64, order: impl FnOnce(&Self, &mut Vec<u32>, usize)) -> Vec<Load> {
@@ -198,25 +156,6 @@ mod tests {
         assert_eq!(m.held_slots(&loads), want, "every held row but 7's, ascending");
         assert!(!m.held_slots(&loads).contains(&s7));
         assert_eq!(m.held_slots_of(&[3, 7, 2], &loads), vec![s3, s2], "the set's held rows, in its order");
-    }
-
-    #[test]
-    fn prefetched_rows_survive_the_plan_of_their_token() {
-        let mut m = SlotMap::new(10, 4);
-        let heat = [0.0, 5.0, 1.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        m.plan_by_heat(&[1, 2, 3, 4], 1, &heat);
-        // the guess for tick 2 wants 3 held and 5 read: 5 takes the coolest row not wanted (2)
-        let pre = m.prefetch(&[5], &[3, 5], 2, &heat);
-        assert_eq!(pre.len(), 1);
-        assert_eq!(m.slot_of[2], EMPTY);
-        assert_eq!(m.slot_of[5], pre[0].slot);
-        // the token's own plan: 5 is held (in flight), 6 evicts the coolest row not used at tick 2
-        let l = m.plan_by_heat(&[5, 6], 2, &heat);
-        assert_eq!(l.len(), 1);
-        assert_eq!(m.slot_of[5], pre[0].slot, "a prefetched row is not evicted by its own token");
-        assert_eq!(m.slot_of[3], EMPTY, "3 (heat 3) goes before 1 (5) and 4 (4)");
-        // no victims left: every slot used at tick 2 or wanted
-        assert!(m.prefetch(&[7, 8], &[1, 4, 7, 8], 2, &heat).is_empty());
     }
 
     #[test]
