@@ -570,8 +570,8 @@ mod tests {
         b.extend((0..32).map(|j| (j as i8 - 16) as u8));
         let mut out = [0f32; 32];
         dequantize(GgmlType::Q8_0, &b, &mut out);
-        for j in 0..32 {
-            assert_eq!(out[j], (j as f32 - 16.0) * 2.0);
+        for (j, v) in out.iter().enumerate() {
+            assert_eq!(*v, (j as f32 - 16.0) * 2.0);
         }
     }
 
@@ -585,9 +585,7 @@ mod tests {
             scales[j] = (j as u8) + 1;
             scales[j + 4] = j as u8;
         }
-        for j in 8..12 {
-            scales[j] = 9 | (5 << 4);
-        }
+        scales[8..12].fill(9 | (5 << 4));
         b.extend(scales);
         b
     }

@@ -70,7 +70,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (vocab, d) = (3, 512);
         let values: Vec<f32> = (0..vocab * d).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
-        let bytes: Vec<u8> = values.chunks(d).flat_map(|r| crate::ggml_quants::quantize_q4_k(r)).collect();
+        let bytes: Vec<u8> = values.chunks(d).flat_map(crate::ggml_quants::quantize_q4_k).collect();
         let p = dir.join("head.safetensors");
         save(&p, GgmlType::Q4K, vocab, d, bytes.clone()).unwrap();
         let (f, t) = open(&p, vocab, d).unwrap();

@@ -116,17 +116,6 @@ pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
     Ok(Report { capture: capture.display().to_string(), tokens: n, windows: WINDOWS.to_vec(), layers })
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn reuse_counts_only_within_a_sequence() {
-        // 1-byte masks: seq 0 = {0,1}, {1,2}; seq 1 = {7}
-        let sets: Vec<&[u8]> = vec![&[0b011], &[0b110], &[0b1000_0000]];
-        let r = super::windowed_reuse(&sets, &[0, 0, 1], 1);
-        assert_eq!(r[0], 0.5); // token 1: {1} of {1,2} was active at token 0; token 2 starts a sequence
-    }
-}
-
 /// Fonts tried for plot text (Debian's fonts-dejavu-core, present on most Linux systems).
 const FONT_PATHS: [&str; 2] = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
 
@@ -297,4 +286,15 @@ pub fn add_predictor(r: &mut Report, capture: &Path, cluster: &Path, predictor: 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reuse_counts_only_within_a_sequence() {
+        // 1-byte masks: seq 0 = {0,1}, {1,2}; seq 1 = {7}
+        let sets: Vec<&[u8]> = vec![&[0b011], &[0b110], &[0b1000_0000]];
+        let r = super::windowed_reuse(&sets, &[0, 0, 1], 1);
+        assert_eq!(r[0], 0.5); // token 1: {1} of {1,2} was active at token 0; token 2 starts a sequence
+    }
 }

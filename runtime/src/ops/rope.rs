@@ -65,6 +65,6 @@ mod tests {
         assert!((k[0] - (0.5 * c - 2.0 * s)).abs() < 1e-6 && (k[2] - (0.5 * s + 2.0 * c)).abs() < 1e-6);
         let a = 5.0 * 10000f64.powf(-0.5);
         let (c, s) = (a.cos() as f32, a.sin() as f32);
-        assert!((k[1] - (-1.0 * c - 0.25 * s)).abs() < 1e-6 && (k[3] - (-1.0 * s + 0.25 * c)).abs() < 1e-6);
+        assert!((k[1] - (-c - 0.25 * s)).abs() < 1e-6 && (k[3] - (-s + 0.25 * c)).abs() < 1e-6);
     }
 }
