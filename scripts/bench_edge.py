@@ -165,7 +165,8 @@ def mode_flags(set_rule, resident_bonus, head_q8):
     """runtime's flags for a set rule: --strategy, and the -X research knobs it needs."""
     if set_rule == "scorer":
         flags = ["--strategy", "scorer"] + ([] if head_q8 else ["-X", "head=f16"])
-        return flags + (["-X", f"resident-bonus={resident_bonus}"] if resident_bonus != 1.0 else [])
+        # (always given: the runtime's default changed from 1 to 1.5, and the rows record it)
+        return flags + ["-X", f"resident-bonus={resident_bonus}"]
     if set_rule in ("layers", "sketch", "gate"):
         # the whole-record strategies (issue #17): their sets are shares of n_ff, as the scorer's;
         # their default head is the 4-bit one (head_compact)
@@ -236,7 +237,7 @@ def main():
     ap.add_argument("--tag", default="", help="write edge-<model>-<tag>.* instead of edge-<model>.* (a separate grid, e.g. one throttle)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--set-rule", default="soft8", help="ours: how sets are chosen (soft8: the predictor; scorer: the 4-bit gate/up scorer; layers: the per-layer predictors; sketch: the resident 2-bit gate/up sketch; gate: the resident gate rows)")
-    ap.add_argument("--resident-bonus", type=float, default=1.0, help="ours, with --set-rule scorer: the weight of rows already in memory")
+    ap.add_argument("--resident-bonus", type=float, default=1.5, help="ours, with --set-rule scorer: the weight of rows already in memory (the runtime's default, 1.5)")
     ap.add_argument("--set-scale", type=float, default=1.0, help="ours: the largest set scale fit may pick (with the scorer: the share "
                     "of n_ff each layer must hold per token; the rest of the budget becomes slots that also count)")
     ap.add_argument("--head-q8", action="store_true", help="ours: logits from the Q8_0 head (half the f16 head's memory goes to slots)")

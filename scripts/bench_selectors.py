@@ -38,6 +38,10 @@ def mode(method, share, k_max_mean, n_ff, prefix):
         return ["--strategy", "predictor", "--dense-prefix", str(prefix), "--set-scale", f"{min(1.0, share * n_ff / k_max_mean):.4f}"]
     if method == "oracle":
         return ["--strategy", "layers", "-X", "set-rule=oracle", "--dense-prefix", str(prefix), "--set-scale", str(share)]
+    if method == "scorer":
+        # the ranker itself (each token's top set), as the measurements in docs/RESULTS.md #17
+        # part 1; the runtime's default also prefers the rows it holds (resident bonus 1.5)
+        return ["--strategy", "scorer", "-X", "resident-bonus=1", "--dense-prefix", str(prefix), "--set-scale", str(share)]
     return ["--strategy", method, "--dense-prefix", str(prefix), "--set-scale", str(share)]
 
 

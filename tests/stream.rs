@@ -484,3 +484,32 @@ fn shipped_device_files_load() {
     }
     assert!(n >= 3, "devices/ holds this machine, a Jetson and a Pi 5");
 }
+
+/// The reuse simulation runs the scorer with its resident bonus, as a streamed run does: a held
+/// row's counting more keeps more of each token's set in the slots, so the simulated reuse rises
+/// with the bonus; the table prep writes records the run's default.
+#[test]
+fn the_reuse_simulation_counts_the_resident_bonus() {
+    use runtime::reuse::{Chooser, ReuseSimulation};
+    use runtime::scorer::SCORER_RESIDENT_BONUS;
+    let m = default_sparse();
+    let mf = formats::manifest::Manifest::load(m).unwrap();
+    let scorer = runtime::scorer::GateUpScorer::load(m, &mf).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_model()).unwrap();
+    let text = std::fs::read_to_string(data_text("hamlet.txt")).unwrap();
+    let ids: Vec<u32> = tok.encode(&text[..4000], true).unwrap().into_iter().take(160).collect();
+    let reuse = |bonus: f32| {
+        let mut sim = ReuseSimulation::new(Chooser::Scorer(&scorer, bonus), &scorer, &[0.1, 0.25], &[0.3, 0.5], 16);
+        let mut cache = model.new_cache(ids.len()).unwrap();
+        model.forward_observed(&ids, &mut cache, ids.len(), Some(&mut sim)).unwrap();
+        sim.reuse()
+    };
+    let (one, more) = (reuse(1.0), reuse(SCORER_RESIDENT_BONUS));
+    let mean = |r: &Vec<Vec<f64>>| r.iter().flatten().sum::<f64>() / 4.0;
+    for (a, b) in one.iter().flatten().zip(more.iter().flatten()) {
+        assert!(*b >= a - 0.02, "bonus {SCORER_RESIDENT_BONUS} held less: {more:?} against {one:?}");
+    }
+    assert!(mean(&more) > mean(&one) + 0.02, "the bonus changed nothing: {more:?} against {one:?}");
+    let t = formats::reuse_table::ReuseTable::load(&m.parent().unwrap().join("scorer/reuse.json")).unwrap();
+    assert_eq!(t.scorer_resident_bonus, SCORER_RESIDENT_BONUS as f64);
+}

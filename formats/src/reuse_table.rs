@@ -32,9 +32,17 @@ pub struct ReuseTable {
     pub set_shares: Vec<f64>,
     /// Ascending, in (0, 1]; a slot share below a set share holds as many rows as the set.
     pub slot_shares: Vec<f64>,
+    /// The scorer's resident bonus in the simulation (a held row counts this many times its
+    /// score; tables from before it was recorded simulated 1).
+    #[serde(default = "bonus_one")]
+    pub scorer_resident_bonus: f64,
     /// Per strategy (its rule: scorer, gate, layers), `[set_shares.len()][slot_shares.len()]`,
     /// each in [0, 1].
     pub rules: BTreeMap<String, Vec<Vec<f64>>>,
+}
+
+fn bonus_one() -> f64 {
+    1.0
 }
 
 impl ReuseTable {
@@ -60,6 +68,9 @@ impl ReuseTable {
             if axis.is_empty() || axis.iter().any(|s| !(s.is_finite() && *s > 0.0 && *s <= 1.0)) || axis.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(format!("{name} must be ascending shares in (0, 1], got {axis:?}"));
             }
+        }
+        if !(self.scorer_resident_bonus.is_finite() && self.scorer_resident_bonus >= 1.0) {
+            return Err(format!("scorer_resident_bonus is {}: expected a factor >= 1", self.scorer_resident_bonus));
         }
         if self.rules.is_empty() {
             return Err("no strategy simulated (rules is empty)".into());
@@ -121,6 +132,7 @@ mod tests {
             text: "t".into(),
             set_shares: vec![0.1, 0.2],
             slot_shares: vec![0.2, 0.4, 1.0],
+            scorer_resident_bonus: 1.5,
             rules: BTreeMap::from([("scorer".to_string(), vec![vec![0.5, 0.7, 1.0], vec![0.3, 0.6, 1.0]])]),
         }
     }
@@ -151,12 +163,20 @@ mod tests {
         let mut t = table();
         t.rules.clear();
         assert!(t.check().unwrap_err().contains("no strategy"));
+        let mut t = table();
+        t.scorer_resident_bonus = 0.5;
+        assert!(t.check().unwrap_err().contains("scorer_resident_bonus is 0.5"));
         let dir = std::env::temp_dir().join(format!("reuse-table-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("reuse.json");
         std::fs::write(&p, serde_json::to_string(&table()).unwrap().replace("0.7", "1.7")).unwrap();
         let e = ReuseTable::load(&p).unwrap_err().to_string();
         assert!(e.contains("reuse.json") && e.contains("scorer: reuse[0][1] = 1.7"), "{e}");
+        // a table written before the bonus was recorded simulated 1
+        let mut v = serde_json::to_value(table()).unwrap();
+        v.as_object_mut().unwrap().remove("scorer_resident_bonus");
+        std::fs::write(&p, v.to_string()).unwrap();
+        assert_eq!(ReuseTable::load(&p).unwrap().scorer_resident_bonus, 1.0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -360,7 +360,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     // reuse: the reuse table of the scorer, sketch, gate and layers strategies, which runtime
     // plan reads
     let reuse_path = out.join("scorer/reuse.json");
-    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "corpus": file_fingerprint(&corpus)?});
+    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});
     st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, &sketch_path, &lp_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
 
     // manifest

@@ -10,7 +10,7 @@ use formats::reuse_table::{ReuseTable, REUSE_TABLE_FORMAT};
 use runtime::layer_predictor::{GateRanker, LayerPredictors, Ranker, SketchRanker};
 use runtime::model::MlpHook;
 use runtime::reuse::{Chooser, ReuseSimulation};
-use runtime::scorer::GateUpScorer;
+use runtime::scorer::{GateUpScorer, SCORER_RESIDENT_BONUS};
 use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -91,7 +91,7 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictor
         bail!("reuse: the corpus gives no sequence of {seq_len} tokens");
     }
     let sim = |chooser| ReuseSimulation::new(chooser, &scorer, &s.set_shares, &s.slot_shares, warmup);
-    let mut all = AllStrategies(vec![sim(Chooser::Scorer(&scorer)), sim(Chooser::Ranked(&sketch)), sim(Chooser::Ranked(&gate)), sim(Chooser::Ranked(&predictors))]);
+    let mut all = AllStrategies(vec![sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)), sim(Chooser::Ranked(&sketch)), sim(Chooser::Ranked(&gate)), sim(Chooser::Ranked(&predictors))]);
     for seq in &seqs {
         all.0.iter_mut().for_each(|s| s.new_sequence());
         let mut cache = model.new_cache(seq.len())?;
@@ -108,6 +108,7 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictor
         text: format!("{} sequences of {seq_len} tokens of the calibration corpus ({} files)", seqs.len(), corpus.len()),
         set_shares: s.set_shares.clone(),
         slot_shares: s.slot_shares.clone(),
+        scorer_resident_bonus: SCORER_RESIDENT_BONUS as f64,
         rules: all.0.iter().map(|s| (s.rule().to_string(), s.reuse())).collect::<BTreeMap<_, _>>(),
     };
     table.check().map_err(|what| anyhow::anyhow!("reuse: {what}"))?;

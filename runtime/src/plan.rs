@@ -111,13 +111,13 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     let mean_set = p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
     let (set_share, slot_share) = (mean_set / n_ff as f64, mean_slots / n_ff as f64);
     let tabled = match reuse {
-        Reuse::Table(t) => t.at(rule, set_share, slot_share).map(|r| (r, t.tokens)),
+        Reuse::Table(t) => t.at(rule, set_share, slot_share).map(|r| (r, t.tokens, if rule == "scorer" { format!(", resident bonus {}", t.scorer_resident_bonus) } else { String::new() })),
         _ => None,
     };
     let (reuse, reuse_source) = match (reuse, tabled) {
         (Reuse::Given(r), _) => (r, "given".to_string()),
         _ if held_all => (1.0, "every row held (after the first tokens)".to_string()),
-        (_, Some((r, tokens))) => (r, format!("the preparation's reuse table at sets {set_share:.3} and slots {slot_share:.3} of n_ff ({tokens} tokens simulated)")),
+        (_, Some((r, tokens, bonus))) => (r, format!("the preparation's reuse table at sets {set_share:.3} and slots {slot_share:.3} of n_ff ({tokens} tokens simulated{bonus})")),
         _ => (slot_share, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
     };
     let a3 = memory_bytes_per_token(p, rule);

@@ -3,8 +3,9 @@
 //! and plans it into one [`SlotMap`] per slot share, evicting as that strategy does; the share
 //! of needed rows already held is counted per (set share, slot share).
 //!
-//! - scorer: the `k` largest `|h_j| x ||down_j||` from the exact `h` (resident bonus 1, the
-//!   streamed default); evicts by the heat of every neuron's score ([`crate::scorer`]).
+//! - scorer: the `k` largest `|h_j| x ||down_j||` from the exact `h`, a held row's counting the
+//!   resident bonus times (per slot map: what a map holds changes its set); evicts by the heat of
+//!   every neuron's score ([`crate::scorer`]).
 //! - sketch, gate, layers: the `k` best of the [`Ranker`]'s scores from the layer's normed input;
 //!   evicts by [`HeldHeat`], fed the exact `h` of every row the slots hold.
 //!
@@ -18,14 +19,16 @@ use crate::stream::slots::{SlotMap, EMPTY};
 
 /// How a strategy chooses its set.
 pub enum Chooser<'a> {
-    Scorer(&'a GateUpScorer),
+    /// The scorer, with its resident bonus (`crate::scorer::SCORER_RESIDENT_BONUS` is the run's
+    /// default).
+    Scorer(&'a GateUpScorer, f32),
     Ranked(&'a Ranker),
 }
 
 impl Chooser<'_> {
     pub fn rule(&self) -> &'static str {
         match self {
-            Chooser::Scorer(_) => "scorer",
+            Chooser::Scorer(..) => "scorer",
             Chooser::Ranked(r) => r.name(),
         }
     }
@@ -85,7 +88,7 @@ impl<'a> ReuseSimulation<'a> {
             .map(|_| LayerSim {
                 maps: self.capacities.iter().map(|caps| caps.iter().map(|&c| SlotMap::new(f.n_ff, c)).collect()).collect(),
                 eviction: match self.chooser {
-                    Chooser::Scorer(_) => Eviction::Scored(LayerScoring::new(f.n_ff)),
+                    Chooser::Scorer(..) => Eviction::Scored(LayerScoring::new(f.n_ff)),
                     Chooser::Ranked(_) => Eviction::Held(self.capacities.iter().map(|caps| caps.iter().map(|_| HeldHeat::new(f.n_ff)).collect()).collect()),
                 },
                 tick: 0,
@@ -121,9 +124,15 @@ impl MlpHook for ReuseSimulation<'_> {
             h.iter_mut().zip(g.iter().zip(u)).for_each(|(hj, (a, b))| *hj = a * b);
             sim.tick += 1;
             let tick = sim.tick;
+            // one set per set size where no map's holdings change it (a bonus of 1, the rankers);
+            // else each map's own, below
+            let per_map_bonus = match self.chooser {
+                Chooser::Scorer(s, bonus) if bonus != 1.0 => Some((s, bonus)),
+                _ => None,
+            };
             let sets: Vec<Vec<u32>> = match &self.chooser {
-                // (a bonus of 1: what any map holds does not change the set)
-                Chooser::Scorer(s) => self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect(),
+                Chooser::Scorer(..) if per_map_bonus.is_some() => Vec::new(),
+                Chooser::Scorer(s, _) => self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect(),
                 Chooser::Ranked(r) => {
                     r.scores(layer, &self.xn[t * d..(t + 1) * d], 1, &mut scores);
                     self.set_sizes.iter().map(|&k| top_k(&scores, k)).collect()
@@ -133,8 +142,16 @@ impl MlpHook for ReuseSimulation<'_> {
                 update_heat(&mut state.heat, &h, norm);
             }
             let counted = tick > self.warmup_tokens;
-            for (si, set) in sets.iter().enumerate() {
+            for (si, &k) in self.set_sizes.iter().enumerate() {
                 for (ci, map) in sim.maps[si].iter_mut().enumerate() {
+                    let own;
+                    let set = match per_map_bonus {
+                        Some((s, bonus)) => {
+                            own = s.keep(layer, &h, k, &map.slot_of, bonus);
+                            &own
+                        }
+                        None => &sets[si],
+                    };
                     let missing = match &mut sim.eviction {
                         Eviction::Scored(state) => map.plan_by_heat(set, tick, &state.heat).len(),
                         Eviction::Held(heats) => {

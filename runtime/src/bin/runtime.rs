@@ -78,7 +78,7 @@ const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
   set-rule=soft8|softN|top1|static|oracle  the predictor's set rule (oracle: --in-memory only;
                                            with --strategy layers, sketch or gate: oracle ranking in memory)
   neuron-rank=importance|membership        how the predictor's cut sets rank neurons
-  resident-bonus=F                         scorer: a held row counts F (>= 1) times its score
+  resident-bonus=F                         scorer: a held row counts F (>= 1) times its score (default 1.5)
   slot-share=C                             --in-memory scorer, sketch, gate, layers: rows each layer holds, share of n_ff
   single-token                             --in-memory scorer, sketch, gate, layers: tokens one at a time, as streamed
   head=q8|compact|resident                 the output head (default: compact with sketch, gate and
@@ -207,7 +207,7 @@ impl ModeArgs {
             anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
         }
         let selector = if scorer {
-            SelectorChoice::Scorer { resident_bonus: x.resident_bonus.unwrap_or(1.0) }
+            SelectorChoice::Scorer { resident_bonus: x.resident_bonus.unwrap_or(runtime::scorer::SCORER_RESIDENT_BONUS) }
         } else if strategy == Strategy::Gate {
             SelectorChoice::Gate
         } else if strategy == Strategy::Sketch {
@@ -1056,7 +1056,7 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
     let kv = runtime::stream::budget::kv_cache_bytes(&k.config, ctx);
     let mut rows = Vec::new();
     for b in budgets {
-        let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, ..Default::default() };
+        let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: runtime::scorer::SCORER_RESIDENT_BONUS }, ..Default::default() };
         let ours = match runtime::plan::shape_plan(&k, &settings) {
             Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.intermediate_size, embed_row, &dev, reuse.map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Given))),
             Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),

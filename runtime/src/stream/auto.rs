@@ -104,7 +104,7 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
     let inputs = PlanInputs::of(manifest_path, m)?;
     let has_compact = m.artifacts.iter().any(|a| a.role == formats::head_compact::ARTIFACT_ROLE);
     let mut out = Vec::new();
-    for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: 1.0 }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
+    for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
         let heads = match head {
