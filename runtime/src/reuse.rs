@@ -125,17 +125,13 @@ impl MlpHook for ReuseSimulation<'_> {
             sim.tick += 1;
             let tick = sim.tick;
             // one set per set size where no map's holdings change it (a bonus of 1, the rankers);
-            // else each map's own, below
-            let per_map_bonus = match self.chooser {
-                Chooser::Scorer(s, bonus) if bonus != 1.0 => Some((s, bonus)),
-                _ => None,
-            };
-            let sets: Vec<Vec<u32>> = match &self.chooser {
-                Chooser::Scorer(..) if per_map_bonus.is_some() => Vec::new(),
-                Chooser::Scorer(s, _) => self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect(),
+            // None: each map chooses its own, below
+            let shared_sets: Option<Vec<Vec<u32>>> = match &self.chooser {
+                Chooser::Scorer(_, bonus) if *bonus != 1.0 => None,
+                Chooser::Scorer(s, _) => Some(self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect()),
                 Chooser::Ranked(r) => {
                     r.scores(layer, &self.xn[t * d..(t + 1) * d], 1, &mut scores);
-                    self.set_sizes.iter().map(|&k| top_k(&scores, k)).collect()
+                    Some(self.set_sizes.iter().map(|&k| top_k(&scores, k)).collect())
                 }
             };
             if let Eviction::Scored(state) = &mut sim.eviction {
@@ -145,12 +141,13 @@ impl MlpHook for ReuseSimulation<'_> {
             for (si, &k) in self.set_sizes.iter().enumerate() {
                 for (ci, map) in sim.maps[si].iter_mut().enumerate() {
                     let own;
-                    let set = match per_map_bonus {
-                        Some((s, bonus)) => {
-                            own = s.keep(layer, &h, k, &map.slot_of, bonus);
+                    let set = match (&shared_sets, &self.chooser) {
+                        (Some(sets), _) => &sets[si],
+                        (None, Chooser::Scorer(s, bonus)) => {
+                            own = s.keep(layer, &h, k, &map.slot_of, *bonus);
                             &own
                         }
-                        None => &sets[si],
+                        (None, Chooser::Ranked(_)) => unreachable!("a ranker's sets are shared"),
                     };
                     let missing = match &mut sim.eviction {
                         Eviction::Scored(state) => map.plan_by_heat(set, tick, &state.heat).len(),
