@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RT = str(ROOT / "target/release/runtime")
 LLAMA = str(ROOT / "baseline/bin/llama-completion")
+LLAMA_CTX = 1024  # llama.cpp's -c in every confined run (its KV cache; the planner is told the same)
 CREATED = []  # group directories to remove
 
 
@@ -142,7 +143,7 @@ def parse_time(stderr):
 
 def run_llama(g, gguf, prompt_file, n, threads, timeout):
     cmd = [LLAMA, "-m", gguf, "-f", prompt_file, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv", "--simple-io",
-           "-t", str(threads), "-c", "1024", "--no-warmup"]
+           "-t", str(threads), "-c", str(LLAMA_CTX), "--no-warmup"]
     t0 = time.time()
     try:
         out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout,

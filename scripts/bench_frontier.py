@@ -110,9 +110,10 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
     return edge.run_bench(g, cmd, timeout)
 
 
-def derived_device(device, mib_s, llama_overhead_s):
-    """The device file with every read capped at `mib_s` MiB/s (a blkio throttle caps bytes),
-    and llama.cpp's calibrated per-token overhead."""
+def derived_device(device, mib_s, llama_calibration):
+    """The device file with every read capped at `mib_s` MiB/s (a blkio throttle caps bytes,
+    page faults' too), and llama.cpp's calibrated per-token overhead and decode rate."""
+    llama_overhead_s, llama_rate = llama_calibration
     text = Path(device).read_text()
     d = tomllib.loads(text)
     lines, block = [], None
@@ -123,33 +124,47 @@ def derived_device(device, mib_s, llama_overhead_s):
         m = re.match(r"(\s*iops\s*=\s*)([\d.eE+]+)", line)
         if m and block and mib_s:
             line = f"{m.group(1)}{min(float(m.group(2)), mib_s * 2**20 / block):.1f}"
-        if line.startswith("llama_cpp_token_overhead_s"):
+        if line.split("=")[0].strip() in ("llama_cpp_token_overhead_s", "llama_cpp_decode_bytes_per_s"):
             continue
         lines.append(line)
-    # a top-level key goes before the first table
+    # top-level keys go before the first table
     first_table = next(i for i, l in enumerate(lines) if l.startswith("["))
     lines.insert(first_table, f"llama_cpp_token_overhead_s = {llama_overhead_s:.6f}")
+    if llama_rate:
+        lines.insert(first_table, f"llama_cpp_decode_bytes_per_s = {llama_rate:.1f}")
     lines.insert(0, f"# {d.get('name', 'device')}: reads capped at {mib_s or 'no'} MiB/s, llama.cpp's overhead calibrated (bench-frontier)")
     path = ROOT / f"target/frontier-device-{Path(device).stem}-{mib_s or 'none'}mibs.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def llama_overhead_s(res, device):
-    """llama.cpp's per-token cost beyond streaming its file, from its unconfined runs: the
-    median over GGUFs of 1 / tok/s - file bytes / decode_bytes_per_s (>= 0)."""
-    rate = tomllib.loads(Path(device).read_text())["decode_bytes_per_s"]
-    per = []
+def llama_calibration(res, per_token_bytes):
+    """llama.cpp's compute from its unconfined runs (medians per GGUF): 1 / tok/s = overhead +
+    per-token bytes / rate, fitted by least squares over the GGUFs (with one GGUF, or a fit
+    that is not physical, the overhead is 0 and the rate their median bytes x tok/s). (0, None):
+    no unconfined run, the device file's own figures."""
+    pts = []
     for q, g in res["ggufs"].items():
         t = [r["decode_tok_per_s"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q and r["budget_fraction"] is None
              and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
-        if t:
-            per.append(max(1 / statistics.median(t) - (ROOT / g).stat().st_size / rate, 0.0))
-    return statistics.median(per) if per else 0.0
+        if t and Path(g).name in per_token_bytes:
+            pts.append((per_token_bytes[Path(g).name], 1 / statistics.median(t)))
+    if not pts:
+        return 0.0, None
+    if len(pts) > 1:
+        mx, my = statistics.mean(w for w, _ in pts), statistics.mean(t for _, t in pts)
+        sxx = sum((w - mx) ** 2 for w, _ in pts)
+        slope = sum((w - mx) * (t - my) for w, t in pts) / sxx if sxx > 0 else 0
+        overhead = my - slope * mx
+        if slope > 0 and overhead >= 0:
+            return overhead, 1 / slope
+    return 0.0, statistics.median(w / t for w, t in pts)
 
 
-def plan_json(manifest, budget, ggufs, device, reuse=None):
+def plan_json(manifest, budget, ggufs, device, reuse=None, ctx=None):
     cmd = [RT, "plan", str(manifest), "--device", str(device), "--json"] + sum((["--gguf", str(g)] for g in ggufs), [])
+    if ctx:
+        cmd += ["--ctx", str(ctx)]
     if budget:
         cmd += ["--mem-budget", str(budget)]
     if reuse is not None:
@@ -172,17 +187,21 @@ def predict(res, manifest, device):
     with the run's measured reuse."""
     runs = res["runs"]
     ggufs = [ROOT / g for g in res["ggufs"].values()]
-    res["llama_cpp_token_overhead_s"] = llama_overhead_s(res, device)
+    p = plan_json(manifest, None, ggufs, device, ctx=edge.LLAMA_CTX) if ggufs else None
+    per_token = {Path(x["gguf"]).name: x["prediction"]["per_token_bytes"] for x in p["llama_cpp"]} if p else {}
+    cal = llama_calibration(res, per_token)
+    res["llama_cpp_token_overhead_s"], res["llama_cpp_decode_bytes_per_s"] = cal
     res["predictions"], res["predictions_llama_cpp"], res["predictions_measured_reuse"] = {}, {}, {}
     for th in sorted({r["throttle_mib_per_s"] for r in runs}, key=lambda t: t or 0):
-        devf = derived_device(device, th, res["llama_cpp_token_overhead_s"])
+        devf = derived_device(device, th, cal)
         for fr in sorted({r["budget_fraction"] for r in runs}, key=lambda f: -(f or 9)):
             key = f"{fr}|{th}"
             p = plan_json(manifest, ours_budget(res["f16_bytes"], fr, res["budget_share_for_ours"]), [], devf)
             res["predictions"][key] = p["ours"] if p else None
             if ggufs:
                 limit = int(res["f16_bytes"] * fr) if fr else None
-                p = plan_json(manifest, limit, ggufs, devf)
+                # llama.cpp's KV cache at the context it runs with
+                p = plan_json(manifest, limit, ggufs, devf, ctx=edge.LLAMA_CTX)
                 res["predictions_llama_cpp"][key] = {Path(x["gguf"]).name: x["prediction"] for x in p["llama_cpp"]} if p else None
             reuse = [r["reuse_ratio"] for r in runs if r["system"] == "ours" and r["budget_fraction"] == fr and r["throttle_mib_per_s"] == th and r.get("reuse_ratio") is not None]
             if reuse:
@@ -308,6 +327,21 @@ def main():
     out.write_text(json.dumps({"partial": True, "quality": quality, "runs": []}, indent=1))
     # speed, confined
     runs, slow, dead = [], set(), set()
+    # llama.cpp's compute for the planner, this hour: one unconfined run per GGUF when the grid
+    # has none (no limit, no throttle; ~10 s each)
+    if use_llama and None not in fractions:
+        for q in quants:
+            g = edge.Groups(f"np-frontier-{os.getpid()}", None, None, dev)
+            edge.drop_caches()
+            try:
+                r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
+                r["disk_bytes_read"] = g.bytes_read()
+            finally:
+                edge.cleanup()
+            r.update({"system": "llama.cpp", "quant": q, "budget_fraction": None, "limit_mib": None, "throttle_mib_per_s": None, "rep": 0,
+                      "tokens_asked": a.n, "calibration": True})
+            runs.append(r)
+            log(f"calibration: llama.cpp {q} unconfined {r.get('decode_tok_per_s') or 0:.2f} tok/s")
     for rep in range(a.reps):
         for th in throttles:
             for fr in fractions:

@@ -61,6 +61,11 @@ pub struct DeviceFile {
     /// from llama.cpp's unconfined runs (1 / tok/s - file bytes / decode_bytes_per_s).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub llama_cpp_token_overhead_s: f64,
+    /// The weight bytes per second llama.cpp's decode streams from memory (optional, default
+    /// decode_bytes_per_s: ours): `make bench-frontier` fits it with the overhead to llama.cpp's
+    /// unconfined runs (1 / tok/s = overhead + per-token bytes / rate, least squares over GGUFs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama_cpp_decode_bytes_per_s: Option<f64>,
     /// Measured compute of prepared models (optional; without it compute is bytes over
     /// decode_bytes_per_s).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -96,6 +101,9 @@ impl DeviceFile {
         if !(self.llama_cpp_token_overhead_s.is_finite() && self.llama_cpp_token_overhead_s >= 0.0) {
             return Err(format!("llama_cpp_token_overhead_s is {}: expected a time >= 0", self.llama_cpp_token_overhead_s));
         }
+        if let Some(v) = self.llama_cpp_decode_bytes_per_s {
+            positive("llama_cpp_decode_bytes_per_s", v)?;
+        }
         if self.reads.is_empty() {
             return Err("no [[reads]] rows: the read rate at some block size and queue depth is needed".into());
         }
@@ -113,6 +121,15 @@ impl DeviceFile {
             }
         }
         Ok(())
+    }
+
+    /// Bytes per second llama.cpp's page faults read a GGUF it maps: the largest measured block
+    /// size at queue depth 2 x threads (each thread waits on one fault read while the kernel's
+    /// readahead has the next in flight). Checked against llama.cpp's disk reads and rates in
+    /// `scripts/planner_check.py` (RESULTS #18 part 6).
+    pub fn fault_read_bytes_per_s(&self) -> f64 {
+        let largest = self.reads.iter().map(|r| r.block_bytes).max().unwrap_or(131072);
+        largest as f64 / self.request_s(largest, 2 * self.threads as u32)
     }
 
     /// Seconds of I/O-machine time per request of `block_bytes` at `queue_depth`: measured rows
@@ -150,6 +167,7 @@ mod tests {
             memory_bandwidth_bytes_per_s: 1e10,
             decode_bytes_per_s: 5e9,
             llama_cpp_token_overhead_s: 0.0,
+            llama_cpp_decode_bytes_per_s: None,
             reads: vec![
                 ReadRate { block_bytes: 4096, queue_depth: 1, iops: 10_000.0 },
                 ReadRate { block_bytes: 131072, queue_depth: 1, iops: 2_000.0 },
@@ -170,6 +188,14 @@ mod tests {
         let mid = d.request_s((4096 + 131072) / 2, 32);
         assert!((mid - (5e-6 + 1e-4) / 2.0).abs() < 1e-12, "{mid}");
         assert!((d.request_s(262144, 32) - 2e-4).abs() < 1e-12, "beyond the largest size: its bandwidth");
+    }
+
+    #[test]
+    fn page_faults_read_the_largest_blocks_at_twice_the_threads_depth() {
+        let mut d = device();
+        assert_eq!(d.fault_read_bytes_per_s(), 2_000.0 * 131072.0, "2 threads: depth 4, measured at 1");
+        d.threads = 16;
+        assert_eq!(d.fault_read_bytes_per_s(), 10_000.0 * 131072.0, "16 threads: depth 32");
     }
 
     #[test]

@@ -1025,6 +1025,7 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         decode_bytes_per_s: decode.round(),
         reads,
         llama_cpp_token_overhead_s: 0.0,
+        llama_cpp_decode_bytes_per_s: None,
         models,
     };
     d.save(out)?;
@@ -1062,7 +1063,8 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
             Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),
             Err(e) => return Err(e.into()),
         };
-        let llama: Vec<(&str, runtime::plan::LlamaCppPrediction)> = k.ggufs.iter().map(|(q, bytes)| (*q, runtime::plan::predict_llama_cpp(*bytes, kv, b, &dev))).collect();
+        let llama: Vec<(&str, runtime::plan::LlamaCppPrediction)> =
+            k.ggufs.iter().map(|(q, bytes)| (*q, runtime::plan::predict_llama_cpp(&runtime::plan::LlamaCppFile::of_shape(&k.config, q, *bytes), kv, b, &dev))).collect();
         rows.push((b, ours, llama));
     }
     if json {
@@ -1108,8 +1110,8 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     };
     let mut llama = Vec::new();
     for g in ggufs {
-        let bytes = std::fs::metadata(g).map_err(|e| anyhow::anyhow!("{}: {e}", g.display()))?.len();
-        llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(bytes, runtime::stream::budget::kv_cache_bytes(&mf.model, ctx), budget, &dev)));
+        let file = runtime::plan::LlamaCppFile::open(g)?;
+        llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(&file, runtime::stream::budget::kv_cache_bytes(&mf.model, ctx), budget, &dev)));
     }
     let llama_json = || llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>();
     let mib = |b: u64| b as f64 / 1048576.0;
