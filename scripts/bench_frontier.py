@@ -89,7 +89,7 @@ def ours_quality_cmd(kind, model_path, budget, args, threads):
         cmd = [RT, "eval", str(model_path), "--limit", str(args.hellaswag)]
     cmd += ["--threads", str(threads), "--json"]
     if budget:
-        cmd += ["--mem-budget", str(budget)]
+        cmd += ["--mem-budget", str(budget)] + sum((["-X", x] for x in args.ours_experiment), [])
     return cmd
 
 
@@ -103,8 +103,8 @@ def run_rt_json(cmd):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_ours(g, manifest, budget, prompt_file, n, threads, timeout):
-    cmd = [RT, "bench", str(manifest), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"]
+def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, experiment=()):
+    cmd = [RT, "bench", str(manifest), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"] + sum((["-X", x] for x in experiment), [])
     if budget:
         cmd += ["--mem-budget", str(budget)]
     return edge.run_bench(g, cmd, timeout)
@@ -230,6 +230,8 @@ def main():
     ap.add_argument("--hellaswag", type=int, default=200, help="HellaSwag items (0: none)")
     ap.add_argument("--no-quality", action="store_true", help="speed only (quality from an earlier frontier JSON of the same tag, if any)")
     ap.add_argument("--device", default=str(ROOT / "devices/this-machine.toml"))
+    ap.add_argument("--ours-experiment", action="append", default=[], metavar="KEY=VALUE",
+                    help="ours: a research knob (runtime's -X) for every run and quality measure at a budget, e.g. resident-bonus=2")
     ap.add_argument("--budget-share", type=float, default=BUDGET_SHARE, help="ours' --mem-budget as a share of the cgroup limit")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
@@ -357,7 +359,7 @@ def main():
                         if system == "llama.cpp":
                             r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
                         else:
-                            r = run_ours(g, manifest, budget_of(fr), prompt_file, a.n, a.threads, a.timeout)
+                            r = run_ours(g, manifest, budget_of(fr), prompt_file, a.n, a.threads, a.timeout, a.ours_experiment)
                             r["budget_bytes"] = budget_of(fr)
                         r["disk_bytes_read"] = g.bytes_read()
                     finally:
@@ -380,7 +382,7 @@ def main():
            "manifest": str(manifest.relative_to(ROOT)) if manifest.is_relative_to(ROOT) else str(manifest),
            "ggufs": {q: str(g.relative_to(ROOT)) for q, g in ggufs.items()},
            "requantized_note": f"every GGUF but {SHIPPED[a.model][1]} was made by llama-quantize --allow-requantize from that 4-bit file" if use_llama else None,
-           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": a.budget_share,
+           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": a.budget_share, "ours_experiment": a.ours_experiment,
            "llama_cpp_openmp": "OMP_WAIT_POLICY=PASSIVE (as bench-edge)",
            "perplexity_text": os.path.relpath(a.text, ROOT), "perplexity_chunks": a.ppl_chunks, "hellaswag_items": a.hellaswag,
            "quality": quality, "runs": runs}
@@ -506,7 +508,7 @@ tps = edge.tps  # tok/s with 3 significant digits below 0.1
 def markdown(res, settings):
     quants = sorted({s["quant"] for s in settings if s["system"] == "llama.cpp"}, key=lambda q: ["F16", "Q8_0", "Q4_K_M", "Q4_1", "Q3_K_M", "Q2_K"].index(q) if q in ["F16", "Q8_0", "Q4_K_M", "Q4_1", "Q3_K_M", "Q2_K"] else 9)
     lines = [f"{res['model']}: decode tok/s at budgets as a share of the F16 file ({res['f16_bytes'] / 2**20:,.0f} MiB); "
-             f"{res['threads']} threads, {res['tokens']} tokens, medians of up to {res['reps']} reps; ours runs `--strategy auto` at {res.get('budget_share_for_ours', 0.9):.0%} of the limit. "
+             f"{res['threads']} threads, {res['tokens']} tokens, medians of up to {res['reps']} reps; ours runs `--strategy auto`{''.join(' -X ' + x for x in res.get('ours_experiment') or [])} at {res.get('budget_share_for_ours', 0.9):.0%} of the limit. "
              f"Quality: perplexity on {res['perplexity_chunks']} chunks of {res['perplexity_text']} / llama.cpp F16's; HellaSwag ({res['hellaswag_items']} items) / the tool's own dense. "
              + (res.get("requantized_note") or "") + ".", ""]
     qual = []
