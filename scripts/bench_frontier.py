@@ -161,6 +161,25 @@ def llama_calibration(res, per_token_bytes):
     return 0.0, statistics.median(w / t for w, t in pts)
 
 
+def probe_device(manifest, a):
+    """`runtime probe-storage` on the records' own file, in this hour: the disk and the cores of a
+    shared machine drift 1.6-2x between hours (docs/RESULTS.md, #18 part 6), more than the
+    planner's 15% goal. Block sizes: Qwen's and SmolLM2's down rows and whole records, and 128 KiB
+    (llama.cpp's page-fault reads)."""
+    out = Path(a.out_dir) / f"device-{a.model}{'-' + a.tag if a.tag else ''}.toml"
+    native = ROOT / f"models/{a.model}-native"
+    model_dir = native if native.exists() else ROOT / f"models/{a.model}"
+    cmd = [RT, "probe-storage", "--file", str(manifest.parent / "records.bin"), "--model", str(model_dir), "--manifest", str(manifest),
+           "--threads", str(a.threads), "--block-bytes", "1024,2048,3584,4096,131072", "--out", str(out),
+           "--name", f"this machine, measured by bench-frontier{' ' + a.tag if a.tag else ''}"]
+    t0 = time.time()
+    log(f"probe: {' '.join(cmd)}")
+    edge.drop_caches()
+    subprocess.run(cmd, check=True)
+    log(f"probe: wrote {out} ({time.time() - t0:.0f} s)")
+    return str(out)
+
+
 def plan_json(manifest, budget, ggufs, device, reuse=None, ctx=None):
     cmd = [RT, "plan", str(manifest), "--device", str(device), "--json"] + sum((["--gguf", str(g)] for g in ggufs), [])
     if ctx:
@@ -230,6 +249,9 @@ def main():
     ap.add_argument("--hellaswag", type=int, default=200, help="HellaSwag items (0: none)")
     ap.add_argument("--no-quality", action="store_true", help="speed only (quality from an earlier frontier JSON of the same tag, if any)")
     ap.add_argument("--device", default=str(ROOT / "devices/this-machine.toml"))
+    ap.add_argument("--probe", action="store_true",
+                    help="measure the device first (runtime probe-storage on the records' disk, this hour) and predict from that file, "
+                         "written beside the results as device-<model>[-tag].toml")
     ap.add_argument("--ours-experiment", action="append", default=[], metavar="KEY=VALUE",
                     help="ours: a research knob (runtime's -X) for every run and quality measure at a budget, e.g. resident-bonus=2")
     ap.add_argument("--budget-share", type=float, default=BUDGET_SHARE, help="ours' --mem-budget as a share of the cgroup limit")
@@ -264,6 +286,8 @@ def main():
     for g in ggufs.values():
         if edge.device_of(g) != dev:
             sys.exit(f"bench-frontier: {g} and the records are on different devices: the throttle would not apply to both")
+    if a.probe:
+        a.device = probe_device(manifest, a)
     prompt_file = str(ROOT / f"target/bench-frontier-prompt-{os.getpid()}.txt")
     Path(prompt_file).parent.mkdir(parents=True, exist_ok=True)
     Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
@@ -382,7 +406,7 @@ def main():
            "manifest": str(manifest.relative_to(ROOT)) if manifest.is_relative_to(ROOT) else str(manifest),
            "ggufs": {q: str(g.relative_to(ROOT)) for q, g in ggufs.items()},
            "requantized_note": f"every GGUF but {SHIPPED[a.model][1]} was made by llama-quantize --allow-requantize from that 4-bit file" if use_llama else None,
-           "device_file": a.device, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": a.budget_share, "ours_experiment": a.ours_experiment,
+           "device_file": a.device, "device_probed": a.probe, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": a.budget_share, "ours_experiment": a.ours_experiment,
            "llama_cpp_openmp": "OMP_WAIT_POLICY=PASSIVE (as bench-edge)",
            "perplexity_text": os.path.relpath(a.text, ROOT), "perplexity_chunks": a.ppl_chunks, "hellaswag_items": a.hellaswag,
            "quality": quality, "runs": runs}

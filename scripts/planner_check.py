@@ -3,7 +3,8 @@
 
 For each frontier JSON (bench/results/frontier-*.json by default) and each llama.cpp setting in
 it without a read throttle: the measured median decode tok/s and disk bytes re-read per token,
-beside what `runtime plan --gguf` predicts today from --device (with llama.cpp's compute calibrated
+beside what `runtime plan --gguf` predicts today from --device, or from the device file the
+run measured in its own hour (bench-frontier --probe) when it has one (with llama.cpp's compute calibrated
 on the JSON's own unconfined runs when it has them, as bench-frontier does) and the
 prediction stored in the JSON when it was measured. A GGUF the JSON names but this checkout lacks
 is made as bench-frontier makes it (llama-quantize --allow-requantize from the shipped file).
@@ -36,6 +37,9 @@ def manifest_of(model, named):
 
 def check(path, device):
     res = json.loads(Path(path).read_text())
+    probed = ROOT / res.get("device_file", "")
+    if res.get("device_probed") and probed.is_file():
+        device = str(probed)  # measured in the run's own hour (bench-frontier --probe)
     model, manifest = res["model"], manifest_of(res["model"], ROOT / res["manifest"])
     ggufs = {q: fr.gguf_of(model, q) for q in res["ggufs"]}
     p = fr.plan_json(manifest, None, list(ggufs.values()), device, ctx=fr.edge.LLAMA_CTX)
@@ -61,7 +65,9 @@ def check(path, device):
                          "decode_tok_per_s": measured, "reread_bytes_per_token": statistics.median(rereads) if rereads else None,
                          "predicted_tok_per_s": pred["predicted_tok_per_s"], "predicted_reread_bytes_per_token": pred["reread_bytes_per_token"],
                          "error": pred["predicted_tok_per_s"] / measured - 1, "stored_prediction": old, "stored_error": old / measured - 1 if old else None,
-                         "llama_cpp_token_overhead_s": cal[0], "llama_cpp_decode_bytes_per_s": cal[1], "per_token_bytes": per_token[g.name], "room_bytes": pred["room_bytes"]})
+                         "llama_cpp_token_overhead_s": cal[0], "llama_cpp_decode_bytes_per_s": cal[1], "per_token_bytes": per_token[g.name], "room_bytes": pred["room_bytes"],
+                         "device_file": str(Path(device).relative_to(ROOT)) if Path(device).is_relative_to(ROOT) else device,
+                         "same_hour_device": bool(res.get("device_probed"))})
     return rows
 
 
@@ -81,6 +87,8 @@ def main():
     for name, rs in (("paging", paging), ("fits", fits)):
         summary[name] = {"settings": len(rs), "within_15_percent": within(rs, "error"), "median_abs_error": med(rs, "error"),
                          "stored_within_15_percent": within(rs, "stored_error"), "stored_median_abs_error": med(rs, "stored_error")}
+    same = [r for r in rows if r["same_hour_device"]]
+    summary["same_hour_device"] = {"settings": len(same), "within_15_percent": within(same, "error"), "median_abs_error": med(same, "error")}
     rr = [r["predicted_reread_bytes_per_token"] / r["reread_bytes_per_token"] - 1 for r in paging if r["reread_bytes_per_token"]]
     summary["paging"]["reread_median_abs_error"] = statistics.median(abs(x) for x in rr) if rr else None
     out = Path(a.out)
@@ -89,7 +97,9 @@ def main():
              f"Paging settings: {summary['paging']['within_15_percent']}/{len(paging)} within 15% (median |error| {summary['paging']['median_abs_error'] or 0:.0%}; "
              f"re-read bytes {summary['paging']['reread_median_abs_error'] or 0:.0%}); as stored when measured: {summary['paging']['stored_within_15_percent']}/{len(paging)} "
              f"({summary['paging']['stored_median_abs_error'] or 0:.0%}). Settings that fit: {summary['fits']['within_15_percent']}/{len(fits)} "
-             f"({summary['fits']['median_abs_error'] or 0:.0%}); stored {summary['fits']['stored_within_15_percent']}/{len(fits)}.", "",
+             f"({summary['fits']['median_abs_error'] or 0:.0%}); stored {summary['fits']['stored_within_15_percent']}/{len(fits)}."
+             + (f" With the device probed in the run's own hour (bench-frontier --probe): {summary['same_hour_device']['within_15_percent']}/{len(same)} "
+                f"({summary['same_hour_device']['median_abs_error'] or 0:.0%})." if same else ""), "",
              "| frontier | model | GGUF | budget | reps | measured tok/s | re-read MB/token | predicted tok/s (error) | predicted re-read MB | stored prediction (error) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -78,7 +78,7 @@ const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
   set-rule=soft8|softN|top1|static|oracle  the predictor's set rule (oracle: --in-memory only;
                                            with --strategy layers, sketch or gate: oracle ranking in memory)
   neuron-rank=importance|membership        how the predictor's cut sets rank neurons
-  resident-bonus=F                         scorer: a held row counts F (>= 1) times its score (default 1.5)
+  resident-bonus=F                         scorer: a held row counts F (>= 1) times its score (default 2)
   slot-share=C                             --in-memory scorer, sketch, gate, layers: rows each layer holds, share of n_ff
   single-token                             --in-memory scorer, sketch, gate, layers: tokens one at a time, as streamed
   head=q8|compact|resident                 the output head (default: compact with sketch, gate and

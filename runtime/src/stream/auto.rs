@@ -197,7 +197,7 @@ pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Opti
             let note = match (i, cands.iter().position(|c| c.plan.is_ok())) {
                 (i, Some(first)) if i != first => {
                     let f = &cands[first];
-                    Some(format!("--strategy auto runs {} with sets of {:.2}: {} fits only with sets of {:.2}", c.label(), c.set_scale(), f.label(), f.set_scale()))
+                    Some(format!("--strategy auto runs {} with sets of {:.2} (with its default head, {} fits only with sets of {:.2})", c.label(), c.set_scale(), f.name, f.set_scale()))
                 }
                 _ => (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.label(), skipped.join(", "))),
             };
