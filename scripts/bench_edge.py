@@ -53,6 +53,9 @@ def on_signal(sig, _frame):
     sys.exit(128 + sig)
 
 
+ACCOUNTING_ONLY_BPS = 1 << 50  # 1 PiB/s: a read rule that never throttles (Groups, v1)
+
+
 class Groups:
     """A memory group and an I/O group (v1), or one v2 group with both controllers."""
 
@@ -76,8 +79,10 @@ class Groups:
                 sw = m / "memory.memsw.limit_in_bytes"
                 if sw.exists():
                     sw.write_text(str(mem_bytes))
-            if read_bps:
-                (b / "blkio.throttle.read_bps_device").write_text(f"{dev} {read_bps}")
+            # without a throttle, a rule no disk reaches: blk-throttle counts a group's reads
+            # (blkio.throttle.io_service_bytes) only on a queue where some rule is set, so an
+            # unthrottled run would read 0 bytes (seen on kernel 6.18)
+            (b / "blkio.throttle.read_bps_device").write_text(f"{dev} {read_bps or ACCOUNTING_ONLY_BPS}")
             self.procs = [m / "cgroup.procs", b / "cgroup.procs"]
             self.mem_dir = m
             self.io_dir = b
@@ -94,7 +99,7 @@ class Groups:
             for line in (self.io_dir / "blkio.throttle.io_service_bytes").read_text().splitlines():
                 if line.startswith(self.dev + " Read "):
                     return int(line.split()[2])
-            return 0
+            return None  # not accounted: no line for the device
         except (OSError, AttributeError):
             return None
 
