@@ -66,3 +66,33 @@ fn an_interrupted_frontier_leaves_nothing_behind() {
 fn send_signal(pid: u32, sig: &str) -> i32 {
     Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().unwrap().code().unwrap_or(-1)
 }
+
+/// A group without a read throttle still counts the bytes its run reads from the disk (the
+/// frontier's `disk_bytes_read`, from which the planner's llama.cpp re-read law is checked):
+/// blk-throttle accounts a group's reads only where some rule is set on the queue, so
+/// bench_edge's Groups sets one no disk reaches. (Once any rule was set, the kernel keeps
+/// counting on that queue until reboot, so without the fix this fails on a fresh machine, as
+/// CI's, and can pass on one that ran a throttled benchmark.)
+#[test]
+fn an_unthrottled_group_counts_its_disk_reads() {
+    let dir = scratch("harness-reads");
+    let file = dir.join("cold.bin");
+    let size_bytes = 8usize << 20;
+    std::fs::write(&file, vec![7u8; size_bytes]).unwrap();
+    let script = r#"
+import os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import bench_edge as edge
+g = edge.Groups(f"np-reads-{os.getpid()}", None, None, edge.device_of(sys.argv[2]))
+try:
+    subprocess.run(g.wrap(["dd", f"if={sys.argv[2]}", "of=/dev/null", "bs=1M", "iflag=direct"]), capture_output=True, check=True)
+    print(g.bytes_read())
+finally:
+    edge.cleanup()
+"#;
+    let out = Command::new("python3").args(["-c", script, repo_root().join("scripts").to_str().unwrap(), file.to_str().unwrap()]).output().expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let read = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let bytes: u64 = read.parse().unwrap_or_else(|_| panic!("bytes_read() gave {read:?}: the group's reads were not counted"));
+    assert!(bytes >= size_bytes as u64, "the group counted {bytes} bytes of an {size_bytes}-byte O_DIRECT read");
+}
