@@ -110,9 +110,10 @@ def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, experiment=(
     return edge.run_bench(g, cmd, timeout)
 
 
-def derived_device(device, mib_s, llama_calibration):
+def derived_device(device, mib_s, llama_calibration, fault_read_bytes_per_s=None):
     """The device file with every read capped at `mib_s` MiB/s (a blkio throttle caps bytes,
-    page faults' too), and llama.cpp's calibrated per-token overhead and decode rate."""
+    page faults' too), llama.cpp's calibrated per-token overhead and decode rate, and its
+    calibrated page-fault read rate when there is one (capped by the throttle too)."""
     llama_overhead_s, llama_rate = llama_calibration
     text = Path(device).read_text()
     d = tomllib.loads(text)
@@ -124,7 +125,7 @@ def derived_device(device, mib_s, llama_calibration):
         m = re.match(r"(\s*iops\s*=\s*)([\d.eE+]+)", line)
         if m and block and mib_s:
             line = f"{m.group(1)}{min(float(m.group(2)), mib_s * 2**20 / block):.1f}"
-        if line.split("=")[0].strip() in ("llama_cpp_token_overhead_s", "llama_cpp_decode_bytes_per_s"):
+        if line.split("=")[0].strip() in ("llama_cpp_token_overhead_s", "llama_cpp_decode_bytes_per_s", "llama_cpp_fault_read_bytes_per_s"):
             continue
         lines.append(line)
     # top-level keys go before the first table
@@ -132,6 +133,9 @@ def derived_device(device, mib_s, llama_calibration):
     lines.insert(first_table, f"llama_cpp_token_overhead_s = {llama_overhead_s:.6f}")
     if llama_rate:
         lines.insert(first_table, f"llama_cpp_decode_bytes_per_s = {llama_rate:.1f}")
+    if fault_read_bytes_per_s:
+        fault = min(fault_read_bytes_per_s, mib_s * 2**20) if mib_s else fault_read_bytes_per_s
+        lines.insert(first_table, f"llama_cpp_fault_read_bytes_per_s = {fault:.1f}")
     lines.insert(0, f"# {d.get('name', 'device')}: reads capped at {mib_s or 'no'} MiB/s, llama.cpp's overhead calibrated (bench-frontier)")
     path = ROOT / f"target/frontier-device-{Path(device).stem}-{mib_s or 'none'}mibs.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -159,6 +163,31 @@ def llama_calibration(res, per_token_bytes):
         if slope > 0 and overhead >= 0:
             return overhead, 1 / slope
     return 0.0, statistics.median(w / t for w, t in pts)
+
+
+def llama_fault_calibration(res, manifest, device, cal):
+    """llama.cpp's page-fault read rate in the run's own hour, from its own run that re-reads
+    every per-token byte (the planner's re-read share is 1 there, so the law's coefficient does
+    not enter; of those, the one re-reading the most bytes: F16 at the grid's smallest budget):
+    its re-read bytes over its time less its compute. An O_DIRECT probe does not track this path
+    from hour to hour (docs/RESULTS.md, #18 part 7). (None, None) when no run re-reads it all."""
+    devf = derived_device(device, None, cal)
+    best = None
+    fractions = {r["budget_fraction"] for r in res["runs"] if r["system"] == "llama.cpp" and r["budget_fraction"] and r["throttle_mib_per_s"] is None}
+    for fr in sorted(fractions):
+        p = plan_json(manifest, int(res["f16_bytes"] * fr), [ROOT / g for g in res["ggufs"].values()], devf, ctx=edge.LLAMA_CTX)
+        by_name = {Path(x["gguf"]).name: x["prediction"] for x in p["llama_cpp"]} if p else {}
+        for q, g in res["ggufs"].items():
+            x = by_name.get(Path(g).name)
+            tok = [r["decode_tok_per_s"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q and r["budget_fraction"] == fr
+                   and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
+            if not x or not tok or x["reread_bytes_per_token"] < x["per_token_bytes"]:
+                continue
+            compute_s = 1 / x["predicted_tok_per_s"] - x["reread_bytes_per_token"] / x["fault_read_bytes_per_s"]
+            io_s = 1 / statistics.median(tok) - compute_s
+            if io_s > 0 and (best is None or x["reread_bytes_per_token"] > best[2]):
+                best = (x["reread_bytes_per_token"] / io_s, {"quant": q, "budget_fraction": fr}, x["reread_bytes_per_token"])
+    return (best[0], best[1]) if best else (None, None)
 
 
 def probe_device(manifest, a):
@@ -210,9 +239,11 @@ def predict(res, manifest, device):
     per_token = {Path(x["gguf"]).name: x["prediction"]["per_token_bytes"] for x in p["llama_cpp"]} if p else {}
     cal = llama_calibration(res, per_token)
     res["llama_cpp_token_overhead_s"], res["llama_cpp_decode_bytes_per_s"] = cal
+    fault, res["llama_cpp_fault_calibration"] = llama_fault_calibration(res, manifest, device, cal) if ggufs else (None, None)
+    res["llama_cpp_fault_read_bytes_per_s"] = fault
     res["predictions"], res["predictions_llama_cpp"], res["predictions_measured_reuse"] = {}, {}, {}
     for th in sorted({r["throttle_mib_per_s"] for r in runs}, key=lambda t: t or 0):
-        devf = derived_device(device, th, cal)
+        devf = derived_device(device, th, cal, fault)
         for fr in sorted({r["budget_fraction"] for r in runs}, key=lambda f: -(f or 9)):
             key = f"{fr}|{th}"
             p = plan_json(manifest, ours_budget(res["f16_bytes"], fr, res["budget_share_for_ours"]), [], devf)
@@ -460,6 +491,9 @@ def finish(res, out):
                      "perplexity_ratio": rs[0]["perplexity_ratio"], "hellaswag_ratio": rs[0]["hellaswag_ratio"], "predicted_tok_per_s": rs[0]["predicted_tok_per_s"]}
                 if s["predicted_tok_per_s"] and s["decode_tok_per_s"]:
                     s["prediction_error"] = s["predicted_tok_per_s"] / s["decode_tok_per_s"] - 1
+                fc = res.get("llama_cpp_fault_calibration")
+                if system == "llama.cpp" and th is None and fc and (fc["quant"], fc["budget_fraction"]) == (q, fr):
+                    s["calibration"] = True  # its prediction is its own measurement: not counted
                 if system == "ours":
                     for k in ("set_rule", "dense_prefix", "set_scale", "reuse_ratio", "bytes_read_per_token", "requests_per_token", "io_wait_ms_per_token", "compute_ms_per_token", "peak_rss_bytes"):
                         v = [r[k] for r in rs if r.get(k) is not None and not isinstance(r.get(k), str)]
@@ -516,7 +550,7 @@ def goals(res, settings):
             below.append({"budget_fraction": s["budget_fraction"], "throttle_mib_per_s": s["throttle_mib_per_s"], "speedup_over_shipped": s["decode_tok_per_s"] / lt if lt else None,
                           "shipped_timed_out": bool(l and l["status"] == "timed out"), "quality_vs_shipped": q,
                           "met": bool(q and q >= 0.95 and (lt is None and l and l["status"] == "timed out" or lt and s["decode_tok_per_s"] / lt >= 4))})
-    preds = [s for s in settings if s.get("prediction_error") is not None]
+    preds = [s for s in settings if s.get("prediction_error") is not None and not s.get("calibration")]
     return {
         "ours_dominated_nowhere": all(not s["dominated_by"] for s in settings if s["system"] == "ours" and s["status"] == "ran") if ours else None,
         "budgets_where_ours_is_dominated": [(s["budget_fraction"], s["throttle_mib_per_s"], s["dominated_by"]) for s in settings if s["system"] == "ours" and s["dominated_by"]],
@@ -540,6 +574,10 @@ def markdown(res, settings):
         s = next(s for s in settings if s["quant"] == q)
         qual.append(f"{q} {s['perplexity_ratio']:.3f}x" + (f" / HS {s['hellaswag_ratio']:.3f}x" if s["hellaswag_ratio"] else "") if s["perplexity_ratio"] else q)
     lines += ["llama.cpp quality: " + ", ".join(qual), ""]
+    fc = res.get("llama_cpp_fault_calibration")
+    if fc and res.get("llama_cpp_fault_read_bytes_per_s"):
+        lines += [f"The planner's llama.cpp page-fault rate, {res['llama_cpp_fault_read_bytes_per_s'] / 1e9:.2f} GB/s, is calibrated on llama.cpp {fc['quant']} "
+                  f"at {fc['budget_fraction']:.0%} (it re-reads all its per-token bytes there); that setting's prediction is not counted.", ""]
     for th in sorted({s["throttle_mib_per_s"] for s in settings}, key=lambda t: t or 0):
         lines += [f"Read throttle: {f'{th} MiB/s' if th else 'none'}", "",
                   "| budget | " + " | ".join(f"llama.cpp {q}" for q in quants) + " | ours (strategy, ppl / HS) | predicted ours / measured | verdict |",

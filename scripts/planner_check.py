@@ -5,7 +5,8 @@ For each frontier JSON (bench/results/frontier-*.json by default) and each llama
 it without a read throttle: the measured median decode tok/s and disk bytes re-read per token,
 beside what `runtime plan --gguf` predicts today from --device, or from the device file the
 run measured in its own hour (bench-frontier --probe) when it has one (with llama.cpp's compute calibrated
-on the JSON's own unconfined runs when it has them, as bench-frontier does) and the
+on the JSON's own unconfined runs when it has them, and its page-fault rate on its own run that
+re-reads every per-token byte, as bench-frontier does; that run is listed, not counted) and the
 prediction stored in the JSON when it was measured. A GGUF the JSON names but this checkout lacks
 is made as bench-frontier makes it (llama-quantize --allow-requantize from the shipped file).
 
@@ -49,7 +50,8 @@ def check(path, device):
     files = {Path(x["gguf"]).name: x["prediction"]["file_bytes"] for x in p["llama_cpp"]}
     res["ggufs"] = {q: str(g) for q, g in ggufs.items()}
     cal = fr.llama_calibration(res, per_token)
-    devf = fr.derived_device(device, None, cal)
+    fault, fault_at = fr.llama_fault_calibration(res, manifest, device, cal)
+    devf = fr.derived_device(device, None, cal, fault)
     rows = []
     for q, g in ggufs.items():
         for f in sorted({r["budget_fraction"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q}, key=lambda f: -(f or 9)):
@@ -67,7 +69,8 @@ def check(path, device):
                          "error": pred["predicted_tok_per_s"] / measured - 1, "stored_prediction": old, "stored_error": old / measured - 1 if old else None,
                          "llama_cpp_token_overhead_s": cal[0], "llama_cpp_decode_bytes_per_s": cal[1], "per_token_bytes": per_token[g.name], "room_bytes": pred["room_bytes"],
                          "device_file": str(Path(device).relative_to(ROOT)) if Path(device).is_relative_to(ROOT) else device,
-                         "same_hour_device": bool(res.get("device_probed"))})
+                         "same_hour_device": bool(res.get("device_probed")), "llama_cpp_fault_read_bytes_per_s": fault,
+                         "calibration": bool(fault_at and (fault_at["quant"], fault_at["budget_fraction"]) == (q, f))})
     return rows
 
 
@@ -78,7 +81,8 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench/results/planner-llama-cpp.json"))
     a = ap.parse_args()
     paths = a.frontiers or sorted(glob.glob(str(ROOT / "bench/results/frontier-*.json")))
-    rows = [r for p in paths for r in check(p, a.device)]
+    all_rows = [r for p in paths for r in check(p, a.device)]
+    rows = [r for r in all_rows if not r["calibration"]]  # a calibration point predicts itself
     paging = [r for r in rows if r["predicted_reread_bytes_per_token"]]
     fits = [r for r in rows if not r["predicted_reread_bytes_per_token"]]
     within = lambda rs, k: sum(abs(r[k]) <= 0.15 for r in rs if r[k] is not None)  # noqa: E731
@@ -92,7 +96,7 @@ def main():
     rr = [r["predicted_reread_bytes_per_token"] / r["reread_bytes_per_token"] - 1 for r in paging if r["reread_bytes_per_token"]]
     summary["paging"]["reread_median_abs_error"] = statistics.median(abs(x) for x in rr) if rr else None
     out = Path(a.out)
-    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"summary": summary, "rows": all_rows}, indent=1))
     lines = [f"llama.cpp: measured decode tok/s against the planner's prediction ({summary['device_file']}), per frontier JSON and setting (no throttle).",
              f"Paging settings: {summary['paging']['within_15_percent']}/{len(paging)} within 15% (median |error| {summary['paging']['median_abs_error'] or 0:.0%}; "
              f"re-read bytes {summary['paging']['reread_median_abs_error'] or 0:.0%}); as stored when measured: {summary['paging']['stored_within_15_percent']}/{len(paging)} "
@@ -100,14 +104,15 @@ def main():
              f"({summary['fits']['median_abs_error'] or 0:.0%}); stored {summary['fits']['stored_within_15_percent']}/{len(fits)}."
              + (f" With the device probed in the run's own hour (bench-frontier --probe): {summary['same_hour_device']['within_15_percent']}/{len(same)} "
                 f"({summary['same_hour_device']['median_abs_error'] or 0:.0%})." if same else ""), "",
+             "Each JSON's llama.cpp page-fault rate is calibrated on its own run that re-reads every per-token byte (marked 'calibration', not counted).", "",
              "| frontier | model | GGUF | budget | reps | measured tok/s | re-read MB/token | predicted tok/s (error) | predicted re-read MB | stored prediction (error) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in all_rows:
         budget = f"{r['budget_fraction']:.0%}" if r["budget_fraction"] else "none"
         reread = "" if r["reread_bytes_per_token"] is None else f"{r['reread_bytes_per_token'] / 1e6:.0f}"
         stored = f"{r['stored_prediction']:.2f} ({r['stored_error']:+.0%})" if r["stored_prediction"] else ""
         lines.append(f"| {r['frontier']} | {r['model']} | {r['quant']} | {budget} | {r['reps']} | {r['decode_tok_per_s']:.2f} | {reread} | "
-                     f"{r['predicted_tok_per_s']:.2f} ({r['error']:+.0%}) | {r['predicted_reread_bytes_per_token'] / 1e6:.0f} | {stored} |")
+                     f"{r['predicted_tok_per_s']:.2f} ({r['error']:+.0%}){' calibration' if r['calibration'] else ''} | {r['predicted_reread_bytes_per_token'] / 1e6:.0f} | {stored} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:2]))
     print(f"-> {out}")

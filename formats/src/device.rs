@@ -66,6 +66,12 @@ pub struct DeviceFile {
     /// unconfined runs (1 / tok/s = overhead + per-token bytes / rate, least squares over GGUFs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llama_cpp_decode_bytes_per_s: Option<f64>,
+    /// The rate llama.cpp's page faults read its re-read bytes (optional; default
+    /// [`DeviceFile::fault_read_bytes_per_s`] from the O_DIRECT rows, which do not track the
+    /// page-fault path from hour to hour): `make bench-frontier` calibrates it from a llama.cpp
+    /// run that re-reads its whole per-token bytes (F16 at the grid's smallest budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama_cpp_fault_read_bytes_per_s: Option<f64>,
     /// Measured compute of prepared models (optional; without it compute is bytes over
     /// decode_bytes_per_s).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -104,6 +110,9 @@ impl DeviceFile {
         if let Some(v) = self.llama_cpp_decode_bytes_per_s {
             positive("llama_cpp_decode_bytes_per_s", v)?;
         }
+        if let Some(v) = self.llama_cpp_fault_read_bytes_per_s {
+            positive("llama_cpp_fault_read_bytes_per_s", v)?;
+        }
         if self.reads.is_empty() {
             return Err("no [[reads]] rows: the read rate at some block size and queue depth is needed".into());
         }
@@ -128,6 +137,9 @@ impl DeviceFile {
     /// readahead has the next in flight). Checked against llama.cpp's disk reads and rates in
     /// `scripts/planner_check.py` (RESULTS #18 part 6).
     pub fn fault_read_bytes_per_s(&self) -> f64 {
+        if let Some(v) = self.llama_cpp_fault_read_bytes_per_s {
+            return v;
+        }
         let largest = self.reads.iter().map(|r| r.block_bytes).max().unwrap_or(131072);
         largest as f64 / self.request_s(largest, 2 * self.threads as u32)
     }
@@ -168,6 +180,7 @@ mod tests {
             decode_bytes_per_s: 5e9,
             llama_cpp_token_overhead_s: 0.0,
             llama_cpp_decode_bytes_per_s: None,
+            llama_cpp_fault_read_bytes_per_s: None,
             reads: vec![
                 ReadRate { block_bytes: 4096, queue_depth: 1, iops: 10_000.0 },
                 ReadRate { block_bytes: 131072, queue_depth: 1, iops: 2_000.0 },
@@ -196,6 +209,9 @@ mod tests {
         assert_eq!(d.fault_read_bytes_per_s(), 2_000.0 * 131072.0, "2 threads: depth 4, measured at 1");
         d.threads = 16;
         assert_eq!(d.fault_read_bytes_per_s(), 10_000.0 * 131072.0, "16 threads: depth 32");
+        // a rate calibrated on llama.cpp's own paging run replaces the O_DIRECT rows'
+        d.llama_cpp_fault_read_bytes_per_s = Some(9.3e8);
+        assert_eq!(d.fault_read_bytes_per_s(), 9.3e8);
     }
 
     #[test]
@@ -212,6 +228,9 @@ mod tests {
         std::fs::write(&p, text.replace("iops = 2000.0", "iops = -1.0")).unwrap();
         let e = DeviceFile::load(&p).unwrap_err().to_string();
         assert!(e.contains("reads[1].iops") && e.contains("positive"), "{e}");
+        std::fs::write(&p, text.replace("threads = 2", "threads = 2\nllama_cpp_fault_read_bytes_per_s = 0.0")).unwrap();
+        let e = DeviceFile::load(&p).unwrap_err().to_string();
+        assert!(e.contains("llama_cpp_fault_read_bytes_per_s is 0") && e.contains("positive"), "{e}");
         std::fs::write(&p, text.replace("threads = 2", "threads = 2\nspeed = 3")).unwrap();
         assert!(DeviceFile::load(&p).unwrap_err().to_string().contains("speed"));
         let _ = std::fs::remove_dir_all(&dir);

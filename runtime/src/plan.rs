@@ -383,6 +383,7 @@ mod tests {
             decode_bytes_per_s: 1e9,
             llama_cpp_token_overhead_s: 0.0,
             llama_cpp_decode_bytes_per_s: None,
+            llama_cpp_fault_read_bytes_per_s: None,
             // page faults: 128 KiB at depth 4 (2 threads), 0.5 GB/s
             reads: vec![ReadRate { block_bytes: 131072, queue_depth: 1, iops: 1000.0 }, ReadRate { block_bytes: 131072, queue_depth: 4, iops: 5e8 / 131072.0 }],
             models: vec![],
