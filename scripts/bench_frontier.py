@@ -142,6 +142,13 @@ def derived_device(device, mib_s, llama_calibration, fault_read_bytes_per_s=None
     return path
 
 
+def llama_runs(res, quant, fraction):
+    """llama.cpp's runs on `quant` at `fraction` of F16 (None: unconfined) with no read throttle
+    that decoded."""
+    return [r for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == quant and r["budget_fraction"] == fraction
+            and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
+
+
 def llama_calibration(res, per_token_bytes):
     """llama.cpp's compute from its unconfined runs (medians per GGUF): 1 / tok/s = overhead +
     per-token bytes / rate, fitted by least squares over the GGUFs (with one GGUF, or a fit
@@ -149,8 +156,7 @@ def llama_calibration(res, per_token_bytes):
     no unconfined run, the device file's own figures."""
     pts = []
     for q, g in res["ggufs"].items():
-        t = [r["decode_tok_per_s"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q and r["budget_fraction"] is None
-             and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
+        t = [r["decode_tok_per_s"] for r in llama_runs(res, q, None)]
         if t and Path(g).name in per_token_bytes:
             pts.append((per_token_bytes[Path(g).name], 1 / statistics.median(t)))
     if not pts:
@@ -179,8 +185,7 @@ def llama_fault_calibration(res, manifest, device, cal):
         by_name = {Path(x["gguf"]).name: x["prediction"] for x in p["llama_cpp"]} if p else {}
         for q, g in res["ggufs"].items():
             x = by_name.get(Path(g).name)
-            tok = [r["decode_tok_per_s"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q and r["budget_fraction"] == fr
-                   and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
+            tok = [r["decode_tok_per_s"] for r in llama_runs(res, q, fr)]
             if not x or not tok or x["reread_bytes_per_token"] < x["per_token_bytes"]:
                 continue
             compute_s = 1 / x["predicted_tok_per_s"] - x["reread_bytes_per_token"] / x["fault_read_bytes_per_s"]
@@ -384,43 +389,42 @@ def main():
     out.write_text(json.dumps({"partial": True, "quality": quality, "runs": []}, indent=1))
     # speed, confined
     runs, slow, dead = [], set(), set()
+
+    def one_run(system, q, fr, th, rep):
+        """One run in its own memory and I/O group, page cache dropped first."""
+        limit = int(f16_bytes * fr) if fr else None
+        g = edge.Groups(f"np-frontier-{os.getpid()}", limit, th * 2**20 if th else None, dev)
+        edge.drop_caches()
+        try:
+            if system == "llama.cpp":
+                r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
+            else:
+                r = run_ours(g, manifest, budget_of(fr), prompt_file, a.n, a.threads, a.timeout, a.ours_experiment)
+                r["budget_bytes"] = budget_of(fr)
+            r["disk_bytes_read"] = g.bytes_read()
+        finally:
+            edge.cleanup()
+        r.update({"system": system, "quant": q, "budget_fraction": fr, "limit_mib": limit / 2**20 if limit else None,
+                  "throttle_mib_per_s": th, "rep": rep, "tokens_asked": a.n})
+        return r
+
     # llama.cpp's compute for the planner, this hour: one unconfined run per GGUF when the grid
     # has none (no limit, no throttle; ~10 s each)
     if use_llama and None not in fractions:
         for q in quants:
-            g = edge.Groups(f"np-frontier-{os.getpid()}", None, None, dev)
-            edge.drop_caches()
-            try:
-                r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
-                r["disk_bytes_read"] = g.bytes_read()
-            finally:
-                edge.cleanup()
-            r.update({"system": "llama.cpp", "quant": q, "budget_fraction": None, "limit_mib": None, "throttle_mib_per_s": None, "rep": 0,
-                      "tokens_asked": a.n, "calibration": True})
+            r = one_run("llama.cpp", q, None, None, 0)
+            r["calibration"] = True
             runs.append(r)
             log(f"calibration: llama.cpp {q} unconfined {r.get('decode_tok_per_s') or 0:.2f} tok/s")
     for rep in range(a.reps):
         for th in throttles:
             for fr in fractions:
-                limit = int(f16_bytes * fr) if fr else None
                 configs = [("llama.cpp", q) for q in quants] + ([("ours", None)] if "ours" in systems else [])
                 for system, q in configs:
                     key = (system, q, th)
                     if key in dead or (rep > 0 and (key, fr) in slow):
                         continue
-                    g = edge.Groups(f"np-frontier-{os.getpid()}", limit, th * 2**20 if th else None, dev)
-                    edge.drop_caches()
-                    try:
-                        if system == "llama.cpp":
-                            r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
-                        else:
-                            r = run_ours(g, manifest, budget_of(fr), prompt_file, a.n, a.threads, a.timeout, a.ours_experiment)
-                            r["budget_bytes"] = budget_of(fr)
-                        r["disk_bytes_read"] = g.bytes_read()
-                    finally:
-                        edge.cleanup()
-                    r.update({"system": system, "quant": q, "budget_fraction": fr, "limit_mib": limit / 2**20 if limit else None,
-                              "throttle_mib_per_s": th, "rep": rep, "tokens_asked": a.n})
+                    r = one_run(system, q, fr, th, rep)
                     runs.append(r)
                     # what is measured so far survives an interrupted grid (rerun with --no-quality)
                     out.parent.mkdir(parents=True, exist_ok=True)

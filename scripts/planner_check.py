@@ -55,7 +55,7 @@ def check(path, device):
     rows = []
     for q, g in ggufs.items():
         for f in sorted({r["budget_fraction"] for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q}, key=lambda f: -(f or 9)):
-            rs = [r for r in res["runs"] if r["system"] == "llama.cpp" and r["quant"] == q and r["budget_fraction"] == f and r["throttle_mib_per_s"] is None and r.get("decode_tok_per_s")]
+            rs = fr.llama_runs(res, q, f)
             if not rs:
                 continue
             limit = int(res["f16_bytes"] * f) if f else None

@@ -1026,7 +1026,7 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         reads,
         llama_cpp_token_overhead_s: 0.0,
         llama_cpp_decode_bytes_per_s: None,
-            llama_cpp_fault_read_bytes_per_s: None,
+        llama_cpp_fault_read_bytes_per_s: None,
         models,
     };
     d.save(out)?;
