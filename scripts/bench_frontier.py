@@ -24,7 +24,9 @@ else at its floor held / n_ff) and with the run's measured reuse.
 
 Writes bench/results/frontier-<model>[-tag].{json,md,png}: one object per measured run, per
 setting the medians, and for ours the llama.cpp configurations that dominate it (faster and at
-least as good in every quality measured) and those it dominates. Every group and throttle is
+least as good in every quality measured; `dominated_by_fitting`: those of them whose file fits the
+budget beside its KV cache and process, as the planner sizes it: the ones a user would pick) and
+those it dominates. Every group and throttle is
 removed on exit, Ctrl-C or SIGTERM, and a run still inside is killed.
 """
 import argparse, atexit, json, os, re, signal, statistics, subprocess, sys, time, tomllib
@@ -480,6 +482,8 @@ def finish(res, out):
             p = (res.get("predictions_llama_cpp") or {}).get(key) or {}
             x = p.get(Path(res["ggufs"][r["quant"]]).name)
             r["predicted_tok_per_s"] = x["predicted_tok_per_s"] if x else None
+            # the file fits: its per-token bytes within the budget less its KV cache and process
+            r["fits"] = x["fits"] if x else None
     settings = []
     for th in throttles:
         for fr in fractions:
@@ -509,6 +513,7 @@ def finish(res, out):
                     ref = [r for r in rs if r.get("refused")]
                     s["minimum_budget_bytes"] = ref[0]["minimum_budget_bytes"] if ref else None
                 else:
+                    s["fits"] = rs[0].get("fits")
                     mf = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None and r.get("decode_tok_per_s")]
                     s["major_faults_per_token"] = statistics.median(mf) if mf else None
                 settings.append(s)
@@ -525,9 +530,11 @@ def finish(res, out):
         mine = s["decode_tok_per_s"] or 0
         s["dominated_by"] = [o["quant"] for o in others if (o["decode_tok_per_s"] or 0) > mine and at_least_as_good(o, s)] if mine else [o["quant"] for o in others if o["decode_tok_per_s"]]
         s["dominates"] = [o["quant"] for o in others if mine and (o["decode_tok_per_s"] or 0) < mine and at_least_as_good(s, o)]
+        # what a user with this budget would pick instead: a GGUF that fits it (#18's goal)
+        s["dominated_by_fitting"] = [q for q in s["dominated_by"] if next((o.get("fits") for o in others if o["quant"] == q), None) is not False]
         for r in runs:
             if r["system"] == "ours" and r["budget_fraction"] == s["budget_fraction"] and r["throttle_mib_per_s"] == s["throttle_mib_per_s"]:
-                r["dominated_by"], r["dominates"] = s["dominated_by"], s["dominates"]
+                r["dominated_by"], r["dominates"], r["dominated_by_fitting"] = s["dominated_by"], s["dominates"], s["dominated_by_fitting"]
     res["settings"] = settings
     res["goals"] = goals(res, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -558,6 +565,8 @@ def goals(res, settings):
     return {
         "ours_dominated_nowhere": all(not s["dominated_by"] for s in settings if s["system"] == "ours" and s["status"] == "ran") if ours else None,
         "budgets_where_ours_is_dominated": [(s["budget_fraction"], s["throttle_mib_per_s"], s["dominated_by"]) for s in settings if s["system"] == "ours" and s["dominated_by"]],
+        # the goal: dominated by no llama.cpp configuration that fits the budget (one that pages does not count)
+        "ours_dominated_by_no_fitting_config": all(not s.get("dominated_by_fitting") for s in settings if s["system"] == "ours") if ours else None,
         "below_the_shipped_file": below,
         "predictions_within_15_percent": sum(abs(s["prediction_error"]) <= 0.15 for s in preds),
         "predictions": len(preds),
@@ -565,6 +574,12 @@ def goals(res, settings):
 
 
 tps = edge.tps  # tok/s with 3 significant digits below 0.1
+
+
+def dominated_words(o):
+    """'dominated by Q3_K_M, Q2_K (pages: does not fit)': a dominating GGUF larger than the budget's room is named as such."""
+    fitting = o.get("dominated_by_fitting", o["dominated_by"])
+    return "dominated by " + ", ".join(q if q in fitting else f"{q} (pages: does not fit)" for q in o["dominated_by"])
 
 
 def markdown(res, settings):
@@ -600,10 +615,10 @@ def markdown(res, settings):
                 pr = o.get("predicted_tok_per_s")
                 mr = o.get("predicted_tok_per_s_measured_reuse")
                 row.append((f"{tps(pr)} ({o['prediction_error']:+.0%})" if pr else "") + (f"; reuse {o['reuse_ratio']:.2f}: {tps(mr)} ({o['prediction_error_measured_reuse']:+.0%})" if mr else ""))
-                row.append("dominated by " + ", ".join(o["dominated_by"]) if o["dominated_by"] else "not dominated" + (f"; beats {', '.join(o['dominates'])}" if o["dominates"] else ""))
+                row.append(dominated_words(o) if o["dominated_by"] else "not dominated" + (f"; beats {', '.join(o['dominates'])}" if o["dominates"] else ""))
             else:
                 m = o.get("minimum_budget_bytes")
-                row += [f"{o['status']}" + (f" (needs {m / 2**20:.0f} MiB)" if m else ""), "", "dominated by " + ", ".join(o["dominated_by"]) if o["dominated_by"] else ""]
+                row += [f"{o['status']}" + (f" (needs {m / 2**20:.0f} MiB)" if m else ""), "", dominated_words(o) if o["dominated_by"] else ""]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -44,7 +44,9 @@ pub struct ModelCompute {
     pub landed_row_s: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `Default` is empty and fails `validate`: it is there so code that builds one names the
+/// required fields and leaves the optional calibrations to `..Default::default()`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceFile {
     pub name: String,
@@ -178,16 +180,13 @@ mod tests {
             threads: 2,
             memory_bandwidth_bytes_per_s: 1e10,
             decode_bytes_per_s: 5e9,
-            llama_cpp_token_overhead_s: 0.0,
-            llama_cpp_decode_bytes_per_s: None,
-            llama_cpp_fault_read_bytes_per_s: None,
             reads: vec![
                 ReadRate { block_bytes: 4096, queue_depth: 1, iops: 10_000.0 },
                 ReadRate { block_bytes: 131072, queue_depth: 1, iops: 2_000.0 },
                 ReadRate { block_bytes: 4096, queue_depth: 32, iops: 200_000.0 },
                 ReadRate { block_bytes: 131072, queue_depth: 32, iops: 10_000.0 },
             ],
-            models: vec![],
+            ..Default::default()
         }
     }
 
@@ -233,6 +232,7 @@ mod tests {
         assert!(e.contains("llama_cpp_fault_read_bytes_per_s is 0") && e.contains("positive"), "{e}");
         std::fs::write(&p, text.replace("threads = 2", "threads = 2\nspeed = 3")).unwrap();
         assert!(DeviceFile::load(&p).unwrap_err().to_string().contains("speed"));
+        assert!(DeviceFile::default().validate().is_err(), "the empty default is not a device");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

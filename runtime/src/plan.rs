@@ -199,8 +199,13 @@ impl LlamaCppFile {
         let file_bytes = std::fs::metadata(path).map_err(|e| crate::RuntimeError::Io { path: path.to_path_buf(), offset: None, source: e })?.len();
         let embed = g.tensor("token_embd.weight").ok_or_else(|| crate::RuntimeError::Input(format!("{}: no token_embd.weight: not a llama.cpp language model", path.display())))?;
         let n_vocab = embed.ne.get(1).copied().unwrap_or(0);
-        let untied = g.tensor("output.weight").is_some();
-        Ok(LlamaCppFile { file_bytes, per_token_bytes: file_bytes - if untied { embed.n_bytes } else { 0 }, n_vocab })
+        Ok(Self::new(file_bytes, embed.n_bytes, g.tensor("output.weight").is_some(), n_vocab))
+    }
+
+    /// A token reads the whole file but an untied token embedding (one row of it); tied, the
+    /// embedding is the head and read whole.
+    fn new(file_bytes: u64, embedding_bytes: u64, untied: bool, n_vocab: u64) -> Self {
+        LlamaCppFile { file_bytes, per_token_bytes: file_bytes - if untied { embedding_bytes } else { 0 }, n_vocab }
     }
 
     /// A published GGUF of a known shape: its token embedding at the type's bits per weight
@@ -216,8 +221,7 @@ impl LlamaCppFile {
             _ => 2.625,
         };
         let embed = (config.vocab_size * config.hidden_size) as f64 * bits_per_weight / 8.0;
-        let untied = !config.tie_word_embeddings;
-        LlamaCppFile { file_bytes, per_token_bytes: file_bytes - if untied { embed as u64 } else { 0 }, n_vocab: config.vocab_size as u64 }
+        Self::new(file_bytes, embed as u64, !config.tie_word_embeddings, config.vocab_size as u64)
     }
 
     /// llama.cpp's memory beside the file's pages and the KV cache: its binary, heap and compute
@@ -237,7 +241,7 @@ pub const LLAMA_CPP_PROCESS_BYTES_PER_TOKEN: u64 = 336;
 /// LRU cache that is short by any amount would re-read everything; the kernel's active list
 /// keeps part of the file from token to token, less as the excess grows. Fitted to the measured
 /// disk reads of llama.cpp's confined runs on this machine (Linux 6, cgroup v1; Qwen2.5-Coder-1.5B
-/// F16..Q2_K at 15-75% of F16, 146 runs): median error 6% of the bytes re-read (RESULTS #18
+/// F16..Q2_K at 15-75% of F16, 146 runs): median error 8% of the bytes re-read (RESULTS #18
 /// part 6).
 pub const LLAMA_CPP_REREAD_COEFFICIENT: f64 = 1.6;
 
@@ -381,12 +385,9 @@ mod tests {
             threads: 2,
             memory_bandwidth_bytes_per_s: 1e10,
             decode_bytes_per_s: 1e9,
-            llama_cpp_token_overhead_s: 0.0,
-            llama_cpp_decode_bytes_per_s: None,
-            llama_cpp_fault_read_bytes_per_s: None,
             // page faults: 128 KiB at depth 4 (2 threads), 0.5 GB/s
             reads: vec![ReadRate { block_bytes: 131072, queue_depth: 1, iops: 1000.0 }, ReadRate { block_bytes: 131072, queue_depth: 4, iops: 5e8 / 131072.0 }],
-            models: vec![],
+            ..Default::default()
         }
     }
 

@@ -1024,10 +1024,8 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         memory_bandwidth_bytes_per_s: bw.round(),
         decode_bytes_per_s: decode.round(),
         reads,
-        llama_cpp_token_overhead_s: 0.0,
-        llama_cpp_decode_bytes_per_s: None,
-        llama_cpp_fault_read_bytes_per_s: None,
         models,
+        ..Default::default() // llama.cpp's calibrations: bench-frontier's, not the probe's
     };
     d.save(out)?;
     println!("wrote {}", out.display());
