@@ -447,6 +447,7 @@ pub fn dequant_block_q8_0(b: &[u8], out: &mut [f32]) {
 }
 
 /// The j-th 6-bit (scale, min) pair of a K-quant `scales[12]` array.
+#[inline]
 pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)

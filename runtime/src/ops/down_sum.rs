@@ -2,7 +2,7 @@
 //! row_i`, the one summation every sparse path uses (streamed predictor and scorer, and the
 //! in-memory scorer), so streamed and in-memory runs add the same terms in the same order.
 
-use crate::ops::simd::{axpy, axpy_f16};
+use crate::ops::simd::{axpy, axpy_f16, axpy_q4_k};
 use formats::ggml_quants::{self, GgmlType};
 use half::f16;
 use rayon::prelude::*;
@@ -39,27 +39,6 @@ pub fn axpy_blocks<const BE: usize, const BB: usize>(dequant: impl Fn(&[u8], &mu
     for (b, ys) in row.chunks_exact(BB).zip(y.chunks_exact_mut(BE)) {
         dequant(b, &mut buf);
         axpy(a, &buf, ys);
-    }
-}
-
-/// `y += a x row`, `row` Q4_K blocks of `y.len()` values, fused: per 32-value group `y +=
-/// (a d sc) q - (a dmin m)` (llama.cpp's dequantization, times `a`).
-pub fn axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
-    debug_assert_eq!(row.len(), y.len() / 256 * 144);
-    for (b, ys) in row.chunks_exact(144).zip(y.chunks_exact_mut(256)) {
-        let d = a * f16::from_le_bytes([b[0], b[1]]).to_f32();
-        let dmin = a * f16::from_le_bytes([b[2], b[3]]).to_f32();
-        let scales = &b[4..16];
-        for (chunk, (q, y64)) in b[16..144].chunks_exact(32).zip(ys.chunks_exact_mut(64)).enumerate() {
-            let (sc1, m1) = ggml_quants::scale_min_k4(2 * chunk, scales);
-            let (sc2, m2) = ggml_quants::scale_min_k4(2 * chunk + 1, scales);
-            let (d1, min1, d2, min2) = (d * sc1 as f32, dmin * m1 as f32, d * sc2 as f32, dmin * m2 as f32);
-            let (lo, hi) = y64.split_at_mut(32);
-            for ((yl, yh), &qb) in lo.iter_mut().zip(hi.iter_mut()).zip(q) {
-                *yl = d1.mul_add((qb & 0x0F) as f32, *yl - min1);
-                *yh = d2.mul_add((qb >> 4) as f32, *yh - min2);
-            }
-        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! compile-time features and these use them directly; elsewhere a portable version is used.
 //! This is the one place outside I/O where `unsafe` appears: unaligned vector loads.
 
+use formats::ggml_quants::scale_min_k4;
 use half::f16;
 
 /// `sum_i w[i] * x[i]` with `w` in f16. `w.len() == x.len()`.
@@ -105,6 +106,51 @@ pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
     {
         for (yi, xi) in y.iter_mut().zip(x) {
             *yi += a * xi.to_f32();
+        }
+    }
+}
+
+/// `y += a x row`, `row` Q4_K blocks (144 bytes per 256 values) of `y.len()` values, fused: per
+/// 32-value group `y = (a d sc) q + (y - a dmin m)` (llama.cpp's dequantization, times `a`).
+/// The vector kernel does the same operations per element as the portable loop, so both give
+/// the same bits.
+#[inline]
+pub fn axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
+    debug_assert_eq!(row.len(), y.len() / 256 * 144);
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::axpy_q4_k(a, row, y) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        portable_axpy_q4_k(a, row, y)
+    }
+}
+
+/// A Q4_K block's 8 group factors times `a`: `(a d sc_j, a dmin m_j)`.
+#[inline]
+fn q4_k_group_factors(a: f32, b: &[u8]) -> [(f32, f32); 8] {
+    let d = a * f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let dmin = a * f16::from_le_bytes([b[2], b[3]]).to_f32();
+    std::array::from_fn(|j| {
+        let (sc, m) = scale_min_k4(j, &b[4..16]);
+        (d * sc as f32, dmin * m as f32)
+    })
+}
+
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), allow(dead_code))]
+fn portable_axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
+    for (b, ys) in row.chunks_exact(144).zip(y.chunks_exact_mut(256)) {
+        let f = q4_k_group_factors(a, b);
+        for (chunk, (q, y64)) in b[16..144].chunks_exact(32).zip(ys.chunks_exact_mut(64)).enumerate() {
+            let ((d1, min1), (d2, min2)) = (f[2 * chunk], f[2 * chunk + 1]);
+            let (lo, hi) = y64.split_at_mut(32);
+            for ((yl, yh), &qb) in lo.iter_mut().zip(hi.iter_mut()).zip(q) {
+                *yl = d1.mul_add((qb & 0x0F) as f32, *yl - min1);
+                *yh = d2.mul_add((qb >> 4) as f32, *yh - min2);
+            }
         }
     }
 }
@@ -585,6 +631,31 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
+        let mask = _mm256_set1_epi32(0x0F);
+        for (b, ys) in row.chunks_exact(144).zip(y.chunks_exact_mut(256)) {
+            let f = super::q4_k_group_factors(a, b);
+            for (chunk, (q, y64)) in b[16..144].chunks_exact(32).zip(ys.chunks_exact_mut(64)).enumerate() {
+                let (d1, min1) = (_mm256_set1_ps(f[2 * chunk].0), _mm256_set1_ps(f[2 * chunk].1));
+                let (d2, min2) = (_mm256_set1_ps(f[2 * chunk + 1].0), _mm256_set1_ps(f[2 * chunk + 1].1));
+                for k in 0..4 {
+                    // SAFETY: q is 32 bytes, so the 8 at 8k are in bounds; y64 is 64 f32, so the 8
+                    // at 8k (low nibbles) and at 32 + 8k (high nibbles) are; unaligned loads/stores.
+                    unsafe {
+                        let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.as_ptr().add(8 * k) as *const __m128i));
+                        let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+                        let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+                        let pl = y64.as_mut_ptr().add(8 * k);
+                        let ph = y64.as_mut_ptr().add(32 + 8 * k);
+                        _mm256_storeu_ps(pl, _mm256_fmadd_ps(d1, lo, _mm256_sub_ps(_mm256_loadu_ps(pl), min1)));
+                        _mm256_storeu_ps(ph, _mm256_fmadd_ps(d2, hi, _mm256_sub_ps(_mm256_loadu_ps(ph), min2)));
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
         let n = x.len().min(y.len());
         let (x, y) = (&x[..n], &mut y[..n]);
@@ -630,6 +701,29 @@ mod tests {
             let mut y = vec![1.0f32; n];
             axpy_f16(2.0, &w, &mut y);
             assert!(y.iter().zip(&w).all(|(yi, wi)| (yi - (1.0 + 2.0 * wi.to_f32())).abs() < 1e-6));
+        }
+    }
+
+    /// The Q4_K row axpy gives the portable loop's bits (the same operations per element) and
+    /// the dequantized row's sum, on real quantized rows.
+    #[test]
+    fn q4_k_axpy_equals_the_portable_loop_and_the_dequantized_row() {
+        use formats::ggml_quants::{dequantize, quantize, GgmlType};
+        let d = 1536;
+        for j in 0..40 {
+            let x: Vec<f32> = (0..d).map(|i| ((((i * 31 + j * 17) % 101) as f32 / 50.0 - 1.0) * (1.0 + (i / 37 % 9) as f32)).powi(3)).collect();
+            let a = ((j as f32) * 0.37).sin() * 3.0;
+            let y0: Vec<f32> = (0..d).map(|i| ((i * 7 + j) % 23) as f32 / 7.0 - 1.5).collect();
+            let q4 = quantize(GgmlType::Q4K, &x).unwrap();
+            let (mut fast, mut slow) = (y0.clone(), y0.clone());
+            axpy_q4_k(a, &q4, &mut fast);
+            portable_axpy_q4_k(a, &q4, &mut slow);
+            assert_eq!(fast, slow, "row {j}");
+            let mut deq = vec![0f32; d];
+            dequantize(GgmlType::Q4K, &q4, &mut deq);
+            for ((f, y), v) in fast.iter().zip(&y0).zip(&deq) {
+                assert!((f - (y + a * v)).abs() <= 1e-4 * (1.0 + (a * v).abs() + y.abs()), "row {j}: {f} vs {}", y + a * v);
+            }
         }
     }
 }
