@@ -631,7 +631,9 @@ def plot(res, settings, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    throttles = sorted({s["throttle_mib_per_s"] for s in settings}, key=lambda t: t or 0)
+    # a throttle with only llama.cpp's unconfined calibration runs (a grid run throttled) gets no panel
+    throttles = sorted({s["throttle_mib_per_s"] for s in settings if s["budget_fraction"] is not None or s["system"] == "ours"}, key=lambda t: t or 0) \
+        or sorted({s["throttle_mib_per_s"] for s in settings}, key=lambda t: t or 0)
     fig, axes = plt.subplots(1, len(throttles), figsize=(7 * len(throttles), 5), squeeze=False)
     for ax, th in zip(axes[0], throttles):
         for system, q in sorted({(s["system"], s["quant"]) for s in settings}, key=lambda c: (c[0] == "ours", c[1] or "")):
