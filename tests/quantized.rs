@@ -178,8 +178,8 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     let rows = rf.read_blocks(25, 700).unwrap();
     assert_eq!(&rows.gate[..], &gate[700 * 360..701 * 360], "gate row 700 of layer 25: the GGUF's blocks");
     // the scorer scores from the model's own gate/up blocks (no 4-bit copy): with every row
-    // held it computes the dense MLP (Q8_0 down rows), so equals the dense prepared model up to
-    // the f16 rounding of the rebuilt down matrix
+    // held it computes the dense MLP (Q8_0 down rows), so equals the dense prepared model (the
+    // GGUF's own Q4_1 W_down) up to the down rows' requantization
     let sc = formats::scorer::GateUpScorerFile::load(&native_out.join("scorer/scorer.safetensors"), 20, 10, 1536, 576).unwrap();
     assert_eq!(sc.blocks, Some(GgmlType::Q4_1));
     assert_eq!(&sc.layer_q4(25)[700 * 720..700 * 720 + 360], &gate[700 * 360..701 * 360]);
@@ -191,12 +191,14 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
     let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }));
-    // 8-bit activations amplify the down matrix's f16 rounding (as any bit-level change): compare
+    // 8-bit activations amplify the down rows' requantization (as any bit-level change): compare
     // the logit vectors' direction and each position's top token, not exact values
     let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
     let top = |v: &[f32]| v.chunks(49152).map(|r| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect::<Vec<_>>();
     eprintln!("scorer-all vs dense: relative L2 {rel}, top tokens {:?} vs {:?}", top(&a), top(&b));
-    assert!(rel < 0.02 && top(&a) == top(&b), "the scorer holding every row differs from dense: relative L2 {rel}");
+    // (0.021 measured: the Q8_0 requantization of the Q4_1 columns; against a down matrix
+    // rebuilt from those same rows it was below 0.02)
+    assert!(rel < 0.03 && top(&a) == top(&b), "the scorer holding every row differs from dense: relative L2 {rel}");
     // the scorer at its (lower) minimum, inside a cgroup memory limit of budget + 10%
     let budget = minimum_budget(&native_out.join("manifest.toml"), &["--strategy", "scorer"]) + (4 << 20);
     let limit = budget + budget / 10;
@@ -243,6 +245,7 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         }
     }
     per_layer_predictor_files_refused(native_out);
+    dense_runs_the_gguf_blocks(f16_out, native_out);
     auto_sizes_as_the_selectors_and_runs_the_best_that_fits(native_out);
     auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(f16_out, runtime::HeadChoice::Q8);
     auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(native_out, runtime::HeadChoice::Resident);
@@ -304,7 +307,8 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
     let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }));
     let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
     eprintln!("Q5_0 down rows, scorer holding every row vs dense: relative L2 {rel}");
-    assert!(rel < 0.05, "relative L2 {rel}");
+    // (0.052 measured against the GGUF's own Q4_1 W_down; Q8_0 rows: 0.021)
+    assert!(rel < 0.07, "relative L2 {rel}");
     // a lower minimum, and streamed = in-memory at it
     let (min5, min8) = (minimum_budget(&manifest, &["--strategy", "scorer"]), minimum_budget(&q8_out.join("manifest.toml"), &["--strategy", "scorer"]));
     eprintln!("scorer minimum: Q5_0 down {min5}, Q8_0 down {min8}");
@@ -344,12 +348,13 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff); the scorer
     // twice, with the resident head and with the smaller 4-bit one
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
-    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["scorer", "scorer", "sketch", "gate", "layers"]);
-    let mins: Vec<u64> = cands.iter().map(minimum_of).collect();
-    eprintln!("auto: minimums scorer {} (4-bit head {}) sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3], mins[4]);
-    assert!(mins.windows(2).all(|w| w[1] < w[0]), "{mins:?}: the fixture's minimums order as Qwen's");
+    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["dense", "scorer", "scorer", "sketch", "gate", "layers"]);
+    let dense_minimum = minimum_of(&cands[0]);
+    let mins: Vec<u64> = cands[1..].iter().map(minimum_of).collect();
+    eprintln!("auto: minimums dense {dense_minimum} scorer {} (4-bit head {}) sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3], mins[4]);
+    assert!(dense_minimum > mins[0] && mins.windows(2).all(|w| w[1] < w[0]), "{dense_minimum} {mins:?}: the fixture's minimums order as Qwen's");
     // the header sizing plans what the loaded selector plans, at several budgets
-    let budgets = [None, Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 20)), Some(mins[3] + (1 << 19)), Some(mins[4] + (1 << 19)), Some(mins[4] - 1)];
+    let budgets = [None, Some(dense_minimum), Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 20)), Some(mins[3] + (1 << 19)), Some(mins[4] + (1 << 19)), Some(mins[4] - 1)];
     for budget in budgets {
         for c in auto::candidates(&manifest, &m, &settings(budget), None).unwrap() {
             let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, head: c.head, ..settings(budget) });
@@ -384,9 +389,76 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     }
     let err = auto::choose(&manifest, &m, &settings(Some(mins[4] - 1)), None).err().unwrap().to_string();
     assert!(
-        err.contains(&format!("at least {}", mins[4])) && err.contains("scorer needs") && err.contains("scorer with the 4-bit head needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"),
+        err.contains(&format!("at least {}", mins[4])) && err.contains("dense needs") && err.contains("scorer needs") && err.contains("scorer with the 4-bit head needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"),
         "{err}"
     );
+}
+
+/// `--strategy dense`: a native preparation ships the records' layers' MLPs in the GGUF's own
+/// blocks (dense_mlp.safetensors; an f16 one rebuilds them from its exact records), so the
+/// prepared model run dense computes exactly what the native model directory computes: batched
+/// (in memory), and token by token through the engine at a budget, which refuses one byte below
+/// its minimum. Where the whole model fits, `auto` runs it (and `runtime bench` says so).
+fn dense_runs_the_gguf_blocks(f16_out: &std::path::Path, native_out: &std::path::Path) {
+    use runtime::stream::{auto, SelectorChoice, StreamSettings};
+    use runtime::PreparedMode;
+    let role = formats::dense_mlp::ARTIFACT_ROLE;
+    let has = |out: &std::path::Path| formats::manifest::Manifest::load(&out.join("manifest.toml")).unwrap().artifacts.iter().any(|a| a.role == role);
+    assert!(has(native_out) && !has(f16_out), "dense_mlp ships with a native preparation only");
+    let st = MappedSafetensors::open(native_out.join("dense_mlp.safetensors")).unwrap();
+    let g = GgufFile::open(fixture_gguf()).unwrap();
+    let down = &st.tensors["model.layers.25.mlp.down_proj.weight"];
+    assert_eq!(st.bytes(down), g.tensor_bytes(g.tensor("blk.25.ffn_down.weight").unwrap()), "layer 25's W_down: the GGUF's blocks");
+    assert!(!st.tensors.contains_key("model.layers.19.mlp.down_proj.weight"), "the dense prefix's MLPs are resident.safetensors'");
+    let text = "The capital of France is Paris, and the capital of Italy is";
+    let (model_dir, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let ids = tok.encode(text, true).unwrap();
+    let batched = |model: &runtime::Model| {
+        let mut cache = model.new_cache(128).unwrap();
+        Runner::dense(model).forward(&ids, &mut cache, 0).unwrap()
+    };
+    let want = batched(&model_dir);
+    let manifest = native_out.join("manifest.toml");
+    let dense = runtime::open(&manifest, &PreparedMode::Dense { head: runtime::HeadChoice::Resident }).unwrap();
+    assert_eq!(batched(&dense.model), want, "the prepared model run dense differs from the native model directory");
+    // token by token through the engine at its minimum budget: as the model directory token by token
+    let at = |budget| StreamSettings { ctx: 128, selector: SelectorChoice::Dense, mem_budget_bytes: budget, ..Default::default() };
+    let minimum = runtime::open(&manifest, &PreparedMode::Stream(at(None))).unwrap().engine().unwrap().plan.minimum_bytes;
+    let mut s = runtime::open(&manifest, &PreparedMode::Stream(at(Some(minimum)))).unwrap();
+    let mut cache = model_dir.new_cache(128).unwrap();
+    let one_by_one: Vec<f32> = ids.iter().flat_map(|&t| Runner::dense(&model_dir).forward(&[t], &mut cache, 0).unwrap()).collect();
+    let got = logits_of_opened_text(&mut s, text);
+    let diff = max_abs_diff(&one_by_one, &got);
+    let e = s.engine().unwrap();
+    eprintln!("dense streamed at its minimum {minimum}: max |diff| {diff} against the model directory token by token, {} rows loaded", e.stats.rows_loaded);
+    assert!(diff == 0.0 && e.stats.rows_loaded == 0 && e.dense_prefix == 30, "streamed dense differs by {diff}");
+    let refused = runtime::open(&manifest, &PreparedMode::Stream(at(Some(minimum - 1)))).err().unwrap().to_string();
+    assert!(refused.contains(&format!("at least {minimum}")) && refused.contains("the GGUF's blocks"), "{refused}");
+    // the f16 preparation's dense run rebuilds the MLPs from its records: exact f16, so its
+    // dense plan is larger than the native one's
+    let f16_minimum = runtime::open(&f16_out.join("manifest.toml"), &PreparedMode::Stream(at(None))).unwrap().engine().unwrap().plan.minimum_bytes;
+    assert!(f16_minimum > minimum, "{f16_minimum} {minimum}");
+    // auto: dense wherever it fits, with no note; the CLI's bench says so
+    let m = formats::manifest::Manifest::load(&manifest).unwrap();
+    let auto_at = |b| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: Some(b), dense_prefix: runtime::stream::DensePrefix::Fit, ..Default::default() };
+    let dense_min512 = auto::Candidate::minimum_bytes(&auto::candidates(&manifest, &m, &auto_at(1), None).unwrap()[0]);
+    let (choice, head, note) = auto::choose(&manifest, &m, &auto_at(dense_min512), None).unwrap().unwrap();
+    assert!(choice == SelectorChoice::Dense && head == runtime::HeadChoice::Resident && note.is_none(), "{choice:?} {head:?} {note:?}");
+    let (choice, _, note) = auto::choose(&manifest, &m, &auto_at(dense_min512 - 1), None).unwrap().unwrap();
+    assert!(matches!(choice, SelectorChoice::Scorer { .. }) && note.as_deref().unwrap_or("").contains("dense needs"), "{choice:?} {note:?}");
+    let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &dense_min512.to_string(), "-n", "2", "--json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    assert!(r["set_rule"] == "dense" && r["rows_read_per_token"] == 0.0, "{r}");
+    // --strategy dense takes no sparse-set knob
+    let (ok, _, err) = runtime_cli(&["run", manifest.to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "dense", "--set-scale", "0.5"]);
+    assert!(!ok && err.contains("--strategy dense"), "{err}");
+}
+
+fn logits_of_opened_text(o: &mut runtime::Opened, text: &str) -> Vec<f32> {
+    let ids = o.tokenizer.encode(text, true).unwrap();
+    let mut cache = o.model.new_cache(128).unwrap();
+    o.runner().forward(&ids, &mut cache, 0).unwrap()
 }
 
 /// The scorer's default head (the resident one on a native preparation, the Q8_0 one on an f16
@@ -402,7 +474,9 @@ fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path:
     let minimum_of = auto::Candidate::minimum_bytes;
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
     let labels: Vec<String> = cands.iter().map(|c| c.label()).collect();
-    assert_eq!(labels, ["scorer", "scorer with the 4-bit head", "sketch", "gate", "layers"]);
+    assert_eq!(labels, ["dense", "scorer", "scorer with the 4-bit head", "sketch", "gate", "layers"]);
+    // (dense: auto's first candidate, dense_runs_the_gguf_blocks; from here on the scorer's two)
+    let cands = &cands[1..];
     assert_eq!((cands[0].head, cands[1].head), (default_head, HeadChoice::Compact));
     let (min_default, min_4bit) = (minimum_of(&cands[0]), minimum_of(&cands[1]));
     assert!(min_4bit < min_default && minimum_of(&cands[2]) < min_4bit, "{min_default} {min_4bit}");
@@ -414,7 +488,7 @@ fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path:
     // at the default head's minimum it fits only with cut sets: the 4-bit head, at full sets
     let at = settings(Some(min_default));
     let c = auto::candidates(&manifest, &m, &at, None).unwrap();
-    assert!(set_of(&c[0]) < 0.25 && (set_of(&c[1]) - 0.25).abs() < 1e-9, "{} {}", set_of(&c[0]), set_of(&c[1]));
+    assert!(set_of(&c[1]) < 0.25 && (set_of(&c[2]) - 0.25).abs() < 1e-9, "{} {}", set_of(&c[1]), set_of(&c[2]));
     let (_, head, note) = auto::choose(&manifest, &m, &at, None).unwrap().unwrap();
     assert!(head == HeadChoice::Compact && note.as_deref().unwrap_or("").contains("fits only with sets of"), "{note:?}");
     // the CLI runs the same and reports its head
@@ -423,9 +497,10 @@ fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path:
     let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     assert!(r["set_rule"] == "scorer" && r["head"] == "compact", "{r}");
     // with room for full sets either way: the default head
-    let full = (min_default..).step_by(64 << 10).take(4096).find(|&b| set_of(&auto::candidates(&manifest, &m, &settings(Some(b)), None).unwrap()[0]) >= 0.25 - 1e-9).unwrap();
-    let (_, head, note) = auto::choose(&manifest, &m, &settings(Some(full)), None).unwrap().unwrap();
-    assert!(head == default_head && note.is_none(), "at {full}: {head:?} {note:?}");
+    let full = (min_default..).step_by(64 << 10).take(4096).find(|&b| set_of(&auto::candidates(&manifest, &m, &settings(Some(b)), None).unwrap()[1]) >= 0.25 - 1e-9).unwrap();
+    let (choice, head, note) = auto::choose(&manifest, &m, &settings(Some(full)), None).unwrap().unwrap();
+    let note = note.unwrap_or_default();
+    assert!(matches!(choice, SelectorChoice::Scorer { .. }) && head == default_head && note.contains("dense needs") && !note.contains("scorer needs"), "at {full}: {head:?} {note}");
 }
 
 /// A whole-record strategy streamed at a budget between its minimum and every row equals the

@@ -9,6 +9,7 @@
 
 pub mod device;
 pub mod centroids;
+pub mod dense_mlp;
 pub mod error;
 pub mod ggml_quants;
 pub mod gguf;

@@ -7,6 +7,9 @@
 //!   dense prefix, the final norm and the output head (Hugging Face names), each in the model
 //!   directory's own type: f16, or a GGUF's blocks when it was imported `--dtype native`
 //!   (`formats::safetensors_io`'s `ggml_types`), copied byte for byte.
+//! - `dense_mlp.safetensors` ([`dense_mlp`], a native preparation's own stage): the records'
+//!   layers' MLPs in the GGUF's own blocks (`formats::dense_mlp`), which the layers a run
+//!   computes dense map instead of rebuilding W_down from the records' requantized columns.
 
 use anyhow::{bail, Context, Result};
 use formats::model_dir::{self, ModelConfig};
@@ -196,4 +199,27 @@ pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_
         dense_prefix,
         sparse_layers: n_layers - dense_prefix,
     })
+}
+
+/// Writes the MLPs of layers `dense_prefix..n_layers` as the model directory stores them
+/// (`formats::dense_mlp`), byte for byte, atomically; returns the file's size.
+pub fn dense_mlp(model: &Path, dense_prefix: usize, out: &Path) -> Result<u64> {
+    let cfg = ModelConfig::load(model)?;
+    let t = Tensors::open(model)?;
+    let mut tensors = Vec::new();
+    for layer in dense_prefix..cfg.num_hidden_layers {
+        let n = model_dir::layer_tensor_names(layer);
+        for name in [n.gate_proj, n.up_proj, n.down_proj] {
+            tensors.push(t.raw(&name)?);
+        }
+    }
+    let metadata = safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|(r, g)| g.map(|g| (r.name.as_str(), g))));
+    let tensors: Vec<RawTensor> = tensors.into_iter().map(|(r, _)| r).collect();
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    }
+    safetensors_io::write_raw_safetensors(out, &tensors, metadata)?;
+    // the header the runtime sizes plans from reads back
+    formats::dense_mlp::layer_bytes(out, dense_prefix, cfg.num_hidden_layers, cfg.intermediate_size, cfg.hidden_size)?;
+    Ok(std::fs::metadata(out)?.len())
 }

@@ -334,6 +334,17 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     }
     st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, down, &out, show_progress).map(|_| ()))?;
 
+    // dense_mlp: a native preparation's MLPs in the GGUF's own blocks, for the layers a run
+    // computes dense (an f16 preparation's records rebuild them exactly)
+    let dense_mlp_path = out.join("dense_mlp.safetensors");
+    let native = weights_dir != model_dir;
+    if native {
+        let key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
+        st.run("dense_mlp", &key, std::slice::from_ref(&dense_mlp_path), || pack::dense_mlp(&weights_dir, d, &dense_mlp_path).map(|_| ()))?;
+    } else if dense_mlp_path.exists() {
+        std::fs::remove_file(&dense_mlp_path)?;
+    }
+
     // scorer: the resident 4-bit gate/up rows of the sparse layers (`--strategy scorer`),
     // the output head in Q8_0 (`-X head=q8`) and in 4 bits (the whole-record strategies' head)
     let scorer_path = out.join("scorer/scorer.safetensors");
@@ -390,6 +401,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     }
     let mut artifacts = Vec::new();
     let chat_template = template.is_some().then(|| ("chat_template", template_path.clone()));
+    let dense_mlp = native.then(|| (formats::dense_mlp::ARTIFACT_ROLE, dense_mlp_path.clone()));
     for (role, path) in [
         ("records", out.join("records.bin")),
         ("resident", out.join("resident.safetensors")),
@@ -406,6 +418,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("tokenizer", tok_path.clone()),
     ]
     .into_iter()
+    .chain(dense_mlp)
     .chain(chat_template)
     {
         let rel = pathdiff(&path, &out);

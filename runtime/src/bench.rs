@@ -163,7 +163,7 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         computed_rows_per_token: per(d.computed_rows as f64),
         resident_bonus: match engine.choice {
             crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,
-            crate::stream::SelectorChoice::Predictor { .. } | crate::stream::SelectorChoice::Layers | crate::stream::SelectorChoice::Gate | crate::stream::SelectorChoice::Sketch => 1.0,
+            crate::stream::SelectorChoice::Predictor { .. } | crate::stream::SelectorChoice::Layers | crate::stream::SelectorChoice::Gate | crate::stream::SelectorChoice::Sketch | crate::stream::SelectorChoice::Dense => 1.0,
         },
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),

@@ -246,12 +246,14 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head)?;
             (model, Some(Sparsity::Stream(Box::new(engine))), HeadChoice::Resident)
         }
-        PreparedMode::Dense { head } => (Model::load_prepared(path, &manifest)?, None, *head),
+        PreparedMode::Dense { head } => (Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers)?, None, *head),
         PreparedMode::InMemory(s) => {
             s.validate()?;
             let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
-            let model = Model::load_prepared(path, &manifest)?;
+            // the layers below the prefix as a streamed run maps them (the GGUF's blocks)
+            let model = Model::load_prepared(path, &manifest, prefix)?;
             let sparsity = match s.selector {
+                stream::SelectorChoice::Dense => return Err(RuntimeError::Input(format!("{}: a dense run has no sparse layer to simulate in memory (PreparedMode::Dense is every row in memory)", path.display()))),
                 stream::SelectorChoice::Scorer { resident_bonus } => {
                     let mut p = scorer::ScoredSparsity::new(path, &manifest)?;
                     p.set_keep_share(s.set_scale);

@@ -211,11 +211,19 @@ impl TensorSource {
 enum SparseMlps<'a> {
     /// From the model's tensors (a model directory).
     Resident,
-    /// Rebuilt from records.bin (every row in memory).
-    Records(&'a formats::records::RecordFile),
-    /// Layers `rf.first_layer..dense_prefix` rebuilt from records.bin; layers `>= dense_prefix` not
-    /// loaded (computed by a streaming hook).
-    OnStorage { records: &'a formats::records::RecordFile, dense_prefix: usize },
+    /// A preparation: layers `records.first_layer..streamed_from` in memory, those below
+    /// `native_below` mapped from dense_mlp.safetensors when the preparation has it (the GGUF's
+    /// blocks), the others rebuilt from records.bin; layers `>= streamed_from` not loaded
+    /// (computed by the streaming engine).
+    Prepared { records: &'a formats::records::RecordFile, native_below: usize, streamed_from: usize },
+}
+
+/// The preparation's dense_mlp.safetensors, mapped; None without the artifact.
+fn dense_mlp_file(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<MappedSafetensors>> {
+    match manifest.artifacts.iter().find(|a| a.role == formats::dense_mlp::ARTIFACT_ROLE) {
+        Some(a) => Ok(Some(MappedSafetensors::open(manifest.artifact_path(manifest_path, a))?)),
+        None => Ok(None),
+    }
 }
 
 /// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
@@ -284,19 +292,24 @@ impl Model {
     }
 
     /// Loads a prepared model (`prep prepare`'s manifest.toml) with every row in memory:
-    /// resident.safetensors, and the sparse layers' MLPs rebuilt from records.bin (every
-    /// record's header and CRC checked). The streaming engine reads the same records on demand.
-    pub fn load_prepared(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Self> {
+    /// resident.safetensors, the MLPs of layers below `dense_below` mapped from the GGUF's own
+    /// blocks (dense_mlp.safetensors) when the preparation has them, and the other sparse
+    /// layers' MLPs rebuilt from records.bin (every record's header and CRC checked), whose rows
+    /// the streaming engine reads on demand.
+    pub fn load_prepared(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_below: usize) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let rf = records_file(manifest_path, manifest, &records_path)?;
-        let src = TensorSource { files: vec![MappedSafetensors::open(&resident)?] };
+        let mut files = vec![MappedSafetensors::open(&resident)?];
+        files.extend(dense_mlp_file(manifest_path, manifest)?);
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::Records(&rf))
+        let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_below, streamed_from: manifest.model.num_hidden_layers };
+        Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)
     }
 
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
-    /// from the prepared prefix to `dense_prefix` rebuilt once from records.bin; the MLP weights of
+    /// from the prepared prefix to `dense_prefix` mapped from dense_mlp.safetensors (the GGUF's
+    /// blocks), or without it rebuilt once from records.bin; the MLP weights of
     /// layers `dense_prefix..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
     /// `head`: with the Q8_0 or 4-bit head, a tied embedding is only read a row per token too.
     pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: usize, head: HeadChoice) -> Result<Self> {
@@ -309,9 +322,11 @@ impl Model {
             // the input embedding is read one row per token (MemoryPlan does not hold it)
             mapped.advise_random(model_dir::EMBED_TOKENS)?;
         }
-        let src = TensorSource { files: vec![mapped] };
+        let mut files = vec![mapped];
+        files.extend(dense_mlp_file(manifest_path, manifest)?);
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, SparseMlps::OnStorage { records: &rf, dense_prefix })?;
+        let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_prefix, streamed_from: dense_prefix };
+        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)?;
         model.use_head(manifest_path, manifest, head)?;
         Ok(model)
     }
@@ -333,9 +348,8 @@ impl Model {
                     }
                 };
                 let mlp = match sparse {
-                    SparseMlps::Records(rf) if l >= rf.first_layer => mlp_from_records(rf, l, d, ff)?,
-                    SparseMlps::OnStorage { dense_prefix, .. } if l >= dense_prefix => Mlp::Streamed,
-                    SparseMlps::OnStorage { records, .. } if l >= records.first_layer => mlp_from_records(records, l, d, ff)?,
+                    SparseMlps::Prepared { streamed_from, .. } if l >= streamed_from => Mlp::Streamed,
+                    SparseMlps::Prepared { records, native_below, .. } if l >= records.first_layer && !(l < native_below && src.find(&n.gate_proj).is_some()) => mlp_from_records(records, l, d, ff)?,
                     _ => Mlp::Resident(DenseMlp { w_gate: src.matrix(&n.gate_proj, ff, d)?, w_up: src.matrix(&n.up_proj, ff, d)?, w_down: src.matrix(&n.down_proj, d, ff)? }),
                 };
                 Ok(LayerWeights {

@@ -331,9 +331,10 @@ pub fn known_shape(name: &str) -> Option<KnownShape> {
     }
 }
 
-/// The plan of a known shape under `settings` with the scorer (every layer after layer 0
-/// sparse, as `fit` sizes it), and the bytes one down-row read takes.
-pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> crate::Result<(crate::stream::MemoryPlan, usize, u64)> {
+/// The plan of a known shape under `settings` as `--strategy auto` would run it: every layer
+/// dense where the whole model fits (the rule "dense"), else the scorer (every layer after
+/// layer 0 sparse, as `fit` sizes it); the bytes one read takes, and an embedding row's.
+pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> crate::Result<(crate::stream::MemoryPlan, &'static str, usize, u64)> {
     use formats::ggml_quants::GgmlType;
     let c = &k.config;
     let (d, n_ff, layers, vocab) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size);
@@ -356,7 +357,25 @@ pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> c
         tokenizer_bytes: k.tokenizer_bytes,
         record_bytes: shape.record_bytes(),
         shape: Some(shape),
+        // the Q4_K_M file's own MLPs: gate/up Q4_K, down Q6_K in llama.cpp's `use_more_bits`
+        // layers (the first and last eighth, and every third between), else Q4_K
+        dense_mlp_layer_bytes: Some(
+            (d0..layers)
+                .map(|l| {
+                    let more_bits = l < layers / 8 || l >= 7 * layers / 8 || (l - layers / 8) % 3 == 2;
+                    2 * q4k(d * n_ff) + if more_bits { q6k(d * n_ff) } else { q4k(d * n_ff) }
+                })
+                .collect(),
+        ),
     };
+    let dense_settings = crate::stream::StreamSettings { selector: crate::stream::SelectorChoice::Dense, head: crate::model::HeadChoice::Resident, ..settings.clone() };
+    let no_selector = |_: usize| crate::select::Footprint { predictor_bytes: 0, centroid_bytes: 0, scorer_bytes: 0, full_sets: Vec::new(), set_unit: "n_ff", min_set_scale: 1.0, fit_tries_prefixes: false };
+    let dense_sizing = crate::stream::budget::Sizing { footprint: &no_selector, slot_row: crate::select::SlotRow::GateUpDown };
+    match crate::stream::MemoryPlan::for_settings(&inputs, &dense_sizing, &dense_settings) {
+        Ok(plan) if settings.mem_budget_bytes.is_some() => return Ok((plan, "dense", shape.record_bytes(), embed / vocab as u64)),
+        Ok(_) | Err(crate::RuntimeError::BudgetTooSmall { .. }) => {}
+        Err(e) => return Err(e),
+    }
     let gate_up_row = shape.gate_up_row_bytes() as u64;
     let footprint = move |first: usize| crate::select::Footprint {
         predictor_bytes: 0,
@@ -369,7 +388,7 @@ pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> c
     };
     let sizing = crate::stream::budget::Sizing { footprint: &footprint, slot_row: crate::select::SlotRow::Down };
     let plan = crate::stream::MemoryPlan::fit(&inputs, &sizing, settings)?;
-    Ok((plan, shape.down_section_bytes(), embed / vocab as u64))
+    Ok((plan, "scorer", shape.down_section_bytes(), embed / vocab as u64))
 }
 
 #[cfg(test)]

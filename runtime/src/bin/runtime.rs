@@ -24,7 +24,8 @@ struct ModeArgs {
     /// too small; what it leaves beyond each layer's set becomes extra row slots.
     #[arg(long)]
     mem_budget: Option<String>,
-    /// auto (default): with --mem-budget, the best-quality strategy whose plan fits it: the
+    /// auto (default): with --mem-budget, the best-quality strategy whose plan fits it: dense
+    /// (the whole model), the
     /// scorer (with its default head, then with the 4-bit head when that keeps larger sets),
     /// else sketch, gate, layers (`runtime plan` lists each); a preparation with none of them
     /// runs the predictor. scorer: each sparse layer
@@ -35,7 +36,9 @@ struct ModeArgs {
     /// whole records are streamed and every held row counts (nothing of the MLP resident).
     /// gate: as layers, ranked by the resident gate rows (|silu(gate . x)| x ||down||).
     /// sketch: as layers, ranked by the resident gate and up rows at 2 bits per weight.
-    /// dense: every layer dense, every row in memory (the reference).
+    /// dense: every layer dense, every row in memory (the reference; the GGUF's own MLP blocks
+    /// in a native preparation); with --mem-budget, refused below the whole model's size, and
+    /// `auto`'s first choice wherever it fits.
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     strategy: Strategy,
     /// The same sets with every row in memory and batched prefill (quality figures).
@@ -60,6 +63,10 @@ struct ModeArgs {
     /// cached beside the manifest); sizes and every record's CRC32C are still checked.
     #[arg(long)]
     no_verify: bool,
+    /// `--strategy dense` through the streaming engine even without --mem-budget (runtime bench,
+    /// plan and probe-storage measure an engine's run); else it runs in memory, batched.
+    #[arg(skip)]
+    engine: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -188,10 +195,15 @@ impl ModeArgs {
             s => s,
         };
         if strategy == Strategy::Dense {
-            if self.mem_budget.is_some() || self.in_memory {
-                anyhow::bail!("--strategy dense runs every layer in memory: it takes no --mem-budget or --in-memory");
+            if self.in_memory || self.dense_prefix.is_some() || self.set_scale.is_some() {
+                anyhow::bail!("--strategy dense runs every layer dense with every row held: it takes no --in-memory, --dense-prefix or --set-scale");
             }
-            return Ok((PreparedMode::Dense { head: x.head.unwrap_or_default() }, x, notes));
+            if x.set_rule.is_some() || x.neuron_rank.is_some() || x.resident_bonus.is_some() || x.slot_share.is_some() || x.single_token || x.oracle_thresholds.is_some() {
+                anyhow::bail!("--experiment set-rule, neuron-rank, resident-bonus, slot-share, single-token and oracle-thresholds choose sparse sets: --strategy dense has none");
+            }
+            if self.mem_budget.is_none() && !self.engine {
+                return Ok((PreparedMode::Dense { head: x.head.unwrap_or_default() }, x, notes));
+            }
         }
         let scorer = strategy == Strategy::Scorer;
         let layers = matches!(strategy, Strategy::Layers | Strategy::Gate | Strategy::Sketch);
@@ -212,6 +224,8 @@ impl ModeArgs {
             SelectorChoice::Gate
         } else if strategy == Strategy::Sketch {
             SelectorChoice::Sketch
+        } else if strategy == Strategy::Dense {
+            SelectorChoice::Dense
         } else if layers {
             SelectorChoice::Layers
         } else {
@@ -560,12 +574,9 @@ fn print_sparsity(s: Option<&mut Sparsity>, n_ff: usize) {
             e.refresh_io_stats();
             let st = &e.stats;
             println!(
-                "streamed: {} tokens, layers {}.. sparse ({} sets of {:.2} x {}), reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
+                "streamed: {} tokens, {}, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
                 st.tokens,
-                e.dense_prefix,
-                e.rule(),
-                e.plan.set_scale,
-                if matches!(e.choice, SelectorChoice::Predictor { .. }) { "K_max" } else { "n_ff" },
+                operating_point(&e.rule(), e.dense_prefix, e.plan.set_scale),
                 st.reuse_ratio(),
                 st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
                 e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
@@ -804,9 +815,10 @@ fn run(cli: Cli) -> Result<()> {
             if !manifest.is_file() {
                 anyhow::bail!("{}: runtime bench needs a prepared model's manifest.toml", manifest.display());
             }
-            if mode.in_memory || mode.strategy == Strategy::Dense {
-                anyhow::bail!("runtime bench measures a streamed run: no --in-memory or --strategy dense");
+            if mode.in_memory {
+                anyhow::bail!("runtime bench measures a streamed run: no --in-memory");
             }
+            let mode = ModeArgs { engine: true, ..mode };
             if n == 0 {
                 anyhow::bail!("-n 0: nothing to decode");
             }
@@ -832,15 +844,23 @@ fn run(cli: Cli) -> Result<()> {
                     r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
                 );
                 println!(
-                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); layers {}.. sparse, {} sets of {:.2} x {}",
+                    "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); {}",
                     r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, r.dense_prefix, r.set_rule, r.set_scale,
-                    if matches!(r.set_rule.as_str(), "scorer" | "sketch" | "gate" | "layers") { "n_ff" } else { "K_max" }
+                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, operating_point(&r.set_rule, r.dense_prefix, r.set_scale)
                 );
             }
         }
     }
     Ok(())
+}
+
+/// A streamed run's operating point in words: "every layer dense", or "layers 1.. sparse,
+/// scorer sets of 0.25 x n_ff".
+fn operating_point(rule: &str, dense_prefix: usize, set_scale: f64) -> String {
+    match rule {
+        "dense" => "every layer dense".into(),
+        _ => format!("layers {dense_prefix}.. sparse, {rule} sets of {set_scale:.2} x {}", if matches!(rule, "scorer" | "sketch" | "gate" | "layers") { "n_ff" } else { "K_max" }),
+    }
 }
 
 fn check_sampling(temp: f32, top_p: f32) -> Result<()> {
@@ -982,16 +1002,17 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         let has = |role: &str| mf.artifacts.iter().any(|a| a.role == role);
         // each strategy --strategy auto may run: its compute differs (the whole-record ones
         // compute every held row's h from its record)
-        let strategies: Vec<Strategy> = [(Strategy::Scorer, "scorer"), (Strategy::Sketch, runtime::layer_predictor::SKETCH_ROLE), (Strategy::Gate, "scorer"), (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE)]
+        // (dense first: every preparation runs it, auto's choice where the whole model fits)
+        let strategies: Vec<Strategy> = [(Strategy::Dense, "records"), (Strategy::Scorer, "scorer"), (Strategy::Sketch, runtime::layer_predictor::SKETCH_ROLE), (Strategy::Gate, "scorer"), (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE)]
             .into_iter()
             .filter(|(_, role)| has(role))
             .map(|(s, _)| s)
             .collect();
-        for strategy in if strategies.is_empty() { vec![Strategy::Predictor] } else { strategies } {
+        for strategy in if strategies.len() == 1 { vec![Strategy::Dense, Strategy::Predictor] } else { strategies } {
             // every row held (compute alone), then at 5% over the minimum (what each row read
             // costs the compute thread: landing it in its slot, beyond the read itself)
             let bench_at = |budget: Option<u64>| -> Result<(runtime::bench::BenchReport, u64, f64, String)> {
-                let mode = ModeArgs { mem_budget: budget.map(|b| b.to_string()), strategy, ..Default::default() };
+                let mode = ModeArgs { mem_budget: budget.map(|b| b.to_string()), strategy, engine: true, ..Default::default() };
                 let (pm, _, _) = mode.mode(m, 512)?;
                 let mut opened = runtime::open_with(m, &pm, false)?;
                 let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
@@ -1001,7 +1022,8 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
             };
             let (all, minimum, memory_bytes, selector) = bench_at(None)?;
             let compute_s = (1.0 / all.decode_tok_per_s - all.io_wait_ms_per_token / 1e3).max(1e-6);
-            let (tight, ..) = bench_at(Some(minimum + minimum / 20))?;
+            // (a dense run reads no row)
+            let (tight, ..) = if strategy == Strategy::Dense { (all.clone(), 0, 0.0, String::new()) } else { bench_at(Some(minimum + minimum / 20))? };
             let tight_compute_s = 1.0 / tight.decode_tok_per_s - tight.io_wait_ms_per_token / 1e3;
             let landed_row_s = ((tight_compute_s - compute_s) / tight.rows_read_per_token.max(1.0)).max(0.0);
             eprintln!(
@@ -1045,7 +1067,7 @@ fn load_device(device: Option<PathBuf>) -> Result<(PathBuf, formats::device::Dev
 fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
     let k = runtime::plan::known_shape(name).ok_or_else(|| anyhow::anyhow!("--shape {name}: expected one of {}", runtime::plan::KNOWN_SHAPES.join(", ")))?;
     if mode.in_memory || mode.dense_prefix.is_some() || mode.set_scale.is_some() || !matches!(mode.strategy, Strategy::Auto | Strategy::Scorer) || !mode.experiment.is_empty() {
-        anyhow::bail!("--shape plans the scorer at --dense-prefix fit with sets of 0.25 x n_ff: it takes only --mem-budget");
+        anyhow::bail!("--shape plans what auto runs (dense where the model fits, else the scorer at --dense-prefix fit with sets of 0.25 x n_ff): it takes only --mem-budget");
     }
     let (device_path, dev) = load_device(device)?;
     let f16 = k.ggufs.iter().find(|g| g.0 == "F16").map_or(0, |g| g.1);
@@ -1058,7 +1080,7 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
     for b in budgets {
         let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: runtime::scorer::SCORER_RESIDENT_BONUS }, ..Default::default() };
         let ours = match runtime::plan::shape_plan(&k, &settings) {
-            Ok((p, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, "scorer", span, k.name, k.config.intermediate_size, embed_row, &dev, reuse.map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Given))),
+            Ok((p, rule, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, rule, span, k.name, k.config.intermediate_size, embed_row, &dev, reuse.map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Given))),
             Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),
             Err(e) => return Err(e.into()),
         };
@@ -1080,12 +1102,13 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
         println!("{}", serde_json::json!({"shape": k.name, "device": dev.name, "rows": v}));
         return Ok(());
     }
-    println!("{} on {} ({}), predicted decode tok/s; ctx {ctx}; ours: scorer, native Q4_K_M preparation", k.name, dev.name, device_path.display());
+    println!("{} on {} ({}), predicted decode tok/s; ctx {ctx}; ours: auto on a native Q4_K_M preparation (dense where it fits, else the scorer)", k.name, dev.name, device_path.display());
     let quants: Vec<&str> = k.ggufs.iter().map(|g| g.0).collect();
     println!("{:>18} | {:>22} | {}", "budget", "ours", quants.iter().map(|q| format!("{q:>14}")).collect::<Vec<_>>().join(" "));
     for (b, ours, llama) in &rows {
         let b = b.unwrap_or(0);
         let ours = match ours {
+            Ok(p) if p.selector == "dense" => format!("{:.2} (dense)", p.predicted_tok_per_s),
             Ok(p) => format!("{:.2} (reuse {:.2})", p.predicted_tok_per_s, p.reuse),
             Err(m) => format!("needs {:.1} GB", *m as f64 / 1e9),
         };
@@ -1124,9 +1147,10 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
             );
         }
     };
+    let mode = ModeArgs { engine: true, ..mode.clone() };
     let opened = mode.mode(manifest, ctx).and_then(|(m, x, notes)| {
         let PreparedMode::Stream(settings) = m else {
-            anyhow::bail!("runtime plan predicts a streamed run: no --in-memory or --strategy dense");
+            anyhow::bail!("runtime plan predicts a streamed run: no --in-memory");
         };
         let engine = runtime::stream::StreamingEngine::new(manifest, &mf, &settings)?;
         Ok((settings, notes, engine, x.head))
@@ -1190,10 +1214,8 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     }
     println!("device: {} ({})", dev.name, device_path.display());
     println!(
-        "operating point: {} sets, layers {}.. sparse, sets of {:.2} ({:.0} rows), {:.0} slots per layer; plan {:.1} MiB of {} (minimum {:.1} MiB)",
-        p.selector,
-        p.dense_prefix,
-        p.set_scale,
+        "operating point: {} ({:.0} rows per set, {:.0} slots per layer); plan {:.1} MiB of {} (minimum {:.1} MiB)",
+        operating_point(&p.selector, p.dense_prefix, p.set_scale),
         p.mean_set_rows,
         p.mean_slots,
         mib(p.planned_bytes),

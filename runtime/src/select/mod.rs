@@ -13,10 +13,13 @@
 //!   each sparse layer ranks its
 //!   neurons from its own input, reads the missing records of its set, and every row it holds
 //!   counts.
+//! - [`dense::DenseSelector`]: no sparse layer: every MLP held and computed dense (where the
+//!   whole model fits the budget).
 //!
 //! A selector says when it chooses (after layer 0, or at each layer), what a slot holds, and
 //! which held rows count; the engine (`stream::engine`) does the slots, the reads and the sums.
 
+pub mod dense;
 pub mod layered;
 pub mod predicted;
 pub mod scored;

@@ -5,6 +5,9 @@
 //! and "(part 2)"; Qwen at 849 MiB: scorer 1.26x dense perplexity, gate 1.88x; at 764 MiB
 //! sketch 1.46x, gate 2.71x; the predictors need a smaller budget to fit but are worse
 //! wherever both fit):
+//! 0. `dense`: where the whole model fits, every MLP held and computed dense from the GGUF's own
+//!    blocks (a native preparation's dense_mlp.safetensors): the source file's quality, and
+//!    faster than the scorer summing every held down row (docs/RESULTS.md, "Issue #18 (part 9)");
 //! 1. `scorer`: resident 4-bit gate/up rows rank every neuron, the down rows stream (a budget
 //!    that holds every row computes the dense MLP);
 //! 2. `sketch`: the resident 2-bit gate/up sketch ranks, whole records stream;
@@ -39,7 +42,7 @@ pub fn default_head(manifest_path: &Path, m: &Manifest, choice: SelectorChoice) 
     if choice.ranker_kind().is_some() && has(formats::head_compact::ARTIFACT_ROLE) {
         return Ok(HeadChoice::Compact);
     }
-    if matches!(choice, SelectorChoice::Predictor { .. }) || super::budget::ResidentHead::of(manifest_path, m)?.head_quantized || !has("head_q8") {
+    if matches!(choice, SelectorChoice::Predictor { .. } | SelectorChoice::Dense) || super::budget::ResidentHead::of(manifest_path, m)?.head_quantized || !has("head_q8") {
         return Ok(HeadChoice::Resident);
     }
     Ok(HeadChoice::Q8)
@@ -85,7 +88,7 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
                     .then(|| (m.records.first_layer, spec.layer_parameters() as u64 * 2, HeldAs::Predictor, SlotRow::GateUpDown))
             }
         },
-        _ => unreachable!("a candidate name"),
+        _ => unreachable!("a ranking candidate's name"),
     })
 }
 
@@ -104,6 +107,24 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
     let inputs = PlanInputs::of(manifest_path, m)?;
     let has_compact = m.artifacts.iter().any(|a| a.role == formats::head_compact::ARTIFACT_ROLE);
     let mut out = Vec::new();
+    // every layer dense, with the resident head (the GGUF's own) unless another is asked for.
+    // (Not also with the 4-bit head, as the scorer: on Qwen2.5-Coder-1.5B that saves 58 MiB at
+    // 1.009x F16's perplexity on 8 chunks, where the scorer holding every row is 1.003x:
+    // docs/RESULTS.md "Issue #18 (part 9)"; `--strategy dense -X head=compact` runs it.)
+    {
+        let dense = crate::select::dense::DenseSelector { n_layers: m.model.num_hidden_layers };
+        let footprint = Sizing::of(&dense);
+        let sizing = Sizing { footprint: &footprint, slot_row: crate::select::SetSelector::slot_row(&dense) };
+        let head = head.unwrap_or(HeadChoice::Resident);
+        let plan = MemoryPlan::for_settings(&inputs, &sizing, &StreamSettings { selector: SelectorChoice::Dense, head, ..s.clone() });
+        if let Err(e) = &plan {
+            if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
+                return Err(RuntimeError::Input(format!("{}: sizing --strategy dense: {e}", manifest_path.display())));
+            }
+        }
+        let read_span_bytes = super::io::read_span_bytes(sizing.slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
+        out.push(Candidate { name: "dense", choice: SelectorChoice::Dense, head, plan, read_span_bytes });
+    }
     for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };

@@ -70,6 +70,10 @@ pub struct PlanInputs {
     pub record_bytes: usize,
     /// Version-2 records' layout (None: version 1, f16).
     pub shape: Option<formats::records::RecordShape>,
+    /// Layers `d0..n_layers`: the stored bytes of each one's MLP in `dense_mlp.safetensors` (the
+    /// GGUF's blocks, mapped when the layer runs dense); None without that artifact (a dense
+    /// layer is rebuilt from its records).
+    pub dense_mlp_layer_bytes: Option<Vec<u64>>,
 }
 
 impl PlanInputs {
@@ -88,6 +92,13 @@ impl PlanInputs {
             tokenizer_bytes: size("tokenizer")?,
             record_bytes: m.records.record_bytes,
             shape: crate::model::records_shape(manifest_path, m)?,
+            dense_mlp_layer_bytes: match m.artifacts.iter().find(|a| a.role == formats::dense_mlp::ARTIFACT_ROLE) {
+                Some(a) => {
+                    let c = &m.model;
+                    Some(formats::dense_mlp::layer_bytes(&m.artifact_path(manifest_path, a), m.sparsity.dense_prefix, c.num_hidden_layers, c.intermediate_size, c.hidden_size)?)
+                }
+                None => None,
+            },
         })
     }
 }
@@ -115,7 +126,8 @@ pub struct MemoryPlan {
     /// Layers `dense_prefix..` are sparse; `d0..dense_prefix` (d0: the prepared prefix) run
     /// dense from records.
     pub dense_prefix: usize,
-    /// MLP weights of the layers `d0..dense_prefix`, loaded from records.bin.
+    /// MLP weights of the layers `d0..dense_prefix`: mapped from dense_mlp.safetensors (the
+    /// GGUF's blocks), or rebuilt from records.bin without it.
     pub prefix_records_bytes: u64,
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
@@ -145,6 +157,10 @@ impl MemoryPlan {
     /// manifest's default dense prefix.
     pub fn for_settings(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings) -> Result<Self> {
         let (d0, default) = (inputs.d0, inputs.default_dense_from);
+        if s.selector == super::SelectorChoice::Dense {
+            // no sparse layer: every layer dense (its sets and prefix are not the user's to set)
+            return Self::new(inputs, sel, s, inputs.config.num_hidden_layers, 1.0);
+        }
         match s.dense_prefix {
             DensePrefix::Fit => Self::fit(inputs, sel, s),
             DensePrefix::Layer(l) => Self::new(inputs, sel, s, l, s.set_scale),
@@ -251,7 +267,11 @@ impl MemoryPlan {
             Some(s) => 2 * s.gate_up_row_bytes() + 2 * c.hidden_size,
         };
         let srb = sel.slot_row.bytes_in(c.hidden_size, shape);
-        let prefix_records_bytes = ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64;
+        let prefix_records_bytes = match &inputs.dense_mlp_layer_bytes {
+            Some(per_layer) => per_layer[..dense_prefix - d0].iter().sum(),
+            None => ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64,
+        };
+        let prefix_from = if inputs.dense_mlp_layer_bytes.is_some() { "the GGUF's blocks" } else { "records" };
         let fixed = resident_bytes + head_artifact_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
@@ -264,7 +284,7 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from records {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
+                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
                         resident_bytes >> 20,
                         if own_head { format!(" + {} head {} MiB", s.head.label().0, head_artifact_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,

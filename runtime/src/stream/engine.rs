@@ -95,6 +95,8 @@ pub enum SelectorChoice {
     Gate,
     /// The resident few-bit gate/up sketch ranks, whole records streamed.
     Sketch,
+    /// No sparse layer: every MLP held and computed dense (`select::dense`).
+    Dense,
 }
 
 impl SelectorChoice {
@@ -105,7 +107,7 @@ impl SelectorChoice {
             SelectorChoice::Layers => Some(RankerKind::Predictors),
             SelectorChoice::Gate => Some(RankerKind::Gate),
             SelectorChoice::Sketch => Some(RankerKind::Sketch),
-            SelectorChoice::Predictor { .. } | SelectorChoice::Scorer { .. } => None,
+            SelectorChoice::Predictor { .. } | SelectorChoice::Scorer { .. } | SelectorChoice::Dense => None,
         }
     }
 }
@@ -268,6 +270,7 @@ impl StreamingEngine {
                 let kind = settings.selector.ranker_kind().expect("the whole-record strategies rank");
                 Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind)?)
             }
+            SelectorChoice::Dense => Box::new(crate::select::dense::DenseSelector { n_layers: c.num_hidden_layers }),
         };
         let plan = {
             let inputs = super::budget::PlanInputs::of(manifest_path, manifest)?;
