@@ -369,8 +369,9 @@ pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> c
         ),
     };
     let dense_settings = crate::stream::StreamSettings { selector: crate::stream::SelectorChoice::Dense, head: crate::model::HeadChoice::Resident, ..settings.clone() };
-    let no_selector = |_: usize| crate::select::Footprint { predictor_bytes: 0, centroid_bytes: 0, scorer_bytes: 0, full_sets: Vec::new(), set_unit: "n_ff", min_set_scale: 1.0, fit_tries_prefixes: false };
-    let dense_sizing = crate::stream::budget::Sizing { footprint: &no_selector, slot_row: crate::select::SlotRow::GateUpDown };
+    let dense = crate::select::dense::DenseSelector { n_layers: layers };
+    let dense_footprint = crate::stream::budget::Sizing::of(&dense);
+    let dense_sizing = crate::stream::budget::Sizing { footprint: &dense_footprint, slot_row: crate::select::SetSelector::slot_row(&dense) };
     match crate::stream::MemoryPlan::for_settings(&inputs, &dense_sizing, &dense_settings) {
         Ok(plan) if settings.mem_budget_bytes.is_some() => return Ok((plan, "dense", shape.record_bytes(), embed / vocab as u64)),
         Ok(_) | Err(crate::RuntimeError::BudgetTooSmall { .. }) => {}

@@ -116,12 +116,7 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
         let footprint = Sizing::of(&dense);
         let sizing = Sizing { footprint: &footprint, slot_row: crate::select::SetSelector::slot_row(&dense) };
         let head = head.unwrap_or(HeadChoice::Resident);
-        let plan = MemoryPlan::for_settings(&inputs, &sizing, &StreamSettings { selector: SelectorChoice::Dense, head, ..s.clone() });
-        if let Err(e) = &plan {
-            if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
-                return Err(RuntimeError::Input(format!("{}: sizing --strategy dense: {e}", manifest_path.display())));
-            }
-        }
+        let plan = only_refused(manifest_path, "dense", MemoryPlan::for_settings(&inputs, &sizing, &StreamSettings { selector: SelectorChoice::Dense, head, ..s.clone() }))?;
         let read_span_bytes = super::io::read_span_bytes(sizing.slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
         out.push(Candidate { name: "dense", choice: SelectorChoice::Dense, head, plan, read_span_bytes });
     }
@@ -141,12 +136,7 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
         let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
         for head in heads {
             let settings = StreamSettings { selector: choice, head, ..s.clone() };
-            let plan = MemoryPlan::for_settings(&inputs, &sizing, &settings);
-            if let Err(e) = &plan {
-                if !matches!(e, RuntimeError::BudgetTooSmall { .. }) {
-                    return Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())));
-                }
-            }
+            let plan = only_refused(manifest_path, name, MemoryPlan::for_settings(&inputs, &sizing, &settings))?;
             let c = Candidate { name, choice, head, plan, read_span_bytes };
             // a second head is a candidate only where it needs less memory than the first
             if let Some(prev) = out.last().filter(|p: &&Candidate| p.name == name) {
@@ -158,6 +148,15 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
         }
     }
     Ok(out)
+}
+
+/// A candidate's plan, or its budget refusal; any other error (a bad artifact) is the caller's,
+/// naming the strategy.
+fn only_refused(manifest_path: &Path, name: &str, plan: Result<MemoryPlan>) -> Result<Result<MemoryPlan>> {
+    match plan {
+        Err(e) if !matches!(e, RuntimeError::BudgetTooSmall { .. }) => Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display()))),
+        plan => Ok(plan),
+    }
 }
 
 impl Candidate {
