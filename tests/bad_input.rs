@@ -65,7 +65,8 @@ fn tiny_gguf_imports_and_runs() {
     // The positive control for the error cases below: the same builder, valid inputs.
     let d = scratch("tiny-ok");
     tiny_gguf(&d.join("tiny.gguf"), "llama", 0);
-    let out = run_bin("prep", &["import", d.join("tiny.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    let out =
+        run_bin("prep", &["import", d.join("tiny.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = run_bin("runtime", &["run", d.join("m").to_str().unwrap(), "--prompt", "abcd", "-n", "3", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -101,7 +102,8 @@ fn garbage_gguf() {
 fn unsupported_tensor_type() {
     let d = scratch("q2k");
     tiny_gguf(&d.join("q2k.gguf"), "llama", 10);
-    let out = run_bin("prep", &["import", d.join("q2k.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    let out =
+        run_bin("prep", &["import", d.join("q2k.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
     assert_clean_error(&out, &["q2k.gguf", "token_embd.weight", "Q2_K", "not supported"]);
 }
 
@@ -109,7 +111,8 @@ fn unsupported_tensor_type() {
 fn unsupported_architecture_gguf() {
     let d = scratch("arch");
     tiny_gguf(&d.join("falcon.gguf"), "falcon", 0);
-    let out = run_bin("prep", &["import", d.join("falcon.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    let out =
+        run_bin("prep", &["import", d.join("falcon.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
     assert_clean_error(&out, &["falcon.gguf", "architecture 'falcon' is not supported"]);
 }
 
@@ -160,7 +163,11 @@ fn tokenizer_larger_than_vocabulary() {
     });
     std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
     std::fs::copy(fixture_model().join("tokenizer.json"), d.join("tokenizer.json")).unwrap();
-    let t = |name: &str, shape: Vec<usize>| F16Tensor { name: name.into(), data: vec![f16::ZERO; shape.iter().product()], shape };
+    let t = |name: &str, shape: Vec<usize>| F16Tensor {
+        name: name.into(),
+        data: vec![f16::ZERO; shape.iter().product()],
+        shape,
+    };
     let tensors = vec![
         t("model.embed_tokens.weight", vec![16, 32]),
         t("model.norm.weight", vec![32]),
@@ -231,10 +238,17 @@ fn disk_full_mid_pack() {
     let d = scratch("disk-full");
     let mnt = d.join("small-disk");
     std::fs::create_dir_all(&mnt).unwrap();
-    let ok = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt.to_str().unwrap()]).status().unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt.to_str().unwrap()])
+        .status()
+        .unwrap();
     assert!(ok.success(), "cannot mount a tmpfs (the test needs root)");
-    let out = run_bin("prep", &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "26", "--out", mnt.to_str().unwrap()]);
-    let left: Vec<String> = std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let out = run_bin(
+        "prep",
+        &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "26", "--out", mnt.to_str().unwrap()],
+    );
+    let left: Vec<String> =
+        std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     let _ = std::process::Command::new("umount").arg(&mnt).status();
     assert_clean_error(&out, &["records.bin", "No space left on device"]);
     assert!(left.is_empty(), "left behind: {left:?}");
@@ -301,7 +315,16 @@ fn gguf_tensor_table_is_checked() {
 fn rewrite_gguf(path: &Path, edit: impl FnOnce(&mut Vec<(String, GgufValue)>, &mut Vec<GgufTensorData>)) {
     let f = formats::gguf::GgufFile::open(path).unwrap();
     let mut md: Vec<(String, GgufValue)> = f.metadata.clone().into_iter().collect();
-    let mut tensors: Vec<GgufTensorData> = f.tensors.iter().map(|t| GgufTensorData { name: t.name.clone(), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: f.tensor_bytes(t).to_vec() }).collect();
+    let mut tensors: Vec<GgufTensorData> = f
+        .tensors
+        .iter()
+        .map(|t| GgufTensorData {
+            name: t.name.clone(),
+            ne: t.ne.clone(),
+            ggml_type_id: t.ggml_type_id,
+            bytes: f.tensor_bytes(t).to_vec(),
+        })
+        .collect();
     drop(f);
     edit(&mut md, &mut tensors);
     write_gguf(path, &md, &tensors).unwrap();
@@ -333,7 +356,16 @@ fn impossible_hyperparameters_are_refused_on_import() {
     let g = d.join("bad.gguf");
     tiny_gguf(&g, "llama", 0);
     rewrite_gguf(&g, |md, tensors| {
-        let layer1: Vec<GgufTensorData> = tensors.iter().filter(|t| t.name.starts_with("blk.0.")).map(|t| GgufTensorData { name: t.name.replace("blk.0.", "blk.1."), ne: t.ne.clone(), ggml_type_id: t.ggml_type_id, bytes: t.bytes.clone() }).collect();
+        let layer1: Vec<GgufTensorData> = tensors
+            .iter()
+            .filter(|t| t.name.starts_with("blk.0."))
+            .map(|t| GgufTensorData {
+                name: t.name.replace("blk.0.", "blk.1."),
+                ne: t.ne.clone(),
+                ggml_type_id: t.ggml_type_id,
+                bytes: t.bytes.clone(),
+            })
+            .collect();
         tensors.extend(layer1);
         md.retain(|(k, _)| k != "llama.block_count");
         md.push(("llama.block_count".into(), GgufValue::U32(1)));
@@ -359,8 +391,18 @@ fn error_causes_are_printed_once() {
     std::fs::write(d.join("model.safetensors"), "x").unwrap();
     let out = run_bin("prep", &["import", d.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
     assert_clean_error(&out, &["config.json", "missing field"]);
-    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("missing field").count(), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).matches("missing field").count(),
+        1,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run_bin("runtime", &["perplexity", fixture_model().to_str().unwrap(), "--text", "/nonexistent/text.txt"]);
     assert_clean_error(&out, &["/nonexistent/text.txt"]);
-    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("No such file").count(), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).matches("No such file").count(),
+        1,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

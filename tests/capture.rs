@@ -30,9 +30,23 @@ fn capture_masks_equal_the_forward_pass() {
     let r = run_bin(
         "prep",
         &[
-            "capture", fixture_model().to_str().unwrap(), "--out", out.to_str().unwrap(),
-            "--corpus", data_text("boolq.txt").to_str().unwrap(), "--corpus", data_text("hamlet.txt").to_str().unwrap(),
-            "--seq-len", "64", "--sequences", "4", "--threshold-sequences", "4", "--alpha", "0.62", "--json",
+            "capture",
+            fixture_model().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--corpus",
+            data_text("boolq.txt").to_str().unwrap(),
+            "--corpus",
+            data_text("hamlet.txt").to_str().unwrap(),
+            "--seq-len",
+            "64",
+            "--sequences",
+            "4",
+            "--threshold-sequences",
+            "4",
+            "--alpha",
+            "0.62",
+            "--json",
         ],
     );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
@@ -43,7 +57,8 @@ fn capture_masks_equal_the_forward_pass() {
         let d = d.as_f64().unwrap();
         assert!((d - 0.38).abs() < 0.01, "density {d}");
     }
-    let th: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("thresholds.json")).unwrap()).unwrap();
+    let th: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("thresholds.json")).unwrap()).unwrap();
     let t5 = th["product"][5].as_f64().unwrap() as f32;
 
     let file = std::fs::File::open(out.join("masks-000-of-001.arrow")).unwrap();
@@ -54,13 +69,15 @@ fn capture_masks_equal_the_forward_pass() {
 
     // Recompute the second sequence and compare every token's mask of layer 5 and hidden state.
     let b = &batches[1];
-    let tokens: Vec<u32> = b.column_by_name("token").unwrap().as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec();
+    let tokens: Vec<u32> =
+        b.column_by_name("token").unwrap().as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec();
     let (model, _) = runtime::open_model(&fixture_model()).unwrap();
     let mut grab = Grab { layer: 5, product: vec![], hidden0: vec![] };
     let mut cache = model.new_cache(64).unwrap();
     model.forward_observed(&tokens, &mut cache, 64, Some(&mut grab)).unwrap();
     let masks = b.column_by_name("mask_l05").unwrap().as_any().downcast_ref::<FixedSizeBinaryArray>().unwrap();
-    let hidden = b.column_by_name("hidden_after_layer0").unwrap().as_any().downcast_ref::<FixedSizeListArray>().unwrap();
+    let hidden =
+        b.column_by_name("hidden_after_layer0").unwrap().as_any().downcast_ref::<FixedSizeListArray>().unwrap();
     for t in 0..64 {
         let bits = masks.value(t);
         for n in 0..1536 {
@@ -80,7 +97,17 @@ fn capture_refuses_a_corpus_too_small() {
     let out = scratch("capture-small");
     let tiny = out.join("tiny.txt");
     std::fs::write(&tiny, "Only a few words here.").unwrap();
-    let r = run_bin("prep", &["capture", fixture_model().to_str().unwrap(), "--out", out.to_str().unwrap(), "--corpus", tiny.to_str().unwrap()]);
+    let r = run_bin(
+        "prep",
+        &[
+            "capture",
+            fixture_model().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--corpus",
+            tiny.to_str().unwrap(),
+        ],
+    );
     assert_eq!(r.status.code(), Some(1));
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(e.contains("the corpus gives 0 sequences of 512 tokens; 8 are needed"), "{e}");
@@ -92,8 +119,18 @@ fn cluster_writes_fixed_size_centroids_and_labels() {
     let r = run_bin(
         "prep",
         &[
-            "capture", fixture_model().to_str().unwrap(), "--out", cap.to_str().unwrap(),
-            "--corpus", data_text("boolq.txt").to_str().unwrap(), "--seq-len", "64", "--sequences", "8", "--threshold-sequences", "8",
+            "capture",
+            fixture_model().to_str().unwrap(),
+            "--out",
+            cap.to_str().unwrap(),
+            "--corpus",
+            data_text("boolq.txt").to_str().unwrap(),
+            "--seq-len",
+            "64",
+            "--sequences",
+            "8",
+            "--threshold-sequences",
+            "8",
         ],
     );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
@@ -101,7 +138,19 @@ fn cluster_writes_fixed_size_centroids_and_labels() {
     let run = |factor: &str| {
         let r = run_bin(
             "prep",
-            &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "16", "--k-max-factor", factor, "--layers", "3..5", "--json"],
+            &[
+                "cluster",
+                cap.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--k",
+                "16",
+                "--k-max-factor",
+                factor,
+                "--layers",
+                "3..5",
+                "--json",
+            ],
         );
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
         serde_json::from_slice::<serde_json::Value>(&r.stdout).unwrap()
@@ -132,7 +181,10 @@ fn cluster_writes_fixed_size_centroids_and_labels() {
     assert_eq!(r.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&r.stderr).contains("K = 600 centroids but only 512 captured tokens"));
     // so is K_max beyond the intermediate size
-    let r = run_bin("prep", &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "16", "--k-max", "2000"]);
+    let r = run_bin(
+        "prep",
+        &["cluster", cap.to_str().unwrap(), "--out", out.to_str().unwrap(), "--k", "16", "--k-max", "2000"],
+    );
     assert_eq!(r.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&r.stderr).contains("K_max = 2000 is impossible: it must be in 1..=1536"));
 }

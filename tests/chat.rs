@@ -18,7 +18,13 @@ fn pinned(name: &str) -> serde_json::Value {
 fn templates_render_as_transformers_does() {
     for name in ["smollm2-135m", "qwen2.5-coder-1.5b"] {
         let v = pinned(name);
-        let t = ChatTemplate::from_source(Path::new(name), v["template"].as_str().unwrap().into(), v["bos_token"].as_str().unwrap(), v["eos_token"].as_str().unwrap()).unwrap();
+        let t = ChatTemplate::from_source(
+            Path::new(name),
+            v["template"].as_str().unwrap().into(),
+            v["bos_token"].as_str().unwrap(),
+            v["eos_token"].as_str().unwrap(),
+        )
+        .unwrap();
         let cases = v["cases"].as_array().unwrap();
         assert!(cases.len() >= 5);
         for (i, c) in cases.iter().enumerate() {
@@ -55,7 +61,10 @@ fn a_reused_prefix_gives_the_logits_of_a_fresh_prefill() {
         assert!(b.starts_with(&a) && b.len() > a.len() + 1);
         let greedy = |s: &mut Session, ids: &[u32]| {
             let c = Continuation { prompt_ids: ids, max_new_tokens: 12, end_ids: &[], mask: &[], stop: &[] };
-            s.generate(&mut runtime::Runner::dense(&model), &tok, &c, &mut Sampler::new(0.0, 1.0, 0), |_| std::ops::ControlFlow::Continue(())).unwrap()
+            s.generate(&mut runtime::Runner::dense(&model), &tok, &c, &mut Sampler::new(0.0, 1.0, 0), |_| {
+                std::ops::ControlFlow::Continue(())
+            })
+            .unwrap()
         };
         let mut warm = Session::new(&model, 128).unwrap();
         greedy(&mut warm, &a);
@@ -66,7 +75,12 @@ fn a_reused_prefix_gives_the_logits_of_a_fresh_prefill() {
         assert_eq!(fresh.reused_prompt_tokens, 0);
         assert_eq!(reused.token_ids, fresh.token_ids, "{}", dir.display());
         // the margins are the logits' top-2 gaps: equal to rounding
-        let worst = reused.top2_logit_margins.iter().zip(&fresh.top2_logit_margins).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let worst = reused
+            .top2_logit_margins
+            .iter()
+            .zip(&fresh.top2_logit_margins)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
         eprintln!("{}: largest margin difference {worst:e}", dir.display());
         for (x, y) in reused.top2_logit_margins.iter().zip(&fresh.top2_logit_margins) {
             assert!((x - y).abs() <= 1e-3 * x.abs().max(1.0), "{}: margins {x} vs {y}", dir.display());
@@ -80,13 +94,29 @@ fn chat_keeps_earlier_turns_in_the_cache() {
     use std::io::Write;
     let bin = repo_root().join("target/release/runtime");
     let mut child = std::process::Command::new(&bin)
-        .args(["chat", fixture_native_model().to_str().unwrap(), "--temp", "0", "-n", "12", "--threads", "2", "--system", "You are terse."])
+        .args([
+            "chat",
+            fixture_native_model().to_str().unwrap(),
+            "--temp",
+            "0",
+            "-n",
+            "12",
+            "--threads",
+            "2",
+            "--system",
+            "You are terse.",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"What is the capital of France?\nAnd of Italy?\n/reset\nWhat is the capital of France?\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n/reset\nWhat is the capital of France?\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");

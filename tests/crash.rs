@@ -36,13 +36,15 @@ fn comparable(rel: &Path, bytes: &[u8]) -> Vec<u8> {
     let name = rel.to_string_lossy();
     if name == "manifest.toml" {
         // everything but the provenance (its time, and the recipe's paths, which name each run's folder)
-        let mut v: toml::Value = toml::from_str(&String::from_utf8_lossy(bytes)).unwrap_or_else(|e| panic!("manifest.toml after a crash: {e}"));
+        let mut v: toml::Value = toml::from_str(&String::from_utf8_lossy(bytes))
+            .unwrap_or_else(|e| panic!("manifest.toml after a crash: {e}"));
         v.as_table_mut().unwrap().remove("provenance");
         return toml::to_string(&v).unwrap().into_bytes();
     }
     if name.ends_with(".json") && !name.ends_with("thresholds.json") {
         // reports: they must parse; their figures include seconds
-        let v: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{name}: not JSON after a crash: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{name}: not JSON after a crash: {e}"));
         return format!("report with {} keys", v.as_object().map_or(0, |o| o.len())).into_bytes();
     }
     bytes.to_vec()
@@ -65,7 +67,12 @@ fn sigkill_at_random_points_then_rerun_equals_a_clean_run() {
         let recipe = synthetic_recipe(&dir);
         let mut rng = Xorshift(0xdead_0000 + seed);
         for _ in 0..1 + rng.next_u64() % 3 {
-            let mut child = std::process::Command::new(&bin).args(["prepare", recipe.to_str().unwrap()]).stderr(std::process::Stdio::null()).stdout(std::process::Stdio::null()).spawn().unwrap();
+            let mut child = std::process::Command::new(&bin)
+                .args(["prepare", recipe.to_str().unwrap()])
+                .stderr(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
             std::thread::sleep(Duration::from_millis(rng.next_u64() % clean_ms.max(1)));
             // SAFETY-free: a plain kill(2) through the shell's kill; the child may have finished
             let _ = std::process::Command::new("kill").args(["-KILL", &child.id().to_string()]).status();
@@ -78,7 +85,11 @@ fn sigkill_at_random_points_then_rerun_equals_a_clean_run() {
         let names = |v: &[(PathBuf, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
         assert_eq!(names(&got), names(&clean), "seed {seed}: other files (a leftover .tmp?)");
         for ((rel, a), (_, b)) in got.iter().zip(&clean) {
-            assert!(comparable(rel, a) == comparable(rel, b), "seed {seed}: {} differs from a clean run", rel.display());
+            assert!(
+                comparable(rel, a) == comparable(rel, b),
+                "seed {seed}: {} differs from a clean run",
+                rel.display()
+            );
         }
         // and the preparation verifies and runs
         let m = dir.join("artifacts/manifest.toml");
@@ -106,11 +117,17 @@ fn disk_full_in_each_stage_is_one_clear_error_and_the_rerun_recovers() {
         let recipe = synthetic_recipe(&dir);
         let mnt = dir.join("artifacts");
         std::fs::create_dir_all(&mnt).unwrap();
-        let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size_kb}k"), "tmpfs", mnt.to_str().unwrap()]).status().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_kb}k"), "tmpfs", mnt.to_str().unwrap()])
+            .status()
+            .unwrap();
         assert!(mounted.success(), "cannot mount a tmpfs (the test needs root)");
         let out = run_bin("prep", &["prepare", recipe.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        let grow = std::process::Command::new("mount").args(["-o", "remount,size=16m", mnt.to_str().unwrap()]).status().unwrap();
+        let grow = std::process::Command::new("mount")
+            .args(["-o", "remount,size=16m", mnt.to_str().unwrap()])
+            .status()
+            .unwrap();
         let rerun = run_bin("prep", &["prepare", recipe.to_str().unwrap()]);
         let got = files(&mnt);
         let _ = std::process::Command::new("umount").arg(&mnt).status();
@@ -125,11 +142,19 @@ fn disk_full_in_each_stage_is_one_clear_error_and_the_rerun_recovers() {
                 stages.insert("stamp".into());
             }
         }
-        assert!(grow.success() && rerun.status.success(), "{size_kb} KiB: the rerun failed: {}", String::from_utf8_lossy(&rerun.stderr));
+        assert!(
+            grow.success() && rerun.status.success(),
+            "{size_kb} KiB: the rerun failed: {}",
+            String::from_utf8_lossy(&rerun.stderr)
+        );
         let names = |v: &[(PathBuf, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
         assert_eq!(names(&got), names(&clean), "{size_kb} KiB: other files after the rerun");
         for ((rel, a), (_, b)) in got.iter().zip(&clean) {
-            assert!(comparable(rel, a) == comparable(rel, b), "{size_kb} KiB: {} differs from a clean run", rel.display());
+            assert!(
+                comparable(rel, a) == comparable(rel, b),
+                "{size_kb} KiB: {} differs from a clean run",
+                rel.display()
+            );
         }
     }
     eprintln!("disk full in stages {stages:?}: each one clear error, each rerun equal to a clean run");

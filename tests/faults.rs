@@ -28,12 +28,24 @@ impl FaultMount {
         let dir = scratch(name).join("mnt");
         std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new("python3")
-            .args([repo_root().join("scripts/faultfs.py").to_str().unwrap(), src.to_str().unwrap(), dir.to_str().unwrap(), "--file", "records.bin", "--fault", fault])
+            .args([
+                repo_root().join("scripts/faultfs.py").to_str().unwrap(),
+                src.to_str().unwrap(),
+                dir.to_str().unwrap(),
+                "--file",
+                "records.bin",
+                "--fault",
+                fault,
+            ])
             .spawn()
             .expect("python3 scripts/faultfs.py (make setup installs libfuse2 and fusepy)");
         let t0 = Instant::now();
         while !dir.join("manifest.toml").exists() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "faultfs did not mount {} (needs root, libfuse2 and fusepy: make setup)", dir.display());
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "faultfs did not mount {} (needs root, libfuse2 and fusepy: make setup)",
+                dir.display()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         FaultMount { dir, child }
@@ -52,7 +64,8 @@ impl Drop for FaultMount {
 }
 
 fn run(manifest: &Path, extra: &[&str]) -> (bool, String, String) {
-    let mut args = vec!["run", manifest.to_str().unwrap(), "-p", "the hat is in the tent", "-n", "6", "--ignore-eos", "--json"];
+    let mut args =
+        vec!["run", manifest.to_str().unwrap(), "-p", "the hat is in the tent", "-n", "6", "--ignore-eos", "--json"];
     args.extend(extra);
     runtime_cli(&args)
 }
@@ -72,13 +85,25 @@ fn eio_on_a_record_is_one_error_naming_file_and_offset() {
     let mount = FaultMount::new("faults-eio", &format!("eio:{start}-{}", end + rb));
     // verified at load (the sha256 reads every byte), then while streaming, for both selectors
     let (ok, _, err) = run(&mount.manifest(), &[]);
-    assert!(!ok && err.contains("records.bin") && err.contains("Input/output error") && err.contains("byte offset"), "at load: {err}");
+    assert!(
+        !ok && err.contains("records.bin") && err.contains("Input/output error") && err.contains("byte offset"),
+        "at load: {err}"
+    );
     for strategy in ["predictor", "scorer"] {
         let (ok, out, err) = run(&mount.manifest(), &["--strategy", strategy, "--set-scale", "1", "--no-verify"]);
         assert!(!ok && out.trim().is_empty(), "{strategy}: a failed read produced output: {out}");
-        let offset: u64 = err.split("byte offset ").nth(1).and_then(|s| s.trim_end_matches(|c: char| !c.is_ascii_digit()).split(|c: char| !c.is_ascii_digit()).next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{strategy}: no offset in {err}"));
+        let offset: u64 = err
+            .split("byte offset ")
+            .nth(1)
+            .and_then(|s| s.trim_end_matches(|c: char| !c.is_ascii_digit()).split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{strategy}: no offset in {err}"));
         assert!(err.contains("records.bin") && err.contains("Input/output error"), "{strategy}: {err}");
-        assert!(offset + 4096 >= start && offset < end + rb, "{strategy}: offset {offset} outside the failing range {start}..{}", end + rb);
+        assert!(
+            offset + 4096 >= start && offset < end + rb,
+            "{strategy}: offset {offset} outside the failing range {start}..{}",
+            end + rb
+        );
     }
 }
 
@@ -104,7 +129,10 @@ fn short_reads_are_retried_or_refused_never_computed_from() {
         if ok {
             assert_eq!(pick(&faulted), pick(&direct), "{strategy}: short reads through io_uring changed the result");
         } else {
-            assert!(err.contains("records.bin") && err.contains("CRC32C mismatch") && faulted.trim().is_empty(), "{strategy}: {err}");
+            assert!(
+                err.contains("records.bin") && err.contains("CRC32C mismatch") && faulted.trim().is_empty(),
+                "{strategy}: {err}"
+            );
         }
     }
 }
@@ -125,7 +153,11 @@ fn the_record_reader_reassembles_short_reads() {
     let want = std::fs::read(prepared().parent().unwrap().join("records.bin")).unwrap();
     let o = ReaderOptions { queue_depth: 8, force_pread: true, staging_bytes: 1 << 20, register_staging: false };
     let mut r = RecordReader::open(&mount.dir.join("records.bin"), &o).unwrap();
-    let runs = [Run { offset: 0, bytes: 1024, staging_offset: 0 }, Run { offset: 8192, bytes: 3072, staging_offset: 4096 }, Run { offset: 65536, bytes: 131072, staging_offset: 16384 }];
+    let runs = [
+        Run { offset: 0, bytes: 1024, staging_offset: 0 },
+        Run { offset: 8192, bytes: 3072, staging_offset: 4096 },
+        Run { offset: 65536, bytes: 131072, staging_offset: 16384 },
+    ];
     r.read_runs(&runs).unwrap();
     for run in runs {
         let got = &r.staging()[run.staging_offset..run.staging_offset + run.bytes];

@@ -87,7 +87,9 @@ fn corpus(target: &str, generated: &[u8]) -> Vec<Vec<u8>> {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("seed"), generated).unwrap();
     }
-    let mut inputs: Vec<Vec<u8>> = std::fs::read_dir(&dir).map(|d| d.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect()).unwrap_or_default();
+    let mut inputs: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+        .map(|d| d.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect())
+        .unwrap_or_default();
     if !inputs.iter().any(|i| i == generated) {
         inputs.push(generated.to_vec());
     }
@@ -118,14 +120,23 @@ fn fuzz(target: &str, seed: &[u8], file: &Path, read: impl Fn(&Path)) {
             std::fs::create_dir_all(&dir).unwrap();
             let saved = dir.join(format!("{target}-{i}.bin"));
             std::fs::write(&saved, &input).unwrap();
-            panic!("{target}: input {i} {} (saved to {})", if outcome.is_err() { "panicked" } else { "hung" }, saved.display());
+            panic!(
+                "{target}: input {i} {} (saved to {})",
+                if outcome.is_err() { "panicked" } else { "hung" },
+                saved.display()
+            );
         }
     }
     let _ = std::fs::remove_file(file);
     if file.starts_with("/dev/shm") {
         let _ = std::fs::remove_dir_all(file.parent().unwrap());
     }
-    eprintln!("{target}: {} corpus inputs and {n} mutations in {:.1} s, no panic, slowest {:.1} ms", seeds.len(), t0.elapsed().as_secs_f64(), slowest.as_secs_f64() * 1e3);
+    eprintln!(
+        "{target}: {} corpus inputs and {n} mutations in {:.1} s, no panic, slowest {:.1} ms",
+        seeds.len(),
+        t0.elapsed().as_secs_f64(),
+        slowest.as_secs_f64() * 1e3
+    );
 }
 
 /// Where the mutated inputs are written: a tmpfs when there is one (each input is a file).
@@ -196,7 +207,15 @@ fn fuzz_record_v2_checker() {
     let shape = formats::records::RecordShape { d_model: 256, gate_up: GgmlType::Q4K, down: GgmlType::Q8_0 };
     let bytes = |n: usize, k: usize| (0..n).map(|i| ((i * 31 + k) % 251) as u8).collect::<Vec<_>>();
     let mut seed = vec![0u8; shape.record_bytes()];
-    formats::records::encode_record_v2(&shape, 3, 17, &bytes(shape.gate_up_row_bytes(), 1), &bytes(shape.gate_up_row_bytes(), 2), &bytes(shape.down_row_bytes(), 3), &mut seed);
+    formats::records::encode_record_v2(
+        &shape,
+        3,
+        17,
+        &bytes(shape.gate_up_row_bytes(), 1),
+        &bytes(shape.gate_up_row_bytes(), 2),
+        &bytes(shape.down_row_bytes(), 3),
+        &mut seed,
+    );
     let dir = work("record-v2");
     fuzz("record-v2", &seed, &dir.join("record.bin"), |p| {
         let b = std::fs::read(p).unwrap();
@@ -225,7 +244,13 @@ fn fuzz_manifest() {
 fn shape() -> (usize, usize, usize, usize, usize) {
     let m = formats::manifest::Manifest::load(&synthetic().join("manifest.toml")).unwrap();
     let c = &m.model;
-    (m.sparsity.dense_prefix, c.num_hidden_layers - m.sparsity.dense_prefix, c.intermediate_size, c.hidden_size, c.vocab_size)
+    (
+        m.sparsity.dense_prefix,
+        c.num_hidden_layers - m.sparsity.dense_prefix,
+        c.intermediate_size,
+        c.hidden_size,
+        c.vocab_size,
+    )
 }
 
 fn seed_of(rel: &str) -> Vec<u8> {
@@ -234,21 +259,31 @@ fn seed_of(rel: &str) -> Vec<u8> {
 
 #[test]
 fn fuzz_safetensors_header() {
-    fuzz("safetensors-header", &seed_of("importance/importance.safetensors"), &work("st").join("st.safetensors"), |p| {
-        if let Ok(f) = formats::safetensors_io::MappedSafetensors::open(p) {
-            for e in f.tensors.values() {
-                let _ = f.bytes(e).len();
+    fuzz(
+        "safetensors-header",
+        &seed_of("importance/importance.safetensors"),
+        &work("st").join("st.safetensors"),
+        |p| {
+            if let Ok(f) = formats::safetensors_io::MappedSafetensors::open(p) {
+                for e in f.tensors.values() {
+                    let _ = f.bytes(e).len();
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 #[test]
 fn fuzz_importance() {
     let (d0, n_sparse, n_ff, _, _) = shape();
-    fuzz("importance", &seed_of("importance/importance.safetensors"), &work("importance").join("importance.safetensors"), |p| {
-        let _ = formats::importance::NeuronImportance::load(p, d0 + n_sparse, n_ff);
-    });
+    fuzz(
+        "importance",
+        &seed_of("importance/importance.safetensors"),
+        &work("importance").join("importance.safetensors"),
+        |p| {
+            let _ = formats::importance::NeuronImportance::load(p, d0 + n_sparse, n_ff);
+        },
+    );
 }
 
 #[test]
@@ -280,33 +315,53 @@ fn fuzz_head_q8() {
 #[test]
 fn fuzz_head_compact() {
     let (_, _, _, d, vocab) = shape();
-    fuzz("head-compact", &seed_of("scorer/head_compact.safetensors"), &work("head-compact").join("head_compact.safetensors"), |p| {
-        if let Ok((f, _)) = formats::head_compact::open(p, vocab, d) {
-            let _ = f.bytes(&f.tensors[formats::model_dir::LM_HEAD]).len();
-        }
-    });
+    fuzz(
+        "head-compact",
+        &seed_of("scorer/head_compact.safetensors"),
+        &work("head-compact").join("head_compact.safetensors"),
+        |p| {
+            if let Ok((f, _)) = formats::head_compact::open(p, vocab, d) {
+                let _ = f.bytes(&f.tensors[formats::model_dir::LM_HEAD]).len();
+            }
+        },
+    );
 }
 
 #[test]
 fn fuzz_predictor() {
-    fuzz("predictor", &seed_of("predictor/predictor.safetensors"), &work("predictor").join("predictor.safetensors"), |p| {
-        let _ = runtime::predictor::Predictor::load(p);
-    });
+    fuzz(
+        "predictor",
+        &seed_of("predictor/predictor.safetensors"),
+        &work("predictor").join("predictor.safetensors"),
+        |p| {
+            let _ = runtime::predictor::Predictor::load(p);
+        },
+    );
 }
 
 #[test]
 fn fuzz_layer_predictors() {
     let (d0, n_sparse, n_ff, d, _) = shape();
-    fuzz("layer-predictors", &seed_of("layers/layer_predictors.safetensors"), &work("layer-predictors").join("layer_predictors.safetensors"), |p| {
-        let _ = formats::layer_predictors::LayerPredictorFile::load(p, d, n_ff, d0 + n_sparse);
-    });
+    fuzz(
+        "layer-predictors",
+        &seed_of("layers/layer_predictors.safetensors"),
+        &work("layer-predictors").join("layer_predictors.safetensors"),
+        |p| {
+            let _ = formats::layer_predictors::LayerPredictorFile::load(p, d, n_ff, d0 + n_sparse);
+        },
+    );
 }
 
 #[test]
 fn fuzz_centroids() {
-    fuzz("centroids", &seed_of("cluster/centroids.safetensors"), &work("centroids").join("centroids.safetensors"), |p| {
-        let _ = formats::centroids::CentroidTable::load(p);
-    });
+    fuzz(
+        "centroids",
+        &seed_of("cluster/centroids.safetensors"),
+        &work("centroids").join("centroids.safetensors"),
+        |p| {
+            let _ = formats::centroids::CentroidTable::load(p);
+        },
+    );
 }
 
 #[test]

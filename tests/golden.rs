@@ -40,7 +40,15 @@ fn greedy_continuations_equal_llama_cpp() {
 fn perplexity_matches_llama_cpp() {
     let (model, tok) = open();
     // llama-perplexity -c 512 --chunks 2 on data/text/hamlet.txt: [1]19.5129,[2]22.6374
-    let r = runtime::perplexity::perplexity(&mut Runner::dense(&model), &tok, &data_text("hamlet.txt"), 512, Some(2), |_, _, _| {}).unwrap();
+    let r = runtime::perplexity::perplexity(
+        &mut Runner::dense(&model),
+        &tok,
+        &data_text("hamlet.txt"),
+        512,
+        Some(2),
+        |_, _, _| {},
+    )
+    .unwrap();
     assert_eq!(r.tokens, 52755, "token count of hamlet.txt (llama-tokenize: 52755)");
     assert_eq!(r.tokens_scored, 2 * 255);
     let rel = (r.perplexity / 22.6374 - 1.0).abs();
@@ -56,12 +64,14 @@ fn tokenizer_ids_equal_llama_cpp_and_round_trip() {
     assert_eq!(
         ids,
         vec![
-            56, 2756, 31394, 267, 29989, 400, 17, 216, 33, 34, 35, 36, 37, 17837, 28, 256, 5600, 197, 397, 198, 2241, 5110, 1841, 5549,
-            137, 94, 25972, 83, 7466, 84, 2756, 17097, 241, 115, 40993, 179, 120, 248, 47526
+            56, 2756, 31394, 267, 29989, 400, 17, 216, 33, 34, 35, 36, 37, 17837, 28, 256, 5600, 197, 397, 198, 2241,
+            5110, 1841, 5549, 137, 94, 25972, 83, 7466, 84, 2756, 17097, 241, 115, 40993, 179, 120, 248, 47526
         ]
     );
     assert!(!tok.adds_bos, "SmolLM2's GGUF says add_bos_token = false");
-    for text in [tricky, "", " leading space", "trailing space ", "a\n\n\nb", "emoji 🙂🙃 and CJK 中文", "<|im_start|>user"] {
+    for text in
+        [tricky, "", " leading space", "trailing space ", "a\n\n\nb", "emoji 🙂🙃 and CJK 中文", "<|im_start|>user"]
+    {
         let ids = tok.encode(text, true).unwrap();
         assert_eq!(tok.decode(&ids).unwrap(), text, "round trip of {text:?}");
     }
@@ -88,7 +98,11 @@ fn batched_prefill_equals_token_by_token_decode() {
 fn sampling_is_seeded() {
     let (model, tok) = open();
     let opts = GenerateOptions { max_new_tokens: 12, ctx: 64, stop_at_eos: false, add_special: true };
-    let run = |seed| generate(&mut Runner::dense(&model), &tok, "Tell me a story", &opts, &mut Sampler::new(0.9, 0.95, seed), |_| {}).unwrap().token_ids;
+    let run = |seed| {
+        generate(&mut Runner::dense(&model), &tok, "Tell me a story", &opts, &mut Sampler::new(0.9, 0.95, seed), |_| {})
+            .unwrap()
+            .token_ids
+    };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8), "different seeds should (almost surely) differ over 12 tokens");
 }
@@ -103,7 +117,8 @@ fn mlp_observer_sees_every_layer() {
         fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
             self.layers.push(layer);
             // 3 tokens x 1536 neurons; silu(g) >= -0.2785 for every g
-            self.shapes_ok &= gate_silu.len() == 3 * 1536 && up.len() == 3 * 1536 && gate_silu.iter().all(|&v| v >= -0.2785);
+            self.shapes_ok &=
+                gate_silu.len() == 3 * 1536 && up.len() == 3 * 1536 && gate_silu.iter().all(|&v| v >= -0.2785);
         }
     }
     let (model, _) = open();
@@ -113,7 +128,11 @@ fn mlp_observer_sees_every_layer() {
     assert_eq!(rec.layers, (0..30).collect::<Vec<_>>());
     assert!(rec.shapes_ok);
     let mut cache = model.new_cache(8).unwrap();
-    assert_eq!(observed, model.forward(&[504, 3575, 282], &mut cache, 2).unwrap(), "observing must not change the result");
+    assert_eq!(
+        observed,
+        model.forward(&[504, 3575, 282], &mut cache, 2).unwrap(),
+        "observing must not change the result"
+    );
 }
 
 #[test]
@@ -122,7 +141,14 @@ fn oracle_sparsity_keeps_what_reaches_the_threshold() {
     let (model, _) = open();
     let ids = [504u32, 3575, 282, 4649, 314];
     let dense = model.forward(&ids, &mut model.new_cache(8).unwrap(), 0).unwrap();
-    let th = |t: f32| Thresholds { mask_kind: MaskKind::Product, alpha: 0.0, tokens_sampled: 0, product: vec![t; 30], gate: vec![], up: vec![] };
+    let th = |t: f32| Thresholds {
+        mask_kind: MaskKind::Product,
+        alpha: 0.0,
+        tokens_sampled: 0,
+        product: vec![t; 30],
+        gate: vec![],
+        up: vec![],
+    };
     // threshold 0 keeps every neuron: identical to dense
     let mut keep_all = runtime::oracle::OracleSparsity::new(th(0.0), 0);
     let out = model.forward_observed(&ids, &mut model.new_cache(8).unwrap(), 0, Some(&mut keep_all)).unwrap();

@@ -18,7 +18,10 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 #[test]
 fn an_interrupted_frontier_leaves_nothing_behind() {
     let (mem, blkio) = (Path::new("/sys/fs/cgroup/memory"), Path::new("/sys/fs/cgroup/blkio"));
-    assert!(mem.join("memory.limit_in_bytes").exists() && blkio.is_dir(), "cgroup v1 memory and blkio controllers not mounted under /sys/fs/cgroup");
+    assert!(
+        mem.join("memory.limit_in_bytes").exists() && blkio.is_dir(),
+        "cgroup v1 memory and blkio controllers not mounted under /sys/fs/cgroup"
+    );
     let dir = scratch("harness");
     let manifest = prepare_synthetic(&dir);
     let out_dir = dir.join("results");
@@ -27,8 +30,29 @@ fn an_interrupted_frontier_leaves_nothing_behind() {
         // seconds, so it is inside the group when the signal comes
         let mut child = Command::new("python3")
             .arg(repo_root().join("scripts/bench_frontier.py"))
-            .args(["--model", "synthetic", "--systems", "ours", "--fractions", "1.0", "--throttles", "1", "--reps", "1", "-n", "8", "--no-quality"])
-            .args(["--manifest", manifest.to_str().unwrap(), "--f16-file", dir.join("synthetic.gguf").to_str().unwrap(), "--out-dir", out_dir.to_str().unwrap()])
+            .args([
+                "--model",
+                "synthetic",
+                "--systems",
+                "ours",
+                "--fractions",
+                "1.0",
+                "--throttles",
+                "1",
+                "--reps",
+                "1",
+                "-n",
+                "8",
+                "--no-quality",
+            ])
+            .args([
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--f16-file",
+                dir.join("synthetic.gguf").to_str().unwrap(),
+                "--out-dir",
+                out_dir.to_str().unwrap(),
+            ])
             .spawn()
             .expect("python3");
         let name = format!("np-frontier-{}", child.id());
@@ -38,7 +62,12 @@ fn an_interrupted_frontier_leaves_nothing_behind() {
             inside = std::fs::read_to_string(&procs).unwrap_or_default().split_whitespace().map(String::from).collect();
             !inside.is_empty()
         });
-        assert!(std::fs::read_to_string(blkio.join(&name).join("blkio.throttle.read_bps_device")).unwrap().contains("1048576"), "the throttle is set");
+        assert!(
+            std::fs::read_to_string(blkio.join(&name).join("blkio.throttle.read_bps_device"))
+                .unwrap()
+                .contains("1048576"),
+            "the throttle is set"
+        );
         assert_eq!(send_signal(child.id(), sig), 0);
         let status = child.wait().unwrap();
         assert_eq!(status.code(), Some(128 + num), "SIG{sig}: the harness exits 128 + the signal");
@@ -48,7 +77,8 @@ fn an_interrupted_frontier_leaves_nothing_behind() {
         // the run inside was killed (its pid gone, or a zombie about to be reaped)
         for pid in &inside {
             wait_for("the run to be gone", Duration::from_secs(10), || {
-                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
             });
         }
         let prompt = repo_root().join(format!("target/bench-frontier-prompt-{}.txt", child.id()));
@@ -90,9 +120,13 @@ try:
 finally:
     edge.cleanup()
 "#;
-    let out = Command::new("python3").args(["-c", script, repo_root().join("scripts").to_str().unwrap(), file.to_str().unwrap()]).output().expect("python3");
+    let out = Command::new("python3")
+        .args(["-c", script, repo_root().join("scripts").to_str().unwrap(), file.to_str().unwrap()])
+        .output()
+        .expect("python3");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let read = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let bytes: u64 = read.parse().unwrap_or_else(|_| panic!("bytes_read() gave {read:?}: the group's reads were not counted"));
+    let bytes: u64 =
+        read.parse().unwrap_or_else(|_| panic!("bytes_read() gave {read:?}: the group's reads were not counted"));
     assert!(bytes >= size_bytes as u64, "the group counted {bytes} bytes of an {size_bytes}-byte O_DIRECT read");
 }

@@ -51,7 +51,10 @@ fn hugging_face_directory_is_accepted_as_is() {
         assert_eq!(a.bytes(e), b.bytes(&b.tensors[name]), "tensor {name}");
     }
     // And the result runs.
-    let r = run_bin("runtime", &["run", out.to_str().unwrap(), "--prompt", "The capital of France is", "-n", "2", "--json"]);
+    let r = run_bin(
+        "runtime",
+        &["run", out.to_str().unwrap(), "--prompt", "The capital of France is", "-n", "2", "--json"],
+    );
     let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
     assert_eq!(v["text"], " Paris.");
 }

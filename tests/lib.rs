@@ -11,11 +11,7 @@ pub fn repo_root() -> PathBuf {
 /// `models/smollm2-135m`, imported by `make setup`.
 pub fn fixture_model() -> PathBuf {
     let p = repo_root().join("models/smollm2-135m");
-    assert!(
-        p.join("model.safetensors").exists(),
-        "fixture model missing at {}: run `make setup` first",
-        p.display()
-    );
+    assert!(p.join("model.safetensors").exists(), "fixture model missing at {}: run `make setup` first", p.display());
     p
 }
 
@@ -23,7 +19,11 @@ pub fn fixture_model() -> PathBuf {
 /// made by `make setup`).
 pub fn fixture_native_model() -> PathBuf {
     let p = repo_root().join("models/smollm2-135m-native");
-    assert!(p.join("model.safetensors").exists(), "native fixture model missing at {}: run `make setup` first", p.display());
+    assert!(
+        p.join("model.safetensors").exists(),
+        "native fixture model missing at {}: run `make setup` first",
+        p.display()
+    );
     p
 }
 
@@ -73,19 +73,35 @@ pub fn minimum_budget(manifest: &Path, extra: &[&str]) -> u64 {
     args.extend(extra);
     let probe = run_bin("runtime", &args);
     let e = String::from_utf8_lossy(&probe.stderr);
-    e.split("at least ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{e}"))
+    e.split("at least ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{e}"))
 }
 
 /// Runs `runtime bench <manifest> --mem-budget <budget> -n 24 [extra] --json` inside a fresh
 /// cgroup v1 memory group limited to `limit_bytes`: (its output, the group's memory.failcnt).
-pub fn bench_in_memory_cgroup(name: &str, manifest: &Path, budget: u64, limit_bytes: u64, extra: &[&str]) -> (Output, String) {
+pub fn bench_in_memory_cgroup(
+    name: &str,
+    manifest: &Path,
+    budget: u64,
+    limit_bytes: u64,
+    extra: &[&str],
+) -> (Output, String) {
     let cg = Path::new("/sys/fs/cgroup/memory");
     assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
     let group = cg.join(format!("np-test-{}-{name}", std::process::id()));
     std::fs::create_dir(&group).unwrap();
     std::fs::write(group.join("memory.limit_in_bytes"), limit_bytes.to_string()).unwrap();
     let bin = repo_root().join("target/release/runtime");
-    let script = format!("echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 {} --json", group.display(), bin.display(), manifest.display(), extra.join(" "));
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 {} --json",
+        group.display(),
+        bin.display(),
+        manifest.display(),
+        extra.join(" ")
+    );
     let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
     let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
     let _ = std::fs::remove_dir(&group);
@@ -95,7 +111,11 @@ pub fn bench_in_memory_cgroup(name: &str, manifest: &Path, budget: u64, limit_by
 /// Runs the `runtime` binary: (success, stdout, stderr).
 pub fn runtime_cli(args: &[&str]) -> (bool, String, String) {
     let out = run_bin("runtime", args);
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Writes `<dir>/recipe.toml`: a CI-sized `prep prepare` recipe for the fixture (8 sequences of
@@ -143,7 +163,10 @@ pub fn fixture_gguf_preparation(dir: &Path, weights: &str) -> PathBuf {
     let r = fixture_recipe(dir, "smollm2-ci", 20, 1.5, 5);
     let text = std::fs::read_to_string(&r).unwrap();
     let text = text
-        .replace(&format!("model_dir = \"{}\"", fixture_model().display()), &format!("source = \"{}\"\nmodel_dir = \"{}\"", fixture_gguf().display(), dir.join("model").display()))
+        .replace(
+            &format!("model_dir = \"{}\"", fixture_model().display()),
+            &format!("source = \"{}\"\nmodel_dir = \"{}\"", fixture_gguf().display(), dir.join("model").display()),
+        )
         .replace("[pack]\n", &format!("[pack]\nweights = \"{weights}\"\n"));
     std::fs::write(&r, text).unwrap();
     let out = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
@@ -265,7 +288,10 @@ pub fn write_synthetic_gguf_with_nan(path: &Path, nan_in: Option<&str>) {
     };
     let (d64, ff64, kv) = (d as u64, ff as u64, 32u64);
     let w = 1.0 / (d as f32).sqrt();
-    let mut tensors = vec![tensor("token_embd.weight".into(), vec![d64, vocab as u64], 1.0, 0.0), tensor("output_norm.weight".into(), vec![d64], 0.1, 1.0)];
+    let mut tensors = vec![
+        tensor("token_embd.weight".into(), vec![d64, vocab as u64], 1.0, 0.0),
+        tensor("output_norm.weight".into(), vec![d64], 0.1, 1.0),
+    ];
     for l in 0..n_layers {
         let b = |t: &str| format!("blk.{l}.{t}.weight");
         tensors.push(tensor(b("attn_norm"), vec![d64], 0.1, 1.0));
@@ -284,7 +310,10 @@ pub fn write_synthetic_gguf_with_nan(path: &Path, nan_in: Option<&str>) {
 /// Deterministic English-like text (words from a fixed list) for the synthetic model's
 /// calibration and held-out runs.
 pub fn synthetic_text(seed: u64, words: usize) -> String {
-    const WORDS: [&str; 24] = ["the", "a", "then", "thin", "tin", "hat", "in", "at", "that", "this", "heat", "neat", "ant", "tent", "hint", "it", "is", "on", "one", "note", "tone", "ten", "net", "than"];
+    const WORDS: [&str; 24] = [
+        "the", "a", "then", "thin", "tin", "hat", "in", "at", "that", "this", "heat", "neat", "ant", "tent", "hint",
+        "it", "is", "on", "one", "note", "tone", "ten", "net", "than",
+    ];
     let mut rng = Xorshift(seed | 1);
     let mut out = String::new();
     for i in 0..words {
@@ -362,7 +391,11 @@ impl HttpReply {
 
     /// The `data:` payloads of a server-sent-events body.
     pub fn sse_data(&self) -> Vec<String> {
-        self.body.lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).map(str::to_string).collect()
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+            .map(str::to_string)
+            .collect()
     }
 }
 
@@ -370,7 +403,8 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(std::time::Duration::from_secs(300))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -382,7 +416,11 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     let _ = s.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP reply: {text:?}"));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("bad status line: {head}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line: {head}"));
     let headers = head.to_ascii_lowercase();
     let body = if headers.contains("transfer-encoding: chunked") {
         let mut out = String::new();
@@ -429,7 +467,11 @@ impl Server {
                 c
             }
         };
-        let mut child = cmd.stderr(std::process::Stdio::piped()).stdout(std::process::Stdio::null()).spawn().expect("spawn runtime serve");
+        let mut child = cmd
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn runtime serve");
         let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let mut early = String::new();
         let addr = loop {

@@ -14,7 +14,10 @@ fn tensor(st: &MappedSafetensors, name: &str) -> Vec<f16> {
 #[test]
 fn pack_round_trips_and_crc_catches_corruption() {
     let out = scratch("pack");
-    let r = run_bin("prep", &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "20", "--out", out.to_str().unwrap(), "--json"]);
+    let r = run_bin(
+        "prep",
+        &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "20", "--out", out.to_str().unwrap(), "--json"],
+    );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let (d, ff) = (576, 1536);
     let model = MappedSafetensors::open(fixture_model().join("model.safetensors")).unwrap();
@@ -48,7 +51,10 @@ fn pack_round_trips_and_crc_catches_corruption() {
     let recs = RecordFile::open(&path, d, 20, 30, ff).unwrap();
     let e = recs.read(25, 700).unwrap_err().to_string();
     let rec_off = 5 * ff * record_bytes(d) + 700 * record_bytes(d);
-    assert!(e.contains("layer 25, neuron 700") && e.contains("CRC32C mismatch") && e.contains(&format!("offset {rec_off}")), "{e}");
+    assert!(
+        e.contains("layer 25, neuron 700") && e.contains("CRC32C mismatch") && e.contains(&format!("offset {rec_off}")),
+        "{e}"
+    );
     assert!(recs.read(25, 699).is_ok());
     // a truncated file is refused when opened
     std::fs::write(&path, &bytes[..bytes.len() - 4096]).unwrap();
@@ -59,7 +65,10 @@ fn pack_round_trips_and_crc_catches_corruption() {
 #[test]
 fn impossible_dense_prefix_is_refused() {
     let out = scratch("pack-bad");
-    let r = run_bin("prep", &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "31", "--out", out.to_str().unwrap()]);
+    let r = run_bin(
+        "prep",
+        &["pack", fixture_model().to_str().unwrap(), "--dense-prefix", "31", "--out", out.to_str().unwrap()],
+    );
     assert_eq!(r.status.code(), Some(1));
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(e.contains("--dense-prefix 31 exceeds the model's 30 layers"), "{e}");

@@ -22,10 +22,14 @@ fn prepare_end_to_end_then_resume() {
     // the predictor: better than chance on held-out tokens (loss and top-1; top-1 also beats
     // always guessing the most frequent label),
     // sets of exactly K_max, and the saved f16 file gives the runtime the same logits
-    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("artifacts/predictor/train.json")).unwrap()).unwrap();
+    let t: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("artifacts/predictor/train.json")).unwrap()).unwrap();
     let top1 = t["heldout_top1"].as_f64().unwrap();
     assert!(top1 > 1.0 / 16.0 && top1 > t["heldout_top1_majority"].as_f64().unwrap(), "{t}");
-    assert!(t["heldout_loss"].as_f64().unwrap() < (16f64).ln(), "held-out loss above chance (uniform over K = 16): {t}");
+    assert!(
+        t["heldout_loss"].as_f64().unwrap() < (16f64).ln(),
+        "held-out loss above chance (uniform over K = 16): {t}"
+    );
     assert!(t["param_share"].as_f64().unwrap() <= 0.03);
     assert_eq!(t["reload_top1_agreement"].as_f64().unwrap(), 1.0, "{t}");
     assert!(t["reload_max_abs_logit_diff"].as_f64().unwrap() < 1e-3, "{t}");
@@ -36,7 +40,8 @@ fn prepare_end_to_end_then_resume() {
     assert_eq!(m.sparsity.dense_prefix, 26);
     assert_eq!(m.sparsity.k_max.len(), 4);
     assert!(m.sparsity.k_max.iter().all(|&k| k > 500 && k < 1536), "{:?}", m.sparsity.k_max);
-    let sizes: Vec<usize> = t["layers"].as_array().unwrap().iter().map(|l| l["predicted_set_size"].as_f64().unwrap() as usize).collect();
+    let sizes: Vec<usize> =
+        t["layers"].as_array().unwrap().iter().map(|l| l["predicted_set_size"].as_f64().unwrap() as usize).collect();
     assert_eq!(sizes, m.sparsity.k_max, "every predicted set holds exactly K_max neurons");
     assert_eq!(m.records.count, 4 * 1536);
     assert_eq!(std::fs::metadata(dir.join("artifacts/records.bin")).unwrap().len(), 4 * 1536 * 4096);
@@ -44,8 +49,10 @@ fn prepare_end_to_end_then_resume() {
     // the 4-bit scorer of layers 26..30: its rows stand for the records' gate and up rows
     // (Q4_0 error, well under a fifth of the row's norm), and its CRC of each downT row is the
     // CRC of the record's downT row
-    let sc = formats::scorer::GateUpScorerFile::load(&m.artifact_path_of(&mpath, "scorer").unwrap(), 26, 4, 1536, 576).unwrap();
-    let rf = formats::records::RecordFile::open(&m.artifact_path_of(&mpath, "records").unwrap(), 576, 26, 30, 1536).unwrap();
+    let sc = formats::scorer::GateUpScorerFile::load(&m.artifact_path_of(&mpath, "scorer").unwrap(), 26, 4, 1536, 576)
+        .unwrap();
+    let rf =
+        formats::records::RecordFile::open(&m.artifact_path_of(&mpath, "records").unwrap(), 576, 26, 30, 1536).unwrap();
     for (layer, j) in [(26, 0), (27, 5), (29, 1535)] {
         let rows = rf.read(layer, j).unwrap();
         assert_eq!(sc.layer_down_crc32c(layer)[j], formats::scorer::f16_row_crc32c(&rows.down_t));
@@ -64,7 +71,8 @@ fn prepare_end_to_end_then_resume() {
     // importance over the calibration tokens (8 sequences of 64), and its ranking holds on
     // held-out text: the tenth of layer 28's neurons it ranks first move far more than the half
     // it ranks last
-    let imp = formats::importance::NeuronImportance::load(&m.artifact_path_of(&mpath, "importance").unwrap(), 30, 1536).unwrap();
+    let imp = formats::importance::NeuronImportance::load(&m.artifact_path_of(&mpath, "importance").unwrap(), 30, 1536)
+        .unwrap();
     assert_eq!(imp.tokens, 8 * 64);
     struct Magnitudes(Vec<f64>);
     impl runtime::model::MlpHook for Magnitudes {
@@ -85,7 +93,10 @@ fn prepare_end_to_end_then_resume() {
     order.sort_by(|a, b| imp.layer(28)[*b].total_cmp(&imp.layer(28)[*a]));
     let mean = |js: &[usize]| js.iter().map(|&j| held_out.0[j]).sum::<f64>() / js.len() as f64;
     let (first, last) = (mean(&order[..154]), mean(&order[768..]));
-    assert!(first > 3.0 * last, "held-out |silu(g) * u| of the most important tenth {first:.3} vs the least important half {last:.3}");
+    assert!(
+        first > 3.0 * last,
+        "held-out |silu(g) * u| of the most important tenth {first:.3} vs the least important half {last:.3}"
+    );
 
     // unchanged inputs and settings: every stage is skipped
     let again = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
@@ -97,7 +108,8 @@ fn prepare_end_to_end_then_resume() {
     let r = recipe(&dir, 27);
     let third = run_bin("prep", &["prepare", r.to_str().unwrap(), "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&third.stdout).unwrap();
-    let skipped: Vec<bool> = report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
+    let skipped: Vec<bool> =
+        report["stages"].as_array().unwrap().iter().map(|s| s["skipped"].as_bool().unwrap()).collect();
     assert_eq!(skipped, [true, true, false, false, false, false, false, false, false]);
     assert_eq!(Manifest::load(&mpath).unwrap().sparsity.k_max.len(), 3);
 
@@ -105,10 +117,21 @@ fn prepare_end_to_end_then_resume() {
     let rep = run_bin(
         "prep",
         &[
-            "report", dir.join("artifacts/capture").to_str().unwrap(), "--cluster", dir.join("artifacts/cluster").to_str().unwrap(),
-            "--png", dir.join("reuse.png").to_str().unwrap(), "--mass-model", fixture_model().to_str().unwrap(),
-            "--mass-text", repo_root().join("data/text/lambada-500.txt").to_str().unwrap(), "--mass-tokens", "128",
-            "--predictor", dir.join("artifacts/predictor/predictor.safetensors").to_str().unwrap(), "--json",
+            "report",
+            dir.join("artifacts/capture").to_str().unwrap(),
+            "--cluster",
+            dir.join("artifacts/cluster").to_str().unwrap(),
+            "--png",
+            dir.join("reuse.png").to_str().unwrap(),
+            "--mass-model",
+            fixture_model().to_str().unwrap(),
+            "--mass-text",
+            repo_root().join("data/text/lambada-500.txt").to_str().unwrap(),
+            "--mass-tokens",
+            "128",
+            "--predictor",
+            dir.join("artifacts/predictor/predictor.safetensors").to_str().unwrap(),
+            "--json",
         ],
     );
     assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
@@ -123,11 +146,18 @@ fn prepare_end_to_end_then_resume() {
     assert!(l28["centroid_recall"].as_f64().unwrap() > 0.3);
     let mass = l28["centroid_mass_coverage"].as_f64().unwrap();
     assert!(mass > 0.3 && mass <= 1.0, "mass coverage {mass}");
-    let (top1, recall, size) = (l28["predictor_top1"].as_f64().unwrap(), l28["predictor_recall"].as_f64().unwrap(), l28["predictor_set_size"].as_f64().unwrap());
+    let (top1, recall, size) = (
+        l28["predictor_top1"].as_f64().unwrap(),
+        l28["predictor_recall"].as_f64().unwrap(),
+        l28["predictor_set_size"].as_f64().unwrap(),
+    );
     assert!(top1 > 1.0 / 16.0 && recall > 0.3 && recall <= 1.0, "{l28}");
     assert_eq!(size as usize, Manifest::load(&mpath).unwrap().sparsity.k_max[28 - 27], "predicted sets hold K_max");
     assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["centroid_mass_coverage"].is_null());
-    assert!(layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["reuse_centroid"].is_null(), "layer 10 is dense, not clustered");
+    assert!(
+        layers.iter().find(|l| l["column"] == "mask_l10").unwrap()["reuse_centroid"].is_null(),
+        "layer 10 is dense, not clustered"
+    );
 }
 
 #[test]

@@ -77,7 +77,13 @@ fn block_kernels_on_real_rows_equal_the_dequantized_product() {
     let w = &model.weights;
     let mut seen = std::collections::BTreeSet::new();
     let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
-    let mats: Vec<&Matrix> = [&w.embed, &w.layers[0].wq, &w.layers[3].mlp.resident(3).unwrap().w_down, &w.layers[29].mlp.resident(29).unwrap().w_gate].into();
+    let mats: Vec<&Matrix> = [
+        &w.embed,
+        &w.layers[0].wq,
+        &w.layers[3].mlp.resident(3).unwrap().w_down,
+        &w.layers[29].mlp.resident(29).unwrap().w_gate,
+    ]
+    .into();
     for m in mats {
         let Matrix::Quant(q) = m else { panic!("the native fixture holds blocks") };
         seen.insert(q.ty.name());
@@ -109,7 +115,15 @@ fn perplexity_on_the_q4_1_blocks_matches_llama_cpp() {
     // value sums); its default flash attention sums the values in f16 and gives 42.8187
     // ([1]19.6174,[2]22.7689,[3]29.8426,[4]37.0933,[5]39.4517,[6]43.2831,[7]41.5911,[8]42.8187),
     // the two 0.094% apart (docs/RESULTS.md "Issue #16 (part 5)").
-    let r = runtime::perplexity::perplexity(&mut Runner::dense(&model), &tok, &data_text("hamlet.txt"), 512, Some(8), |_, _, _| {}).unwrap();
+    let r = runtime::perplexity::perplexity(
+        &mut Runner::dense(&model),
+        &tok,
+        &data_text("hamlet.txt"),
+        512,
+        Some(8),
+        |_, _, _| {},
+    )
+    .unwrap();
     assert_eq!(r.tokens, 52755);
     let rel = (r.perplexity / 42.7785 - 1.0).abs();
     assert!(rel < 0.001, "perplexity {} vs llama.cpp -fa off 42.7785 ({:.4}% off)", r.perplexity, rel * 100.0);
@@ -128,8 +142,18 @@ fn greedy_continuations_on_the_q4_1_blocks_equal_llama_cpp() {
         ("Once upon a time, in a small village by the sea,", " there was a wise old wizard named Thorold. He lived in a tower surrounded by a beautiful garden filled with all sorts of magical creatures.\n\nTh"),
     ];
     for (prompt, want) in cases {
-        let opts = runtime::generate::GenerateOptions { max_new_tokens: 32, ctx: 128, stop_at_eos: false, add_special: true };
-        let got = runtime::generate::generate(&mut Runner::dense(&model), &tok, prompt, &opts, &mut runtime::sampler::Sampler::new(0.0, 1.0, 0), |_| {}).unwrap().text;
+        let opts =
+            runtime::generate::GenerateOptions { max_new_tokens: 32, ctx: 128, stop_at_eos: false, add_special: true };
+        let got = runtime::generate::generate(
+            &mut Runner::dense(&model),
+            &tok,
+            prompt,
+            &opts,
+            &mut runtime::sampler::Sampler::new(0.0, 1.0, 0),
+            |_| {},
+        )
+        .unwrap()
+        .text;
         assert_eq!(got, want, "prompt {prompt:?}");
     }
 }
@@ -143,13 +167,21 @@ fn blocks_we_do_not_compute_are_refused() {
         let path = dir.join(name);
         let bytes = vec![0u8; shape.iter().product()];
         let meta = std::collections::HashMap::from([(GGML_TYPES_KEY.to_string(), format!("{{\"w\": \"{ty}\"}}"))]);
-        formats::safetensors_io::write_raw_safetensors(&path, &[RawTensor { name: "w".into(), dtype: safetensors::Dtype::U8, shape, bytes }], Some(meta)).unwrap();
+        formats::safetensors_io::write_raw_safetensors(
+            &path,
+            &[RawTensor { name: "w".into(), dtype: safetensors::Dtype::U8, shape, bytes }],
+            Some(meta),
+        )
+        .unwrap();
         path
     };
     let e = MappedSafetensors::open(write("iq.safetensors", "IQ2_XS", vec![4, 66])).err().unwrap().to_string();
     assert!(e.contains("iq.safetensors") && e.contains("'w'") && e.contains("IQ2_XS"), "{e}");
     let e = MappedSafetensors::open(write("partial.safetensors", "Q4_K", vec![4, 200])).err().unwrap().to_string();
-    assert!(e.contains("partial.safetensors") && e.contains("'w'") && e.contains("Q4_K") && e.contains("144-byte blocks"), "{e}");
+    assert!(
+        e.contains("partial.safetensors") && e.contains("'w'") && e.contains("Q4_K") && e.contains("144-byte blocks"),
+        "{e}"
+    );
 }
 
 /// A preparation with `weights = "native"` (a CI-sized recipe on the fixture GGUF): the second
@@ -170,9 +202,20 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     assert!(size(&native_out.join("resident.safetensors")) * 2 < size(&f16_out.join("resident.safetensors")));
     // records v2: the Q4_1 gate/up rows and a Q8_0 down row per neuron, 2,560 bytes (v1: 4,096)
     let m = formats::manifest::Manifest::load(&native_out.join("manifest.toml")).unwrap();
-    assert_eq!((m.records.gate_up_type.as_deref(), m.records.down_type.as_deref(), m.records.record_bytes), (Some("Q4_1"), Some("Q8_0"), 2560));
+    assert_eq!(
+        (m.records.gate_up_type.as_deref(), m.records.down_type.as_deref(), m.records.record_bytes),
+        (Some("Q4_1"), Some("Q8_0"), 2560)
+    );
     assert_eq!(size(&native_out.join("records.bin")) * 8, size(&f16_out.join("records.bin")) * 5);
-    let rf = formats::records::RecordFile::open_v(&native_out.join("records.bin"), 576, 20, 30, 1536, m.records.shape(576).unwrap()).unwrap();
+    let rf = formats::records::RecordFile::open_v(
+        &native_out.join("records.bin"),
+        576,
+        20,
+        30,
+        1536,
+        m.records.shape(576).unwrap(),
+    )
+    .unwrap();
     let g = GgufFile::open(fixture_gguf()).unwrap();
     let gate = g.tensor_bytes(g.tensor("blk.25.ffn_gate.weight").unwrap());
     let rows = rf.read_blocks(25, 700).unwrap();
@@ -180,21 +223,36 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     // the scorer scores from the model's own gate/up blocks (no 4-bit copy): with every row
     // held it computes the dense MLP (Q8_0 down rows), so equals the dense prepared model (the
     // GGUF's own Q4_1 W_down) up to the down rows' requantization
-    let sc = formats::scorer::GateUpScorerFile::load(&native_out.join("scorer/scorer.safetensors"), 20, 10, 1536, 576).unwrap();
+    let sc = formats::scorer::GateUpScorerFile::load(&native_out.join("scorer/scorer.safetensors"), 20, 10, 1536, 576)
+        .unwrap();
     assert_eq!(sc.blocks, Some(GgmlType::Q4_1));
     assert_eq!(&sc.layer_q4(25)[700 * 720..700 * 720 + 360], &gate[700 * 360..701 * 360]);
-    let all = InMemorySettings { selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, dense_prefix: DensePrefix::Layer(20), set_scale: 1.0, slot_share: Some(1.0), single_token: false, ..Default::default() };
+    let all = InMemorySettings {
+        selector: SelectorChoice::Scorer { resident_bonus: 1.0 },
+        dense_prefix: DensePrefix::Layer(20),
+        set_scale: 1.0,
+        slot_share: Some(1.0),
+        single_token: false,
+        ..Default::default()
+    };
     let logits_of = |mode: &PreparedMode| {
         let mut o = runtime::open(&native_out.join("manifest.toml"), mode).unwrap();
         let ids = o.tokenizer.encode("The capital of France is", true).unwrap();
         let mut cache = o.model.new_cache(128).unwrap();
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
-    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }));
+    let (a, b) = (
+        logits_of(&PreparedMode::InMemory(all)),
+        logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }),
+    );
     // 8-bit activations amplify the down rows' requantization (as any bit-level change): compare
     // the logit vectors' direction and each position's top token, not exact values
-    let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
-    let top = |v: &[f32]| v.chunks(49152).map(|r| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect::<Vec<_>>();
+    let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>()
+        / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>())
+    .sqrt();
+    let top = |v: &[f32]| {
+        v.chunks(49152).map(|r| r.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0).collect::<Vec<_>>()
+    };
     eprintln!("scorer-all vs dense: relative L2 {rel}, top tokens {:?} vs {:?}", top(&a), top(&b));
     // (0.021 measured: the Q8_0 requantization of the Q4_1 columns; against a down matrix
     // rebuilt from those same rows it was below 0.02)
@@ -202,17 +260,44 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     // the scorer at its (lower) minimum, inside a cgroup memory limit of budget + 10%
     let budget = minimum_budget(&native_out.join("manifest.toml"), &["--strategy", "scorer"]) + (4 << 20);
     let limit = budget + budget / 10;
-    let (out, failcnt) = bench_in_memory_cgroup("native", &native_out.join("manifest.toml"), budget, limit, &["--strategy", "scorer"]);
+    let (out, failcnt) =
+        bench_in_memory_cgroup("native", &native_out.join("manifest.toml"), budget, limit, &["--strategy", "scorer"]);
     assert!(out.status.success(), "bench under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(r["peak_rss_bytes"].as_u64().unwrap() <= limit && r["set_rule"] == "scorer" && !r["head_q8"].as_bool().unwrap(), "{r}");
+    assert!(
+        r["peak_rss_bytes"].as_u64().unwrap() <= limit && r["set_rule"] == "scorer" && !r["head_q8"].as_bool().unwrap(),
+        "{r}"
+    );
     eprintln!("native: budget {budget}, limit {limit}, peak RSS {}, failcnt {failcnt}", r["peak_rss_bytes"]);
     // the shared predictor streams version-2 records too (whole records, Q8_0 down rows)
-    let (ok, _, err) = runtime_cli(&["run", native_out.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "2", "--strategy", "predictor", "--mem-budget", "1GiB"]);
+    let (ok, _, err) = runtime_cli(&[
+        "run",
+        native_out.join("manifest.toml").to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--strategy",
+        "predictor",
+        "--mem-budget",
+        "1GiB",
+    ]);
     assert!(ok, "{err}");
 
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
-    let open_stream = |m: &std::path::Path, budget| runtime::open(&m.join("manifest.toml"), &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, ..Default::default() })).unwrap();
+    let open_stream = |m: &std::path::Path, budget| {
+        runtime::open(
+            &m.join("manifest.toml"),
+            &PreparedMode::Stream(StreamSettings {
+                ctx: 128,
+                selector,
+                set_scale: 0.25,
+                mem_budget_bytes: budget,
+                ..Default::default()
+            }),
+        )
+        .unwrap()
+    };
     let minimum = |m: &std::path::Path| open_stream(m, None).engine().unwrap().plan.minimum_bytes;
     let (min_f16, min_native) = (minimum(f16_out), minimum(native_out));
     assert!(min_native < min_f16, "the native minimum {min_native} is below the f16 one {min_f16}");
@@ -221,7 +306,14 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         let e = s.engine().unwrap();
         (e.plan.capacity[0], e.dense_prefix)
     };
-    let mem_settings = InMemorySettings { selector, dense_prefix: DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, ..Default::default() };
+    let mem_settings = InMemorySettings {
+        selector,
+        dense_prefix: DensePrefix::Layer(first),
+        set_scale: 0.25,
+        slot_share: Some(slots as f64 / 1536.0),
+        single_token: true,
+        ..Default::default()
+    };
     let mut mem = runtime::open(&native_out.join("manifest.toml"), &PreparedMode::InMemory(mem_settings)).unwrap();
     let text = "The capital of France is";
     let run = |o: &mut runtime::Opened| {
@@ -234,11 +326,17 @@ fn a_native_preparation_ships_the_gguf_blocks() {
     assert!(diff < 2e-3, "streamed scorer over the native preparation differs from in-memory by {diff}");
 
     // the whole-record strategies, on version-1 (f16) and version-2 (blocks) records
-    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(native_out.join("layers/layers.json")).unwrap()).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(native_out.join("layers/layers.json")).unwrap()).unwrap();
     let (recall, static_recall) = (j["recall"][2].as_f64().unwrap(), j["recall_static"][2].as_f64().unwrap());
     eprintln!("per-layer predictors: held-out recall at 25% {recall:.3} (static set {static_recall:.3}, chance 0.25)");
     assert!(j["recall_shares"][2] == 0.25 && recall > static_recall + 0.02 && recall > 0.3, "{j}");
-    assert!(j["mlp_share"].as_f64().unwrap() <= 0.05 && j["reload_top_set_agreement"] == 1.0 && j["reload_max_abs_score_diff"].as_f64().unwrap() < 1e-3, "{j}");
+    assert!(
+        j["mlp_share"].as_f64().unwrap() <= 0.05
+            && j["reload_top_set_agreement"] == 1.0
+            && j["reload_max_abs_score_diff"].as_f64().unwrap() < 1e-3,
+        "{j}"
+    );
     for out in [f16_out, native_out] {
         for selector in [SelectorChoice::Layers, SelectorChoice::Gate, SelectorChoice::Sketch] {
             streamed_whole_records_equal_in_memory(out, selector);
@@ -263,31 +361,56 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("artifacts");
-    assert!(std::process::Command::new("cp").args(["-a", q8_out.to_str().unwrap(), out.to_str().unwrap()]).status().unwrap().success());
-    let recipe = std::fs::read_to_string(native_dir.join("recipe.toml")).unwrap().replace(q8_out.to_str().unwrap(), out.to_str().unwrap());
+    assert!(std::process::Command::new("cp")
+        .args(["-a", q8_out.to_str().unwrap(), out.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success());
+    let recipe = std::fs::read_to_string(native_dir.join("recipe.toml"))
+        .unwrap()
+        .replace(q8_out.to_str().unwrap(), out.to_str().unwrap());
     let write = |name: &str, down: &str| {
         let p = dir.join(name);
         std::fs::write(&p, recipe.replace("[pack]\n", &format!("[pack]\ndown = \"{down}\"\n"))).unwrap();
         p
     };
-    for (down, want) in [("Q4_K", vec!["pack.down = \"Q4_K\"", "d_model 576 is not whole Q4_K blocks"]), ("Q7_0", vec!["pack.down", "'Q7_0'", "Q8_0, Q5_0, Q4_K"])] {
+    for (down, want) in [
+        ("Q4_K", vec!["pack.down = \"Q4_K\"", "d_model 576 is not whole Q4_K blocks"]),
+        ("Q7_0", vec!["pack.down", "'Q7_0'", "Q8_0, Q5_0, Q4_K"]),
+    ] {
         let o = run_bin("prep", &["prepare", write(&format!("{down}.toml"), down).to_str().unwrap(), "--json"]);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && want.iter().all(|w| err.contains(w)) && !err.contains("prepare: pack"), "down = {down}: {err}");
+        assert!(
+            !o.status.success() && want.iter().all(|w| err.contains(w)) && !err.contains("prepare: pack"),
+            "down = {down}: {err}"
+        );
     }
     let o = run_bin("prep", &["prepare", write("recipe.toml", "Q5_0").to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let ran: Vec<&str> = report["stages"].as_array().unwrap().iter().filter(|s| s["skipped"] == false).map(|s| s["stage"].as_str().unwrap()).collect();
+    let ran: Vec<&str> = report["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["skipped"] == false)
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
     // (the stamps keep paths inside the artifacts folder relative to it: the copy is up to date)
     assert_eq!(ran, ["pack"], "{report}");
     let m = formats::manifest::Manifest::load(&out.join("manifest.toml")).unwrap();
     let shape = m.records.shape(576).unwrap().unwrap();
-    assert_eq!((shape.down, shape.down_section_bytes(), m.records.down_type.as_deref()), (GgmlType::Q5_0, 512, Some("Q5_0")));
+    assert_eq!(
+        (shape.down, shape.down_section_bytes(), m.records.down_type.as_deref()),
+        (GgmlType::Q5_0, 512, Some("Q5_0"))
+    );
     // the down row is W_down's column in Q5_0: within one Q5_0 step of the Q8_0 record's
-    let open_rf = |o: &std::path::Path, m: &formats::manifest::Manifest| formats::records::RecordFile::open_v(&o.join("records.bin"), 576, 20, 30, 1536, m.records.shape(576).unwrap()).unwrap();
+    let open_rf = |o: &std::path::Path, m: &formats::manifest::Manifest| {
+        formats::records::RecordFile::open_v(&o.join("records.bin"), 576, 20, 30, 1536, m.records.shape(576).unwrap())
+            .unwrap()
+    };
     let q8m = formats::manifest::Manifest::load(&q8_out.join("manifest.toml")).unwrap();
-    let (r5, r8) = (open_rf(&out, &m).read_blocks(25, 700).unwrap(), open_rf(q8_out, &q8m).read_blocks(25, 700).unwrap());
+    let (r5, r8) =
+        (open_rf(&out, &m).read_blocks(25, 700).unwrap(), open_rf(q8_out, &q8m).read_blocks(25, 700).unwrap());
     let (mut c5, mut c8) = (vec![0f32; 576], vec![0f32; 576]);
     formats::ggml_quants::dequantize(GgmlType::Q5_0, &r5.down, &mut c5);
     formats::ggml_quants::dequantize(GgmlType::Q8_0, &r8.down, &mut c8);
@@ -303,27 +426,62 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
         let mut cache = o.model.new_cache(128).unwrap();
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
-    let all = InMemorySettings { selector: SelectorChoice::Scorer { resident_bonus: 1.0 }, dense_prefix: DensePrefix::Layer(20), set_scale: 1.0, slot_share: Some(1.0), single_token: false, ..Default::default() };
-    let (a, b) = (logits_of(&PreparedMode::InMemory(all)), logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }));
-    let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>()).sqrt();
+    let all = InMemorySettings {
+        selector: SelectorChoice::Scorer { resident_bonus: 1.0 },
+        dense_prefix: DensePrefix::Layer(20),
+        set_scale: 1.0,
+        slot_share: Some(1.0),
+        single_token: false,
+        ..Default::default()
+    };
+    let (a, b) = (
+        logits_of(&PreparedMode::InMemory(all)),
+        logits_of(&PreparedMode::Dense { head: runtime::HeadChoice::Resident }),
+    );
+    let rel = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>()
+        / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>())
+    .sqrt();
     eprintln!("Q5_0 down rows, scorer holding every row vs dense: relative L2 {rel}");
     // (0.052 measured against the GGUF's own Q4_1 W_down; Q8_0 rows: 0.021)
     assert!(rel < 0.07, "relative L2 {rel}");
     // a lower minimum, and streamed = in-memory at it
-    let (min5, min8) = (minimum_budget(&manifest, &["--strategy", "scorer"]), minimum_budget(&q8_out.join("manifest.toml"), &["--strategy", "scorer"]));
+    let (min5, min8) = (
+        minimum_budget(&manifest, &["--strategy", "scorer"]),
+        minimum_budget(&q8_out.join("manifest.toml"), &["--strategy", "scorer"]),
+    );
     eprintln!("scorer minimum: Q5_0 down {min5}, Q8_0 down {min8}");
     assert!(min5 < min8, "{min5} vs {min8}");
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
-    let mut s = runtime::open(&manifest, &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: Some(min5 + (256 << 10)), ..Default::default() })).unwrap();
+    let mut s = runtime::open(
+        &manifest,
+        &PreparedMode::Stream(StreamSettings {
+            ctx: 128,
+            selector,
+            set_scale: 0.25,
+            mem_budget_bytes: Some(min5 + (256 << 10)),
+            ..Default::default()
+        }),
+    )
+    .unwrap();
     let (slots, first) = {
         let e = s.engine().unwrap();
         (e.plan.capacity[0], e.dense_prefix)
     };
-    let mem_settings = InMemorySettings { selector, dense_prefix: DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, ..Default::default() };
+    let mem_settings = InMemorySettings {
+        selector,
+        dense_prefix: DensePrefix::Layer(first),
+        set_scale: 0.25,
+        slot_share: Some(slots as f64 / 1536.0),
+        single_token: true,
+        ..Default::default()
+    };
     let mut mem = runtime::open(&manifest, &PreparedMode::InMemory(mem_settings)).unwrap();
     let (want, got) = (logits_of_opened(&mut mem), logits_of_opened(&mut s));
     let diff = max_abs_diff(&want, &got);
-    assert!(s.engine().unwrap().stats.rows_loaded > 0 && diff < 2e-3, "streamed scorer over Q5_0 down rows differs from in-memory by {diff}");
+    assert!(
+        s.engine().unwrap().stats.rows_loaded > 0 && diff < 2e-3,
+        "streamed scorer over Q5_0 down rows differs from in-memory by {diff}"
+    );
     for selector in [SelectorChoice::Layers, SelectorChoice::Gate, SelectorChoice::Sketch] {
         streamed_whole_records_equal_in_memory(&out, selector);
     }
@@ -343,29 +501,64 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     use runtime::stream::{auto, SelectorChoice, StreamSettings, StreamingEngine};
     let manifest = out.join("manifest.toml");
     let m = formats::manifest::Manifest::load(&manifest).unwrap();
-    let settings = |budget: Option<u64>| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: budget, dense_prefix: runtime::stream::DensePrefix::Fit, ..Default::default() };
+    let settings = |budget: Option<u64>| StreamSettings {
+        ctx: 512,
+        set_scale: 0.25,
+        mem_budget_bytes: budget,
+        dense_prefix: runtime::stream::DensePrefix::Fit,
+        ..Default::default()
+    };
     let minimum_of = auto::Candidate::minimum_bytes;
     // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff); the scorer
     // twice, with the resident head and with the smaller 4-bit one
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
-    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["dense", "scorer", "scorer", "sketch", "gate", "layers"]);
+    assert_eq!(
+        cands.iter().map(|c| c.name).collect::<Vec<_>>(),
+        ["dense", "scorer", "scorer", "sketch", "gate", "layers"]
+    );
     let dense_minimum = minimum_of(&cands[0]);
     let mins: Vec<u64> = cands[1..].iter().map(minimum_of).collect();
-    eprintln!("auto: minimums dense {dense_minimum} scorer {} (4-bit head {}) sketch {} gate {} layers {}", mins[0], mins[1], mins[2], mins[3], mins[4]);
-    assert!(dense_minimum > mins[0] && mins.windows(2).all(|w| w[1] < w[0]), "{dense_minimum} {mins:?}: the fixture's minimums order as Qwen's");
+    eprintln!(
+        "auto: minimums dense {dense_minimum} scorer {} (4-bit head {}) sketch {} gate {} layers {}",
+        mins[0], mins[1], mins[2], mins[3], mins[4]
+    );
+    assert!(
+        dense_minimum > mins[0] && mins.windows(2).all(|w| w[1] < w[0]),
+        "{dense_minimum} {mins:?}: the fixture's minimums order as Qwen's"
+    );
     // the header sizing plans what the loaded selector plans, at several budgets
-    let budgets = [None, Some(dense_minimum), Some(mins[0] + (3 << 20)), Some(mins[1] + (1 << 20)), Some(mins[2] + (1 << 20)), Some(mins[3] + (1 << 19)), Some(mins[4] + (1 << 19)), Some(mins[4] - 1)];
+    let budgets = [
+        None,
+        Some(dense_minimum),
+        Some(mins[0] + (3 << 20)),
+        Some(mins[1] + (1 << 20)),
+        Some(mins[2] + (1 << 20)),
+        Some(mins[3] + (1 << 19)),
+        Some(mins[4] + (1 << 19)),
+        Some(mins[4] - 1),
+    ];
     for budget in budgets {
         for c in auto::candidates(&manifest, &m, &settings(budget), None).unwrap() {
-            let engine = StreamingEngine::new(&manifest, &m, &StreamSettings { selector: c.choice, head: c.head, ..settings(budget) });
+            let engine = StreamingEngine::new(
+                &manifest,
+                &m,
+                &StreamSettings { selector: c.choice, head: c.head, ..settings(budget) },
+            );
             match (&c.plan, engine) {
                 (Ok(p), Ok(e)) => {
                     let (a, b) = (serde_json::to_value(p).unwrap(), serde_json::to_value(&e.plan).unwrap());
                     assert_eq!(a, b, "{} at {budget:?}: the header-sized plan differs from the loaded one", c.label());
                     assert_eq!(c.read_span_bytes, e.read_span_bytes, "{}", c.label());
                 }
-                (Err(_), Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. })) => assert_eq!(minimum, minimum_of(&c), "{}", c.label()),
-                (p, e) => panic!("{} at {budget:?}: header sizing {:?}, loaded {:?}", c.label(), p.as_ref().map(|p| p.total_bytes), e.map(|e| e.plan.total_bytes)),
+                (Err(_), Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. })) => {
+                    assert_eq!(minimum, minimum_of(&c), "{}", c.label())
+                }
+                (p, e) => panic!(
+                    "{} at {budget:?}: header sizing {:?}, loaded {:?}",
+                    c.label(),
+                    p.as_ref().map(|p| p.total_bytes),
+                    e.map(|e| e.plan.total_bytes)
+                ),
             }
         }
     }
@@ -381,7 +574,15 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         assert_eq!(choice, want, "at {budget}");
         assert!(note.as_deref().unwrap_or("").contains("scorer with the 4-bit head needs"), "{note:?}");
         // the CLI's default strategy is auto: the same choice, and the note says why
-        let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &budget.to_string(), "-n", "2", "--json"]);
+        let (ok, stdout, err) = runtime_cli(&[
+            "bench",
+            manifest.to_str().unwrap(),
+            "--mem-budget",
+            &budget.to_string(),
+            "-n",
+            "2",
+            "--json",
+        ]);
         assert!(ok, "{err}");
         let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
         assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
@@ -389,7 +590,13 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     }
     let err = auto::choose(&manifest, &m, &settings(Some(mins[4] - 1)), None).err().unwrap().to_string();
     assert!(
-        err.contains(&format!("at least {}", mins[4])) && err.contains("dense needs") && err.contains("scorer needs") && err.contains("scorer with the 4-bit head needs") && err.contains("sketch needs") && err.contains("gate needs") && err.contains("--strategy layers"),
+        err.contains(&format!("at least {}", mins[4]))
+            && err.contains("dense needs")
+            && err.contains("scorer needs")
+            && err.contains("scorer with the 4-bit head needs")
+            && err.contains("sketch needs")
+            && err.contains("gate needs")
+            && err.contains("--strategy layers"),
         "{err}"
     );
 }
@@ -403,13 +610,22 @@ fn dense_runs_the_gguf_blocks(f16_out: &std::path::Path, native_out: &std::path:
     use runtime::stream::{auto, SelectorChoice, StreamSettings};
     use runtime::PreparedMode;
     let role = formats::dense_mlp::ARTIFACT_ROLE;
-    let has = |out: &std::path::Path| formats::manifest::Manifest::load(&out.join("manifest.toml")).unwrap().artifacts.iter().any(|a| a.role == role);
+    let has = |out: &std::path::Path| {
+        formats::manifest::Manifest::load(&out.join("manifest.toml")).unwrap().artifacts.iter().any(|a| a.role == role)
+    };
     assert!(has(native_out) && !has(f16_out), "dense_mlp ships with a native preparation only");
     let st = MappedSafetensors::open(native_out.join("dense_mlp.safetensors")).unwrap();
     let g = GgufFile::open(fixture_gguf()).unwrap();
     let down = &st.tensors["model.layers.25.mlp.down_proj.weight"];
-    assert_eq!(st.bytes(down), g.tensor_bytes(g.tensor("blk.25.ffn_down.weight").unwrap()), "layer 25's W_down: the GGUF's blocks");
-    assert!(!st.tensors.contains_key("model.layers.19.mlp.down_proj.weight"), "the dense prefix's MLPs are resident.safetensors'");
+    assert_eq!(
+        st.bytes(down),
+        g.tensor_bytes(g.tensor("blk.25.ffn_down.weight").unwrap()),
+        "layer 25's W_down: the GGUF's blocks"
+    );
+    assert!(
+        !st.tensors.contains_key("model.layers.19.mlp.down_proj.weight"),
+        "the dense prefix's MLPs are resident.safetensors'"
+    );
     let text = "The capital of France is Paris, and the capital of Italy is";
     let (model_dir, tok) = runtime::open_model(&fixture_native_model()).unwrap();
     let ids = tok.encode(text, true).unwrap();
@@ -422,11 +638,18 @@ fn dense_runs_the_gguf_blocks(f16_out: &std::path::Path, native_out: &std::path:
     let dense = runtime::open(&manifest, &PreparedMode::Dense { head: runtime::HeadChoice::Resident }).unwrap();
     assert_eq!(batched(&dense.model), want, "the prepared model run dense differs from the native model directory");
     // token by token through the engine at its minimum budget: as the model directory token by token
-    let at = |budget| StreamSettings { ctx: 128, selector: SelectorChoice::Dense, mem_budget_bytes: budget, ..Default::default() };
-    let minimum = runtime::open(&manifest, &PreparedMode::Stream(at(None))).unwrap().engine().unwrap().plan.minimum_bytes;
+    let at = |budget| StreamSettings {
+        ctx: 128,
+        selector: SelectorChoice::Dense,
+        mem_budget_bytes: budget,
+        ..Default::default()
+    };
+    let minimum =
+        runtime::open(&manifest, &PreparedMode::Stream(at(None))).unwrap().engine().unwrap().plan.minimum_bytes;
     let mut s = runtime::open(&manifest, &PreparedMode::Stream(at(Some(minimum)))).unwrap();
     let mut cache = model_dir.new_cache(128).unwrap();
-    let one_by_one: Vec<f32> = ids.iter().flat_map(|&t| Runner::dense(&model_dir).forward(&[t], &mut cache, 0).unwrap()).collect();
+    let one_by_one: Vec<f32> =
+        ids.iter().flat_map(|&t| Runner::dense(&model_dir).forward(&[t], &mut cache, 0).unwrap()).collect();
     let got = logits_of_opened_text(&mut s, text);
     let diff = max_abs_diff(&one_by_one, &got);
     let e = s.engine().unwrap();
@@ -436,22 +659,58 @@ fn dense_runs_the_gguf_blocks(f16_out: &std::path::Path, native_out: &std::path:
     assert!(refused.contains(&format!("at least {minimum}")) && refused.contains("the GGUF's blocks"), "{refused}");
     // the f16 preparation's dense run rebuilds the MLPs from its records: exact f16, so its
     // dense plan is larger than the native one's
-    let f16_minimum = runtime::open(&f16_out.join("manifest.toml"), &PreparedMode::Stream(at(None))).unwrap().engine().unwrap().plan.minimum_bytes;
+    let f16_minimum = runtime::open(&f16_out.join("manifest.toml"), &PreparedMode::Stream(at(None)))
+        .unwrap()
+        .engine()
+        .unwrap()
+        .plan
+        .minimum_bytes;
     assert!(f16_minimum > minimum, "{f16_minimum} {minimum}");
     // auto: dense wherever it fits, with no note; the CLI's bench says so
     let m = formats::manifest::Manifest::load(&manifest).unwrap();
-    let auto_at = |b| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: Some(b), dense_prefix: runtime::stream::DensePrefix::Fit, ..Default::default() };
+    let auto_at = |b| StreamSettings {
+        ctx: 512,
+        set_scale: 0.25,
+        mem_budget_bytes: Some(b),
+        dense_prefix: runtime::stream::DensePrefix::Fit,
+        ..Default::default()
+    };
     let dense_min512 = auto::Candidate::minimum_bytes(&auto::candidates(&manifest, &m, &auto_at(1), None).unwrap()[0]);
     let (choice, head, note) = auto::choose(&manifest, &m, &auto_at(dense_min512), None).unwrap().unwrap();
-    assert!(choice == SelectorChoice::Dense && head == runtime::HeadChoice::Resident && note.is_none(), "{choice:?} {head:?} {note:?}");
+    assert!(
+        choice == SelectorChoice::Dense && head == runtime::HeadChoice::Resident && note.is_none(),
+        "{choice:?} {head:?} {note:?}"
+    );
     let (choice, _, note) = auto::choose(&manifest, &m, &auto_at(dense_min512 - 1), None).unwrap().unwrap();
-    assert!(matches!(choice, SelectorChoice::Scorer { .. }) && note.as_deref().unwrap_or("").contains("dense needs"), "{choice:?} {note:?}");
-    let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &dense_min512.to_string(), "-n", "2", "--json"]);
+    assert!(
+        matches!(choice, SelectorChoice::Scorer { .. }) && note.as_deref().unwrap_or("").contains("dense needs"),
+        "{choice:?} {note:?}"
+    );
+    let (ok, stdout, err) = runtime_cli(&[
+        "bench",
+        manifest.to_str().unwrap(),
+        "--mem-budget",
+        &dense_min512.to_string(),
+        "-n",
+        "2",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     assert!(r["set_rule"] == "dense" && r["rows_read_per_token"] == 0.0, "{r}");
     // --strategy dense takes no sparse-set knob
-    let (ok, _, err) = runtime_cli(&["run", manifest.to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "dense", "--set-scale", "0.5"]);
+    let (ok, _, err) = runtime_cli(&[
+        "run",
+        manifest.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--strategy",
+        "dense",
+        "--set-scale",
+        "0.5",
+    ]);
     assert!(!ok && err.contains("--strategy dense"), "{err}");
 }
 
@@ -465,12 +724,21 @@ fn logits_of_opened_text(o: &mut runtime::Opened, text: &str) -> Vec<f32> {
 /// preparation) is larger than the 4-bit head, which makes a second scorer candidate: it runs
 /// where the first does not fit, or fits only by cutting its sets, and not where both keep full
 /// sets.
-fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path::Path, default_head: runtime::HeadChoice) {
+fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(
+    out: &std::path::Path,
+    default_head: runtime::HeadChoice,
+) {
     use runtime::stream::{auto, DensePrefix, SelectorChoice, StreamSettings};
     use runtime::HeadChoice;
     let manifest = out.join("manifest.toml");
     let m = formats::manifest::Manifest::load(&manifest).unwrap();
-    let settings = |budget: Option<u64>| StreamSettings { ctx: 512, set_scale: 0.25, mem_budget_bytes: budget, dense_prefix: DensePrefix::Fit, ..Default::default() };
+    let settings = |budget: Option<u64>| StreamSettings {
+        ctx: 512,
+        set_scale: 0.25,
+        mem_budget_bytes: budget,
+        dense_prefix: DensePrefix::Fit,
+        ..Default::default()
+    };
     let minimum_of = auto::Candidate::minimum_bytes;
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
     let labels: Vec<String> = cands.iter().map(|c| c.label()).collect();
@@ -482,25 +750,53 @@ fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(out: &std::path:
     assert!(min_4bit < min_default && minimum_of(&cands[2]) < min_4bit, "{min_default} {min_4bit}");
     let set_of = |c: &auto::Candidate| c.plan.as_ref().map(|p| p.set_scale).unwrap();
     // below the default head's minimum: the 4-bit head, and the note names the other's minimum
-    let (choice, head, note) = auto::choose(&manifest, &m, &settings(Some((min_4bit + min_default) / 2)), None).unwrap().unwrap();
+    let (choice, head, note) =
+        auto::choose(&manifest, &m, &settings(Some((min_4bit + min_default) / 2)), None).unwrap().unwrap();
     let note = note.unwrap();
-    assert!(matches!(choice, SelectorChoice::Scorer { .. }) && head == HeadChoice::Compact && note.contains("runs scorer with the 4-bit head") && note.contains("scorer needs"), "{note}");
+    assert!(
+        matches!(choice, SelectorChoice::Scorer { .. })
+            && head == HeadChoice::Compact
+            && note.contains("runs scorer with the 4-bit head")
+            && note.contains("scorer needs"),
+        "{note}"
+    );
     // at the default head's minimum it fits only with cut sets: the 4-bit head, at full sets
     let at = settings(Some(min_default));
     let c = auto::candidates(&manifest, &m, &at, None).unwrap();
     assert!(set_of(&c[1]) < 0.25 && (set_of(&c[2]) - 0.25).abs() < 1e-9, "{} {}", set_of(&c[1]), set_of(&c[2]));
     let (_, head, note) = auto::choose(&manifest, &m, &at, None).unwrap().unwrap();
-    assert!(head == HeadChoice::Compact && note.as_deref().unwrap_or("").contains("fits only with sets of"), "{note:?}");
+    assert!(
+        head == HeadChoice::Compact && note.as_deref().unwrap_or("").contains("fits only with sets of"),
+        "{note:?}"
+    );
     // the CLI runs the same and reports its head
-    let (ok, stdout, err) = runtime_cli(&["bench", manifest.to_str().unwrap(), "--mem-budget", &min_default.to_string(), "-n", "2", "--json"]);
+    let (ok, stdout, err) = runtime_cli(&[
+        "bench",
+        manifest.to_str().unwrap(),
+        "--mem-budget",
+        &min_default.to_string(),
+        "-n",
+        "2",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     assert!(r["set_rule"] == "scorer" && r["head"] == "compact", "{r}");
     // with room for full sets either way: the default head
-    let full = (min_default..).step_by(64 << 10).take(4096).find(|&b| set_of(&auto::candidates(&manifest, &m, &settings(Some(b)), None).unwrap()[1]) >= 0.25 - 1e-9).unwrap();
+    let full = (min_default..)
+        .step_by(64 << 10)
+        .take(4096)
+        .find(|&b| set_of(&auto::candidates(&manifest, &m, &settings(Some(b)), None).unwrap()[1]) >= 0.25 - 1e-9)
+        .unwrap();
     let (choice, head, note) = auto::choose(&manifest, &m, &settings(Some(full)), None).unwrap().unwrap();
     let note = note.unwrap_or_default();
-    assert!(matches!(choice, SelectorChoice::Scorer { .. }) && head == default_head && note.contains("dense needs") && !note.contains("scorer needs"), "at {full}: {head:?} {note}");
+    assert!(
+        matches!(choice, SelectorChoice::Scorer { .. })
+            && head == default_head
+            && note.contains("dense needs")
+            && !note.contains("scorer needs"),
+        "at {full}: {head:?} {note}"
+    );
 }
 
 /// A whole-record strategy streamed at a budget between its minimum and every row equals the
@@ -509,7 +805,20 @@ fn streamed_whole_records_equal_in_memory(out: &std::path::Path, selector: runti
     use runtime::stream::StreamSettings;
     use runtime::{InMemorySettings, PreparedMode};
     let manifest = out.join("manifest.toml");
-    let open_stream = |budget| runtime::open(&manifest, &PreparedMode::Stream(StreamSettings { ctx: 128, selector, set_scale: 0.25, mem_budget_bytes: budget, head: runtime::HeadChoice::Compact, ..Default::default() })).unwrap();
+    let open_stream = |budget| {
+        runtime::open(
+            &manifest,
+            &PreparedMode::Stream(StreamSettings {
+                ctx: 128,
+                selector,
+                set_scale: 0.25,
+                mem_budget_bytes: budget,
+                head: runtime::HeadChoice::Compact,
+                ..Default::default()
+            }),
+        )
+        .unwrap()
+    };
     let minimum = open_stream(None).engine().unwrap().plan.minimum_bytes;
     let mut s = open_stream(Some(minimum + (512 << 10)));
     let (slots, first) = {
@@ -517,18 +826,34 @@ fn streamed_whole_records_equal_in_memory(out: &std::path::Path, selector: runti
         (e.plan.capacity[0], e.dense_prefix)
     };
     assert!((384..1536).contains(&slots), "{selector:?}: {slots} slots, between the set and the layer");
-    let mem_settings = InMemorySettings { selector, dense_prefix: runtime::stream::DensePrefix::Layer(first), set_scale: 0.25, slot_share: Some(slots as f64 / 1536.0), single_token: true, head: runtime::HeadChoice::Compact, ..Default::default() };
+    let mem_settings = InMemorySettings {
+        selector,
+        dense_prefix: runtime::stream::DensePrefix::Layer(first),
+        set_scale: 0.25,
+        slot_share: Some(slots as f64 / 1536.0),
+        single_token: true,
+        head: runtime::HeadChoice::Compact,
+        ..Default::default()
+    };
     let mut mem = runtime::open(&manifest, &PreparedMode::InMemory(mem_settings)).unwrap();
     let run = |o: &mut runtime::Opened| {
         let ids = o.tokenizer.encode("The capital of France is Paris, and the capital of Italy is", true).unwrap();
         let mut cache = o.model.new_cache(128).unwrap();
         o.runner().forward(&ids, &mut cache, 0).unwrap()
     };
-    assert!(s.model.weights.head == runtime::HeadChoice::Compact && mem.model.weights.head == runtime::HeadChoice::Compact);
+    assert!(
+        s.model.weights.head == runtime::HeadChoice::Compact && mem.model.weights.head == runtime::HeadChoice::Compact
+    );
     let (want, got) = (run(&mut mem), run(&mut s));
     let diff = max_abs_diff(&want, &got);
     let e = s.engine().unwrap();
-    eprintln!("{}: {} streamed vs in-memory: max |diff| {diff}, {} rows loaded, reuse {:.3}", out.display(), e.rule(), e.stats.rows_loaded, e.stats.reuse_ratio());
+    eprintln!(
+        "{}: {} streamed vs in-memory: max |diff| {diff}, {} rows loaded, reuse {:.3}",
+        out.display(),
+        e.rule(),
+        e.stats.rows_loaded,
+        e.stats.reuse_ratio()
+    );
     assert!(e.stats.rows_loaded > 0 && diff < 1e-4, "{selector:?}: streamed differs from in-memory by {diff}");
 }
 
@@ -537,9 +862,16 @@ fn streamed_whole_records_equal_in_memory(out: &std::path::Path, selector: runti
 fn per_layer_predictor_files_refused(out: &std::path::Path) {
     use formats::layer_predictors::{LayerPredictorFile, LayerPredictorWeights};
     let good = LayerPredictorFile::load(&out.join("layers/layer_predictors.safetensors"), 576, 1536, 30).unwrap();
-    let copy_of = |w: &LayerPredictorWeights| LayerPredictorWeights { w1: w.w1.clone(), b1: w.b1.clone(), w2: w.w2.clone(), b2: w.b2.clone() };
+    let copy_of = |w: &LayerPredictorWeights| LayerPredictorWeights {
+        w1: w.w1.clone(),
+        b1: w.b1.clone(),
+        w2: w.w2.clone(),
+        b2: w.b2.clone(),
+    };
     let dir = scratch("quantized-bad-layer-predictors");
-    for (name, want) in [("nan", vec!["layer 27", "layers.27.w2", "not finite"]), ("other-model", vec!["31 layers", "30 layers"])] {
+    for (name, want) in
+        [("nan", vec!["layer 27", "layers.27.w2", "not finite"]), ("other-model", vec!["31 layers", "30 layers"])]
+    {
         let copy = dir.join(name);
         link_all_but(out, &copy, "layers");
         std::fs::create_dir_all(copy.join("layers")).unwrap();
@@ -553,8 +885,25 @@ fn per_layer_predictor_files_refused(out: &std::path::Path) {
             spec.first_layer += 1;
         }
         LayerPredictorFile::save(&copy.join("layers/layer_predictors.safetensors"), &spec, &layers).unwrap();
-        let (ok, stdout, err) = runtime_cli(&["run", copy.join("manifest.toml").to_str().unwrap(), "-p", "hi", "-n", "1", "--strategy", "layers", "--mem-budget", "1GiB", "--no-verify"]);
-        assert!(!ok && stdout.is_empty() && err.contains("layer_predictors.safetensors") && want.iter().all(|w| err.contains(w)), "{name}: {err}");
+        let (ok, stdout, err) = runtime_cli(&[
+            "run",
+            copy.join("manifest.toml").to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--strategy",
+            "layers",
+            "--mem-budget",
+            "1GiB",
+            "--no-verify",
+        ]);
+        assert!(
+            !ok && stdout.is_empty()
+                && err.contains("layer_predictors.safetensors")
+                && want.iter().all(|w| err.contains(w)),
+            "{name}: {err}"
+        );
     }
 }
 
@@ -564,7 +913,10 @@ fn per_layer_predictor_files_refused(out: &std::path::Path) {
 #[test]
 fn import_quantize_q8_0_from_an_f16_directory() {
     let dir = scratch("quantized-import-q8");
-    let out = run_bin("prep", &["import", fixture_model().to_str().unwrap(), "--quantize", "Q8_0", "--out", dir.join("q8").to_str().unwrap()]);
+    let out = run_bin(
+        "prep",
+        &["import", fixture_model().to_str().unwrap(), "--quantize", "Q8_0", "--out", dir.join("q8").to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let st = MappedSafetensors::open(dir.join("q8/model.safetensors")).unwrap();
     assert_eq!(st.tensors["model.layers.3.mlp.down_proj.weight"].ggml, Some(GgmlType::Q8_0));
@@ -574,9 +926,34 @@ fn import_quantize_q8_0_from_an_f16_directory() {
     // --chunks 8 -t 2 -fa off` on data/text/hamlet.txt: 42.8845 (42.8647 with its default flash
     // attention). 8 chunks: with 8-bit activations 2 chunks move by 0.5% when a key is rounded
     // differently (docs/RESULTS.md "Issue #16 (part 6)").
-    let r = runtime::perplexity::perplexity(&mut Runner::dense(&model), &tok, &data_text("hamlet.txt"), 512, Some(8), |_, _, _| {}).unwrap();
-    assert!((r.perplexity / 42.8845 - 1.0).abs() < 0.002, "Q8_0 perplexity {} vs llama.cpp's Q8_0 42.8845", r.perplexity);
-    let out = run_bin("prep", &["import", fixture_model().to_str().unwrap(), "--quantize", "Q4_K", "--out", dir.join("q4k").to_str().unwrap()]);
+    let r = runtime::perplexity::perplexity(
+        &mut Runner::dense(&model),
+        &tok,
+        &data_text("hamlet.txt"),
+        512,
+        Some(8),
+        |_, _, _| {},
+    )
+    .unwrap();
+    assert!(
+        (r.perplexity / 42.8845 - 1.0).abs() < 0.002,
+        "Q8_0 perplexity {} vs llama.cpp's Q8_0 42.8845",
+        r.perplexity
+    );
+    let out = run_bin(
+        "prep",
+        &[
+            "import",
+            fixture_model().to_str().unwrap(),
+            "--quantize",
+            "Q4_K",
+            "--out",
+            dir.join("q4k").to_str().unwrap(),
+        ],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("rows of 576 values") && err.contains("Q4_K") && err.contains("'model."), "{err}");
+    assert!(
+        !out.status.success() && err.contains("rows of 576 values") && err.contains("Q4_K") && err.contains("'model."),
+        "{err}"
+    );
 }

@@ -13,7 +13,13 @@ fn the_openai_client_drives_the_server() {
         .args([&format!("http://{}/v1", s.addr), "smollm2-135m-native"])
         .output()
         .expect("python3");
-    assert!(out.status.success(), "tests/serve_openai.py failed:\n{}\n{}\nserver log:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), s.log());
+    assert!(
+        out.status.success(),
+        "tests/serve_openai.py failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
     eprintln!("openai client: {}", String::from_utf8_lossy(&out.stdout).trim());
 }
 
@@ -33,7 +39,8 @@ fn the_server_holds_its_budget_under_load() {
     std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
     let wrap = format!("echo $$ > {}/cgroup.procs && exec", group.display());
     let budget_arg = budget.to_string();
-    let mut s = Server::start(&[manifest.to_str().unwrap(), "--mem-budget", &budget_arg, "--threads", "2"], Some(&wrap));
+    let mut s =
+        Server::start(&[manifest.to_str().unwrap(), "--mem-budget", &budget_arg, "--threads", "2"], Some(&wrap));
     let replies: Vec<(bool, HttpReply)> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..8)
             .map(|i| {
@@ -56,7 +63,12 @@ fn the_server_holds_its_budget_under_load() {
         }
     }
     let m = s.get("/metrics").body;
-    let value = |name: &str| -> f64 { m.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}")) };
+    let value = |name: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}"))
+    };
     let peak = value("np_peak_resident_memory_bytes ") as u64;
     assert!(value("np_stream_bytes_read_total ") > 0.0 && value("np_stream_tokens_total ") >= 8.0 * 31.0, "{m}");
     assert!(s.alive(), "the server died under the limit: {}", s.log());

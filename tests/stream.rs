@@ -92,7 +92,11 @@ fn rows_read_are_exactly_the_deltas() {
     assert_eq!(e.history.len(), ids.len());
     assert_eq!(e.stats.rows_loaded, expected);
     assert_eq!(e.stats.bytes_read, expected * manifest.records.record_bytes as u64, "bytes read = rows x record size");
-    assert!(e.stats.read_requests < expected, "adjacent records are coalesced ({} requests for {expected} rows)", e.stats.read_requests);
+    assert!(
+        e.stats.read_requests < expected,
+        "adjacent records are coalesced ({} requests for {expected} rows)",
+        e.stats.read_requests
+    );
 }
 
 #[test]
@@ -118,16 +122,41 @@ fn flipped_byte_is_a_crc_error() {
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
     let mpath = dir.join("manifest.toml");
     // at load the artifacts' sha256 catches it, naming the file
-    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "predictor"]);
+    let out = run_bin(
+        "runtime",
+        &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "predictor"],
+    );
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("records.bin") && e.contains("sha256") && e.contains("differs"), "{e}");
     // unverified (--no-verify, or a record changed after the check), each record's CRC catches it
-    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "predictor", "--no-verify"]);
+    let out = run_bin(
+        "runtime",
+        &[
+            "run",
+            mpath.to_str().unwrap(),
+            "-p",
+            "Hello",
+            "-n",
+            "2",
+            "--ctx",
+            "64",
+            "--strategy",
+            "predictor",
+            "--no-verify",
+        ],
+    );
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     let record_off = manifest.records.offset(27, 100);
-    assert!(e.contains("records.bin") && e.contains("CRC") && e.contains(&record_off.to_string()) && e.contains("27") && e.contains("100"), "{e}");
+    assert!(
+        e.contains("records.bin")
+            && e.contains("CRC")
+            && e.contains(&record_off.to_string())
+            && e.contains("27")
+            && e.contains("100"),
+        "{e}"
+    );
 
     // the scorer reads downT rows alone: a flipped byte there is caught by the scorer file's
     // CRC of that row (the gate byte flipped above is never read)
@@ -135,10 +164,33 @@ fn flipped_byte_is_a_crc_error() {
     let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
     bytes[row_off as usize + 10] ^= 0x01;
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
-    let out = run_bin("runtime", &["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64", "--strategy", "scorer", "--set-scale", "1", "--no-verify"]);
+    let out = run_bin(
+        "runtime",
+        &[
+            "run",
+            mpath.to_str().unwrap(),
+            "-p",
+            "Hello",
+            "-n",
+            "2",
+            "--ctx",
+            "64",
+            "--strategy",
+            "scorer",
+            "--set-scale",
+            "1",
+            "--no-verify",
+        ],
+    );
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(e.contains("records.bin") && e.contains("downT row of layer 28, neuron 200") && e.contains("CRC32C mismatch") && e.contains(&row_off.to_string()), "{e}");
+    assert!(
+        e.contains("records.bin")
+            && e.contains("downT row of layer 28, neuron 200")
+            && e.contains("CRC32C mismatch")
+            && e.contains(&row_off.to_string()),
+        "{e}"
+    );
 }
 
 /// `--strategy scorer`: the quality figures come from `--in-memory` (batched, every downT row
@@ -151,7 +203,13 @@ fn scorer_streaming_equals_in_memory() {
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     let (share, bonus) = (0.3, 2.0);
     let selector = runtime::stream::SelectorChoice::Scorer { resident_bonus: bonus };
-    let settings = |budget| runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, selector, set_scale: share, ..Default::default() };
+    let settings = |budget| runtime::stream::StreamSettings {
+        mem_budget_bytes: budget,
+        ctx: 256,
+        selector,
+        set_scale: share,
+        ..Default::default()
+    };
     let minimum = match runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().sparsity {
         Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
         _ => panic!("not streaming"),
@@ -166,7 +224,12 @@ fn scorer_streaming_equals_in_memory() {
         if extra == 0 {
             assert_eq!(e.plan.capacity, e.plan.set_sizes, "the smallest budget holds exactly the sets");
         } else {
-            assert!(e.plan.capacity.iter().zip(&e.plan.set_sizes).all(|(c, k)| c > k), "{:?} {:?}", e.plan.capacity, e.plan.set_sizes);
+            assert!(
+                e.plan.capacity.iter().zip(&e.plan.set_sizes).all(|(c, k)| c > k),
+                "{:?} {:?}",
+                e.plan.capacity,
+                e.plan.set_sizes
+            );
         }
         let slots = e.plan.capacity[0];
         // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
@@ -182,7 +245,10 @@ fn scorer_streaming_equals_in_memory() {
         let mut mem = runtime::open(m, &PreparedMode::InMemory(mem_settings)).unwrap();
         let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!("not the in-memory scorer") };
         assert_eq!((p.slots, p.resident_bonus), (slots, bonus));
-        let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
+        let ids = mem
+            .tokenizer
+            .encode("It was the best of times, it was the worst of times, it was the age of", true)
+            .unwrap();
         let want = forward_logits(&mut mem, &ids);
         let got = forward_logits(&mut s, &ids);
         let max_diff = max_abs_diff(&want, &got);
@@ -216,15 +282,24 @@ fn too_small_budget_gives_the_minimum() {
 #[test]
 fn runs_within_a_cgroup_memory_limit() {
     let m = default_sparse();
-    for (i, extra) in [vec!["--strategy", "predictor"], vec!["--strategy", "scorer", "--set-scale", "0.3"]].into_iter().enumerate() {
+    for (i, extra) in
+        [vec!["--strategy", "predictor"], vec!["--strategy", "scorer", "--set-scale", "0.3"]].into_iter().enumerate()
+    {
         let budget = minimum_budget(m, &extra) + (4 << 20);
         let limit = budget + budget / 10;
         let (out, failcnt) = bench_in_memory_cgroup(&i.to_string(), m, budget, limit, &extra);
-        assert!(out.status.success(), "bench {extra:?} under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "bench {extra:?} under a {limit}-byte limit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let rss = r["peak_rss_bytes"].as_u64().unwrap();
         assert!(rss <= limit, "{extra:?}: peak RSS {rss} over the limit {limit}");
-        assert!(r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
         if i == 1 {
             assert!(r["head_q8"].as_bool().unwrap() && r["set_rule"] == "scorer", "{r}");
         }
@@ -237,12 +312,16 @@ fn runs_within_a_cgroup_memory_limit() {
 fn streaming_equals_in_memory_predicted_sets() {
     let m = default_sparse();
     let mut mem = in_memory(m);
-    let ids = mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
+    let ids =
+        mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = stream(m, None);
     let got = forward_logits(&mut s, &ids);
     let max_diff = max_abs_diff(&want, &got);
-    assert!(max_diff < BATCHED_VS_TOKEN_BY_TOKEN, "streamed logits differ from in-memory predicted sparsity by {max_diff}");
+    assert!(
+        max_diff < BATCHED_VS_TOKEN_BY_TOKEN,
+        "streamed logits differ from in-memory predicted sparsity by {max_diff}"
+    );
     let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
     assert!(p.density(1536) < 0.9, "sets are sparse: density {}", p.density(1536));
 }
@@ -260,7 +339,8 @@ fn dense_from_moves_with_the_budget() {
     let variant = m.with_file_name("manifest-default28.toml");
     manifest.save(&variant).unwrap();
     let open = |dense_prefix: DensePrefix, budget: Option<u64>| {
-        let s = runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_prefix, ..Default::default() };
+        let s =
+            runtime::stream::StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_prefix, ..Default::default() };
         runtime::open(&variant, &PreparedMode::Stream(s))
     };
     // the default prefix: layers 26 and 27 dense from records, 28.. streamed
@@ -299,7 +379,14 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     use runtime::stream::{DensePrefix, StreamSettings};
     let m = default_sparse();
     let open = |dense_prefix: DensePrefix, budget: Option<u64>, set_scale: f64| {
-        let s = StreamSettings { mem_budget_bytes: budget, ctx: 256, dense_prefix, set_scale, record_sets: true, ..Default::default() };
+        let s = StreamSettings {
+            mem_budget_bytes: budget,
+            ctx: 256,
+            dense_prefix,
+            set_scale,
+            record_sets: true,
+            ..Default::default()
+        };
         runtime::open(m, &PreparedMode::Stream(s))
     };
     let plan = |o: &runtime::Opened| match o.sparsity.as_ref() {
@@ -315,15 +402,25 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     let p = plan(&open(DensePrefix::Fit, Some(budget), 1.0).unwrap());
     assert_eq!(p.dense_prefix, 26);
     assert!(p.set_scale >= 0.5 && p.set_scale < 0.6, "set scale {}", p.set_scale);
-    assert!(p.total_bytes <= budget && minimum(p.set_scale + 0.01) > budget, "the largest scale that fits: {}", p.set_scale);
+    assert!(
+        p.total_bytes <= budget && minimum(p.set_scale + 0.01) > budget,
+        "the largest scale that fits: {}",
+        p.set_scale
+    );
     assert_eq!(p.set_sizes, runtime::predictor::scaled_set_sizes(&k_max, p.set_scale));
     assert!(p.capacity.iter().zip(&p.set_sizes).all(|(c, s)| c >= s));
     // below the minimum at the smallest scale fit tries: refused, naming that minimum and the full one
     let e = open(DensePrefix::Fit, Some(quarter - 1), 1.0).err().expect("nothing fits").to_string();
-    assert!(e.contains(&quarter.to_string()) && e.contains("0.25 x K_max") && e.contains(&format!("{} MiB", full >> 20)), "{e}");
+    assert!(
+        e.contains(&quarter.to_string()) && e.contains("0.25 x K_max") && e.contains(&format!("{} MiB", full >> 20)),
+        "{e}"
+    );
     // a fixed scale streams what --in-memory computes at that scale
-    let mut mem = runtime::open(m, &PreparedMode::InMemory(runtime::InMemorySettings { set_scale: 0.5, ..Default::default() })).unwrap();
-    let ids = mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
+    let mut mem =
+        runtime::open(m, &PreparedMode::InMemory(runtime::InMemorySettings { set_scale: 0.5, ..Default::default() }))
+            .unwrap();
+    let ids =
+        mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = open(DensePrefix::Layer(26), None, 0.5).unwrap();
     let got = forward_logits(&mut s, &ids);
@@ -340,7 +437,11 @@ fn sets_shrink_below_the_all_sparse_minimum() {
     }
     let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
     let full_density = k_max.iter().sum::<usize>() as f64 / (k_max.len() * 1536) as f64;
-    assert!(p.density(1536) < 0.51 * full_density, "in-memory kept {} of neurons, K_max is {full_density}", p.density(1536));
+    assert!(
+        p.density(1536) < 0.51 * full_density,
+        "in-memory kept {} of neurons, K_max is {full_density}",
+        p.density(1536)
+    );
 }
 
 /// A preparation made before `prep scorer` has no scorer or Q8_0 head: asking for them is a
@@ -352,13 +453,35 @@ fn scorer_and_head_q8_missing_are_clear_errors() {
     let dir = scratch("stream-no-scorer");
     let text = std::fs::read_to_string(m).unwrap();
     // drop their [[artifacts]] blocks (and those of the stages after them)
-    let kept: Vec<&str> = text.split("[[artifacts]]").filter(|b| !["scorer", "head_q8", "head_compact", "sketch", "reuse"].iter().any(|r| b.contains(&format!("role = \"{r}\"")))).collect();
+    let kept: Vec<&str> = text
+        .split("[[artifacts]]")
+        .filter(|b| {
+            !["scorer", "head_q8", "head_compact", "sketch", "reuse"]
+                .iter()
+                .any(|r| b.contains(&format!("role = \"{r}\"")))
+        })
+        .collect();
     std::fs::write(dir.join("manifest.toml"), kept.join("[[artifacts]]")).unwrap();
-    for f in ["records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja", "cluster", "predictor", "capture", "importance", "layers"] {
+    for f in [
+        "records.bin",
+        "resident.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "cluster",
+        "predictor",
+        "capture",
+        "importance",
+        "layers",
+    ] {
         std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
     }
     let mpath = dir.join("manifest.toml");
-    for (flags, what) in [(vec!["--strategy", "scorer"], "no scorer artifact"), (vec!["--strategy", "predictor", "-X", "head=q8"], "no head_q8 artifact"), (vec!["--strategy", "layers", "-X", "head=compact"], "no head_compact artifact"), (vec!["--in-memory", "--strategy", "scorer"], "no scorer artifact")] {
+    for (flags, what) in [
+        (vec!["--strategy", "scorer"], "no scorer artifact"),
+        (vec!["--strategy", "predictor", "-X", "head=q8"], "no head_q8 artifact"),
+        (vec!["--strategy", "layers", "-X", "head=compact"], "no head_compact artifact"),
+        (vec!["--in-memory", "--strategy", "scorer"], "no scorer artifact"),
+    ] {
         let mut args = vec!["run", mpath.to_str().unwrap(), "-p", "Hello", "-n", "2", "--ctx", "64"];
         args.extend(&flags);
         let out = run_bin("runtime", &args);
@@ -377,27 +500,69 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     let device = repo_root().join("devices/this-machine.toml");
     let min = minimum_budget(m, &[]);
     let budget = (min + (4 << 20)).to_string();
-    let (ok, out, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", &budget, "--device", device.to_str().unwrap(), "--gguf", fixture_gguf().to_str().unwrap(), "--json", "--no-verify"]);
+    let (ok, out, err) = runtime_cli(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--mem-budget",
+        &budget,
+        "--device",
+        device.to_str().unwrap(),
+        "--gguf",
+        fixture_gguf().to_str().unwrap(),
+        "--json",
+        "--no-verify",
+    ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let ours = &v["ours"];
-    assert!(ours["predicted_tok_per_s"].as_f64().unwrap() > 0.0 && ours["compute_s_per_token"].as_f64().unwrap() > 0.0, "{v}");
-    assert!(ours["bytes_per_token"]["a3_memory"].as_u64().unwrap() > 0 && ours["bytes_per_token"]["a0_memory"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        ours["predicted_tok_per_s"].as_f64().unwrap() > 0.0 && ours["compute_s_per_token"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(
+        ours["bytes_per_token"]["a3_memory"].as_u64().unwrap() > 0
+            && ours["bytes_per_token"]["a0_memory"].as_u64().unwrap() > 0,
+        "{v}"
+    );
     // at the minimum a layer holds only its set: the reads it needs are counted
-    let reads = ours["bytes_per_token"]["a1_storage"].as_u64().unwrap() + ours["bytes_per_token"]["a2_storage"].as_u64().unwrap();
-    assert!(reads > 0 && ours["exposed_io_s_per_token"].as_f64().unwrap() <= ours["io_s_per_token"].as_f64().unwrap(), "{v}");
+    let reads = ours["bytes_per_token"]["a1_storage"].as_u64().unwrap()
+        + ours["bytes_per_token"]["a2_storage"].as_u64().unwrap();
+    assert!(
+        reads > 0 && ours["exposed_io_s_per_token"].as_f64().unwrap() <= ours["io_s_per_token"].as_f64().unwrap(),
+        "{v}"
+    );
     let llama = &v["llama_cpp"][0]["prediction"];
     assert!(llama["predicted_tok_per_s"].as_f64().unwrap() > 0.0, "{v}");
     // every row held: no reads, nothing exposed, faster
-    let (ok, out, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", device.to_str().unwrap(), "--json", "--no-verify"]);
+    let (ok, out, err) =
+        runtime_cli(&["plan", m.to_str().unwrap(), "--device", device.to_str().unwrap(), "--json", "--no-verify"]);
     assert!(ok, "{err}");
     let all: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(all["ours"]["exposed_io_s_per_token"].as_f64(), Some(0.0));
     assert!(all["ours"]["predicted_tok_per_s"].as_f64() > ours["predicted_tok_per_s"].as_f64());
-    let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", "1MiB", "--device", device.to_str().unwrap(), "--no-verify"]);
+    let (ok, _, err) = runtime_cli(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--mem-budget",
+        "1MiB",
+        "--device",
+        device.to_str().unwrap(),
+        "--no-verify",
+    ]);
     assert!(!ok && err.contains("at least"), "{err}");
     // below our minimum, llama.cpp's prediction is still answered, beside our refusal
-    let (ok, out, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--mem-budget", "1MiB", "--device", device.to_str().unwrap(), "--gguf", fixture_gguf().to_str().unwrap(), "--json", "--no-verify"]);
+    let (ok, out, err) = runtime_cli(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--mem-budget",
+        "1MiB",
+        "--device",
+        device.to_str().unwrap(),
+        "--gguf",
+        fixture_gguf().to_str().unwrap(),
+        "--json",
+        "--no-verify",
+    ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["ours"].is_null() && v["ours_refused"].as_str().unwrap().contains("at least"), "{v}");
@@ -405,10 +570,19 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     assert!(!l["fits"].as_bool().unwrap() && l["predicted_tok_per_s"].as_f64().unwrap() > 0.0, "{v}");
     let dir = scratch("plan-device");
     let bad = dir.join("device.toml");
-    std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "threads = 0\n# was ", 1)).unwrap();
+    std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "threads = 0\n# was ", 1))
+        .unwrap();
     let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", bad.to_str().unwrap(), "--no-verify"]);
     assert!(!ok && err.contains("device.toml") && err.contains("threads"), "{err}");
-    std::fs::write(&bad, std::fs::read_to_string(&device).unwrap().replacen("threads = ", "llama_cpp_token_overhead_s = -0.01\nthreads = ", 1)).unwrap();
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&device).unwrap().replacen(
+            "threads = ",
+            "llama_cpp_token_overhead_s = -0.01\nthreads = ",
+            1,
+        ),
+    )
+    .unwrap();
     let (ok, _, err) = runtime_cli(&["plan", m.to_str().unwrap(), "--device", bad.to_str().unwrap(), "--no-verify"]);
     assert!(!ok && err.contains("device.toml") && err.contains("llama_cpp_token_overhead_s"), "{err}");
 }
@@ -431,7 +605,20 @@ fn plan_reads_the_preparations_reuse_table() {
     let device = repo_root().join("devices/this-machine.toml");
     let min = minimum_budget(m, &["--strategy", "scorer"]);
     let budget = (min + (2 << 20)).to_string();
-    let args = |manifest: &Path| vec!["plan".to_string(), manifest.display().to_string(), "--strategy".into(), "scorer".into(), "--mem-budget".into(), budget.clone(), "--device".into(), device.display().to_string(), "--json".into(), "--no-verify".into()];
+    let args = |manifest: &Path| {
+        vec![
+            "plan".to_string(),
+            manifest.display().to_string(),
+            "--strategy".into(),
+            "scorer".into(),
+            "--mem-budget".into(),
+            budget.clone(),
+            "--device".into(),
+            device.display().to_string(),
+            "--json".into(),
+            "--no-verify".into(),
+        ]
+    };
     let run = |manifest: &Path| {
         let a = args(manifest);
         runtime_cli(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>())
@@ -443,7 +630,10 @@ fn plan_reads_the_preparations_reuse_table() {
     let (set, slots) = (ours["mean_set_rows"].as_f64().unwrap() / n_ff, ours["mean_slots"].as_f64().unwrap() / n_ff);
     assert!(slots < 1.0 && ours["reuse_source"].as_str().unwrap().contains("reuse table"), "{ours}");
     let want = t.at("scorer", set, slots).unwrap();
-    assert!((ours["reuse"].as_f64().unwrap() - want).abs() < 1e-9 && want > slots, "the table, above the floor: {ours}");
+    assert!(
+        (ours["reuse"].as_f64().unwrap() - want).abs() < 1e-9 && want > slots,
+        "the table, above the floor: {ours}"
+    );
     // a copy whose table has a share above 1: refused, naming the file
     let dir = scratch("plan-bad-reuse");
     let src = m.parent().unwrap();

@@ -73,16 +73,29 @@ fn streamed_predictor_equals_in_memory_and_reads_the_deltas() {
     assert!(expected > 0);
     let rb = formats::manifest::Manifest::load(prepared()).unwrap().records.record_bytes as u64;
     assert_eq!(e.stats.bytes_read, expected * rb, "bytes read = rows x record size");
-    assert!(e.stats.read_requests < expected, "adjacent records coalesce: {} requests for {expected} rows", e.stats.read_requests);
+    assert!(
+        e.stats.read_requests < expected,
+        "adjacent records coalesce: {} requests for {expected} rows",
+        e.stats.read_requests
+    );
 }
 
 #[test]
 fn streamed_scorer_equals_in_memory_at_any_slot_count() {
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
     let share = 0.25;
-    let minimum = stream(StreamSettings { selector, set_scale: share, ..Default::default() }).engine().unwrap().plan.minimum_bytes;
+    let minimum = stream(StreamSettings { selector, set_scale: share, ..Default::default() })
+        .engine()
+        .unwrap()
+        .plan
+        .minimum_bytes;
     for extra in [0u64, 64 << 10] {
-        let mut s = stream(StreamSettings { selector, set_scale: share, mem_budget_bytes: Some(minimum + extra), ..Default::default() });
+        let mut s = stream(StreamSettings {
+            selector,
+            set_scale: share,
+            mem_budget_bytes: Some(minimum + extra),
+            ..Default::default()
+        });
         let (slots, first) = {
             let e = engine(&mut s);
             assert_eq!(e.plan.slot_row_bytes, SYNTH_D * 2, "slots hold downT rows only");
@@ -118,17 +131,43 @@ fn streamed_scorer_equals_in_memory_at_any_slot_count() {
 #[test]
 fn fit_trades_set_size_for_memory_and_refuses_below_its_floor() {
     let selector = SelectorChoice::Scorer { resident_bonus: 1.0 };
-    let minimum = |scale: f64| stream(StreamSettings { selector, set_scale: scale, dense_prefix: DensePrefix::Fit, ..Default::default() }).engine().unwrap().plan.minimum_bytes;
+    let minimum = |scale: f64| {
+        stream(StreamSettings { selector, set_scale: scale, dense_prefix: DensePrefix::Fit, ..Default::default() })
+            .engine()
+            .unwrap()
+            .plan
+            .minimum_bytes
+    };
     let (at_025, at_015, at_010) = (minimum(0.25), minimum(0.15), minimum(0.10));
     assert!(at_010 < at_015 && at_015 < at_025, "{at_010} {at_015} {at_025}");
     let budget = (at_015 + at_025) / 2;
-    let mut s = stream(StreamSettings { selector, set_scale: 0.25, dense_prefix: DensePrefix::Fit, mem_budget_bytes: Some(budget), ..Default::default() });
+    let mut s = stream(StreamSettings {
+        selector,
+        set_scale: 0.25,
+        dense_prefix: DensePrefix::Fit,
+        mem_budget_bytes: Some(budget),
+        ..Default::default()
+    });
     let p = engine(&mut s).plan.clone();
-    assert!(p.set_scale >= 0.15 && p.set_scale < 0.25 && p.total_bytes <= budget, "fit chose {} for {budget}", p.set_scale);
-    let err = runtime::open(prepared(), &PreparedMode::Stream(StreamSettings { selector, set_scale: 0.25, dense_prefix: DensePrefix::Fit, mem_budget_bytes: Some(at_010 - 1), ctx: 128, ..Default::default() }))
-        .err()
-        .expect("below the floor")
-        .to_string();
+    assert!(
+        p.set_scale >= 0.15 && p.set_scale < 0.25 && p.total_bytes <= budget,
+        "fit chose {} for {budget}",
+        p.set_scale
+    );
+    let err = runtime::open(
+        prepared(),
+        &PreparedMode::Stream(StreamSettings {
+            selector,
+            set_scale: 0.25,
+            dense_prefix: DensePrefix::Fit,
+            mem_budget_bytes: Some(at_010 - 1),
+            ctx: 128,
+            ..Default::default()
+        }),
+    )
+    .err()
+    .expect("below the floor")
+    .to_string();
     assert!(err.contains(&at_010.to_string()) && err.contains("0.10 x n_ff") && err.contains("--ctx"), "{err}");
 }
 
@@ -136,7 +175,10 @@ fn fit_trades_set_size_for_memory_and_refuses_below_its_floor() {
 fn settings_are_checked_when_built() {
     for (settings, what) in [
         (StreamSettings { set_scale: 0.0, ..Default::default() }, "set scale"),
-        (StreamSettings { selector: SelectorChoice::Scorer { resident_bonus: f32::NAN }, ..Default::default() }, "resident bonus"),
+        (
+            StreamSettings { selector: SelectorChoice::Scorer { resident_bonus: f32::NAN }, ..Default::default() },
+            "resident bonus",
+        ),
         (StreamSettings { ctx: 0, ..Default::default() }, "--ctx 0"),
     ] {
         let e = runtime::open(prepared(), &PreparedMode::Stream(settings)).err().expect("refused").to_string();
@@ -188,7 +230,10 @@ fn cli_refusals_name_the_flag() {
         (vec!["run", m, "-p", "hat", "--threads", "1000"], vec!["--threads 1000"]),
         (vec!["run", m, "-p", "hat", "--in-memory", "--dense-prefix", "fit"], vec!["fit", "--mem-budget"]),
         (vec!["run", &dir, "-p", "hat"], vec!["manifest.toml"]),
-        (vec!["run", model.to_str().unwrap(), "-p", "hat", "--mem-budget", "10MiB"], vec!["model directory", "manifest.toml"]),
+        (
+            vec!["run", model.to_str().unwrap(), "-p", "hat", "--mem-budget", "10MiB"],
+            vec!["model directory", "manifest.toml"],
+        ),
     ];
     for (args, needles) in cases {
         let (ok, _, err) = runtime_cli(&args);
@@ -205,13 +250,20 @@ fn perplexity_streamed_equals_in_memory() {
     let m = prepared().to_str().unwrap();
     let text = prepared().parent().unwrap().parent().unwrap().join("heldout.txt");
     let ppl = |extra: &[&str]| {
-        let mut args = vec!["perplexity", m, "--text", text.to_str().unwrap(), "--ctx", "64", "--chunks", "3", "--json"];
+        let mut args =
+            vec!["perplexity", m, "--text", text.to_str().unwrap(), "--ctx", "64", "--chunks", "3", "--json"];
         args.extend(extra);
         let (ok, out, err) = runtime_cli(&args);
         assert!(ok, "{extra:?}: {err}");
-        serde_json::from_str::<serde_json::Value>(out.trim().lines().last().unwrap()).unwrap()["perplexity"].as_f64().unwrap()
+        serde_json::from_str::<serde_json::Value>(out.trim().lines().last().unwrap()).unwrap()["perplexity"]
+            .as_f64()
+            .unwrap()
     };
-    let (streamed, in_memory, dense) = (ppl(&["--strategy", "predictor"]), ppl(&["--strategy", "predictor", "--in-memory"]), ppl(&["--strategy", "dense"]));
+    let (streamed, in_memory, dense) = (
+        ppl(&["--strategy", "predictor"]),
+        ppl(&["--strategy", "predictor", "--in-memory"]),
+        ppl(&["--strategy", "dense"]),
+    );
     assert!((streamed / in_memory - 1.0).abs() < 1e-3, "streamed {streamed} vs in-memory {in_memory}");
     assert!(dense.is_finite() && dense > 1.0, "dense {dense}");
 }
@@ -237,11 +289,27 @@ fn a_flipped_record_byte_is_an_error() {
     std::fs::write(dir.join("records.bin"), bytes).unwrap();
     let m = dir.join("manifest.toml");
     let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2"]);
-    assert!(!ok && err.contains("records.bin") && err.contains("sha256") && err.contains("differs"), "checked at load: {err}");
+    assert!(
+        !ok && err.contains("records.bin") && err.contains("sha256") && err.contains("differs"),
+        "checked at load: {err}"
+    );
     for strategy in ["predictor", "scorer"] {
-        let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "2", "--strategy", strategy, "--no-verify"]);
+        let (ok, _, err) = runtime_cli(&[
+            "run",
+            m.to_str().unwrap(),
+            "-p",
+            "the hat",
+            "-n",
+            "2",
+            "--strategy",
+            strategy,
+            "--no-verify",
+        ]);
         assert!(!ok, "{strategy}: a corrupt record ran");
-        assert!(err.contains("records.bin") && err.contains("CRC") && err.contains(&format!("layer {layer}")), "{strategy}: {err}");
+        assert!(
+            err.contains("records.bin") && err.contains("CRC") && err.contains(&format!("layer {layer}")),
+            "{strategy}: {err}"
+        );
     }
 }
 
@@ -251,7 +319,8 @@ fn a_flipped_record_byte_is_an_error() {
 fn a_nan_weight_is_an_error_naming_the_layer() {
     let d = scratch("synthetic-nan");
     write_synthetic_gguf_with_nan(&d.join("nan.gguf"), Some("blk.3.ffn_down.weight"));
-    let out = run_bin("prep", &["import", d.join("nan.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+    let out =
+        run_bin("prep", &["import", d.join("nan.gguf").to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (ok, _, err) = runtime_cli(&["run", d.join("m").to_str().unwrap(), "-p", "the hat", "-n", "3"]);
     assert!(!ok && err.contains("not finite") && err.contains("after layer 3"), "{err}");
@@ -284,12 +353,17 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn the_artifacts_folder_runs_where_it_is_copied() {
     let manifest = formats::manifest::Manifest::load(prepared()).unwrap();
-    assert!(manifest.artifacts.iter().all(|a| !Path::new(&a.path).is_absolute() && !a.path.contains("..")), "{:?}", manifest.artifacts);
+    assert!(
+        manifest.artifacts.iter().all(|a| !Path::new(&a.path).is_absolute() && !a.path.contains("..")),
+        "{:?}",
+        manifest.artifacts
+    );
     let device = scratch("synthetic-device").join("copied");
     copy_dir(prepared().parent().unwrap(), &device);
     let m = device.join("manifest.toml");
     let run = |m: &Path| {
-        let (ok, out, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "4", "--ignore-eos", "--json"]);
+        let (ok, out, err) =
+            runtime_cli(&["run", m.to_str().unwrap(), "-p", "the hat", "-n", "4", "--ignore-eos", "--json"]);
         assert!(ok, "{err}");
         serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["token_ids"].clone()
     };
@@ -336,8 +410,21 @@ fn a_nan_predictor_weight_is_refused() {
     let start = header["heads.weight"]["data_offsets"][0].as_u64().unwrap() as usize + 8 + header_len;
     bytes[start..start + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
     std::fs::write(&p, bytes).unwrap();
-    let (ok, _, err) = runtime_cli(&["run", device.join("manifest.toml").to_str().unwrap(), "-p", "the hat", "-n", "2", "--strategy", "predictor", "--no-verify"]);
-    assert!(!ok && err.contains("predictor.safetensors") && err.contains("heads.weight") && err.contains("not finite"), "{err}");
+    let (ok, _, err) = runtime_cli(&[
+        "run",
+        device.join("manifest.toml").to_str().unwrap(),
+        "-p",
+        "the hat",
+        "-n",
+        "2",
+        "--strategy",
+        "predictor",
+        "--no-verify",
+    ]);
+    assert!(
+        !ok && err.contains("predictor.safetensors") && err.contains("heads.weight") && err.contains("not finite"),
+        "{err}"
+    );
 }
 
 /// A records.bin longer than the manifest says is another file, not a truncated one.
@@ -355,10 +442,19 @@ fn a_longer_records_file_is_not_called_truncated() {
     let m = device.join("manifest.toml");
     let text = std::fs::read_to_string(&m).unwrap();
     let len = std::fs::metadata(device.join("records.bin")).unwrap().len();
-    let old = formats::manifest::Manifest::load(prepared()).unwrap().artifacts.iter().find(|a| a.role == "records").unwrap().bytes;
+    let old = formats::manifest::Manifest::load(prepared())
+        .unwrap()
+        .artifacts
+        .iter()
+        .find(|a| a.role == "records")
+        .unwrap()
+        .bytes;
     std::fs::write(&m, text.replace(&format!("bytes = {old}\n"), &format!("bytes = {len}\n"))).unwrap();
     let (ok, _, err) = runtime_cli(&["run", m.to_str().unwrap(), "-p", "hat", "-n", "1", "--no-verify"]);
-    assert!(!ok && err.contains("records.bin") && err.contains("4096 bytes after") && !err.contains("truncated"), "{err}");
+    assert!(
+        !ok && err.contains("records.bin") && err.contains("4096 bytes after") && !err.contains("truncated"),
+        "{err}"
+    );
 }
 
 /// A token that fails part-way leaves no stale rows behind: the later layers' slots planned
@@ -379,7 +475,11 @@ fn a_failed_token_leaves_no_stale_rows() {
     }
     std::fs::write(dir.join("records.bin"), &bad).unwrap();
     let m = dir.join("manifest.toml");
-    let settings = PreparedMode::Stream(StreamSettings { ctx: 128, dense_prefix: DensePrefix::Layer(manifest.records.first_layer), ..Default::default() });
+    let settings = PreparedMode::Stream(StreamSettings {
+        ctx: 128,
+        dense_prefix: DensePrefix::Layer(manifest.records.first_layer),
+        ..Default::default()
+    });
     let mut s = runtime::open_with(&m, &settings, false).unwrap();
     let ids = s.tokenizer.encode(TEXT, true).unwrap();
     let mut cache = s.model.new_cache(128).unwrap();
@@ -413,7 +513,11 @@ fn synthetic_model_is_deterministic() {
 fn serve_answers_the_openai_api() {
     use serde_json::json;
     let dir = model_dir();
-    assert_eq!(std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap(), SYNTH_CHAT_TEMPLATE, "prep import keeps the GGUF's chat template");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap(),
+        SYNTH_CHAT_TEMPLATE,
+        "prep import keeps the GGUF's chat template"
+    );
     let mut s = Server::start(&[dir.to_str().unwrap(), "--ctx", "256", "--threads", "1"], None);
     let h = s.get("/health");
     assert_eq!((h.status, h.json()["status"].as_str()), (200, Some("ok")));
@@ -425,7 +529,10 @@ fn serve_answers_the_openai_api() {
     let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     let u = &v["usage"];
     assert!(u["prompt_tokens"].as_u64().unwrap() > 10 && u["completion_tokens"].as_u64().unwrap() <= 24);
-    assert_eq!(u["total_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()));
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+    );
     assert_eq!(v["object"], "chat.completion");
     // streamed: the deltas join to the same text, a finish chunk, the usage chunk, [DONE]
     let mut sc = chat.clone();
@@ -435,13 +542,17 @@ fn serve_answers_the_openai_api() {
     assert!(st.status == 200 && st.headers.contains("text/event-stream"), "{}", st.headers);
     let data = st.sse_data();
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<serde_json::Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<serde_json::Value> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
     let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(streamed, text, "streamed and plain replies differ at temperature 0");
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], v["choices"][0]["finish_reason"]);
     let su = &chunks.last().unwrap()["usage"];
-    assert_eq!((&su["prompt_tokens"], &su["completion_tokens"], &su["total_tokens"]), (&u["prompt_tokens"], &u["completion_tokens"], &u["total_tokens"]));
+    assert_eq!(
+        (&su["prompt_tokens"], &su["completion_tokens"], &su["total_tokens"]),
+        (&u["prompt_tokens"], &u["completion_tokens"], &u["total_tokens"])
+    );
     // the same prompt again: all but its last token come from the KV cache
     assert_eq!(su["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(u["prompt_tokens"].as_u64().unwrap() - 1));
     // completions, plain and streamed
@@ -450,7 +561,15 @@ fn serve_answers_the_openai_api() {
     let full = c1["choices"][0]["text"].as_str().unwrap().to_string();
     let mut cs = comp.clone();
     cs["stream"] = json!(true);
-    let joined: String = s.post("/v1/completions", &cs).sse_data().iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()).collect();
+    let joined: String = s
+        .post("/v1/completions", &cs)
+        .sse_data()
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| {
+            serde_json::from_str::<serde_json::Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
     assert_eq!(joined, full);
     // a stop sequence taken from the middle of that text ends the reply where it first occurs
     let chars: Vec<char> = full.chars().collect();
@@ -462,17 +581,45 @@ fn serve_answers_the_openai_api() {
     assert_eq!(r["choices"][0]["text"].as_str().unwrap(), &full[..full.find(&stop).unwrap()]);
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     cstop["stream"] = json!(true);
-    let joined: String = s.post("/v1/completions", &cstop).sse_data().iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()).collect();
+    let joined: String = s
+        .post("/v1/completions", &cstop)
+        .sse_data()
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| {
+            serde_json::from_str::<serde_json::Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
     assert_eq!(joined, r["choices"][0]["text"].as_str().unwrap(), "a streamed reply never shows the stop sequence");
     // bad requests: 4xx, an OpenAI error object, and the server goes on
     let long_prompt = "the hat ".repeat(200);
     let bad: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         ("/v1/chat/completions", b"{\"messages\": [".to_vec(), 400, "not valid JSON"),
         ("/v1/chat/completions", json!({"messages": []}).to_string().into_bytes(), 400, "empty"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).to_string().into_bytes(), 400, "must be an integer"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(), 400, "content"),
-        ("/v1/completions", json!({"prompt": "x", "max_tokens": 1000}).to_string().into_bytes(), 400, "no room for a prompt"),
-        ("/v1/completions", json!({"prompt": "the hat ".repeat(25), "max_tokens": 100}).to_string().into_bytes(), 400, "exceed the context"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}).to_string().into_bytes(),
+            400,
+            "must be an integer",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(),
+            400,
+            "content",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 1000}).to_string().into_bytes(),
+            400,
+            "no room for a prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "the hat ".repeat(25), "max_tokens": 100}).to_string().into_bytes(),
+            400,
+            "exceed the context",
+        ),
         ("/v1/completions", json!({"prompt": long_prompt}).to_string().into_bytes(), 400, "the context holds 256"),
         ("/v1/completions", vec![b' '; (1 << 20) + 10], 413, "exceeds"),
         ("/v1/nowhere", b"{}".to_vec(), 404, "no such endpoint"),
@@ -487,9 +634,17 @@ fn serve_answers_the_openai_api() {
     let big = json!({"prompt": long_prompt});
     assert_eq!(s.post("/v1/completions", &big).json()["error"]["code"], "context_length_exceeded");
     assert!(s.alive());
-    assert_eq!(s.post("/v1/completions", &comp).json()["choices"][0]["text"].as_str().unwrap(), full, "the same answer after the errors");
+    assert_eq!(
+        s.post("/v1/completions", &comp).json()["choices"][0]["text"].as_str().unwrap(),
+        full,
+        "the same answer after the errors"
+    );
     let m = s.get("/metrics").body;
-    assert!(m.contains("np_requests_total{endpoint=\"completion\",outcome=\"ok\"} 5") && m.contains("np_generated_tokens_total"), "{m}");
+    assert!(
+        m.contains("np_requests_total{endpoint=\"completion\",outcome=\"ok\"} 5")
+            && m.contains("np_generated_tokens_total"),
+        "{m}"
+    );
     assert!(s.log().contains("request 1 chat: prompt"), "one log line per request: {}", s.log());
 }
 
@@ -500,7 +655,10 @@ fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
     use serde_json::json;
     use std::io::{Read, Write};
     let dir = model_dir();
-    let s = Server::start(&[dir.to_str().unwrap(), "--ctx", "1024", "--threads", "1", "--api-key", "sekret", "--queue", "1"], None);
+    let s = Server::start(
+        &[dir.to_str().unwrap(), "--ctx", "1024", "--threads", "1", "--api-key", "sekret", "--queue", "1"],
+        None,
+    );
     for path in ["/health", "/v1/models", "/metrics"] {
         let r = s.get(path);
         assert_eq!(r.status, 401, "{path}");
@@ -512,17 +670,27 @@ fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
     // one answered, one waiting, the rest refused
     let long = json!({"prompt": "the tent", "max_tokens": 1000, "temperature": 0}).to_string();
     let replies: Vec<HttpReply> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..6).map(|_| sc.spawn(|| http(&s.addr, "POST", "/v1/completions", &auth, long.as_bytes()))).collect();
+        let hs: Vec<_> =
+            (0..6).map(|_| sc.spawn(|| http(&s.addr, "POST", "/v1/completions", &auth, long.as_bytes()))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let busy: Vec<&HttpReply> = replies.iter().filter(|r| r.status == 503).collect();
-    assert!(!busy.is_empty() && replies.iter().all(|r| r.status == 200 || r.status == 503), "{:?}", replies.iter().map(|r| r.status).collect::<Vec<_>>());
+    assert!(
+        !busy.is_empty() && replies.iter().all(|r| r.status == 200 || r.status == 503),
+        "{:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
     assert!(busy[0].headers.contains("retry-after: "), "{}", busy[0].headers);
     assert_eq!(busy[0].json()["error"]["code"], "queue_full");
     // a stream read for one chunk, then dropped
     let mut stream = std::net::TcpStream::connect(&s.addr).unwrap();
     let body = json!({"prompt": "the net", "max_tokens": 1000, "temperature": 0, "stream": true}).to_string();
-    write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     let mut buf = [0u8; 512];
     let n = stream.read(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
@@ -531,7 +699,9 @@ fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
     loop {
         let m = http(&s.addr, "GET", "/metrics", &auth, b"").body;
         // the metric, and the request's log line (written just after it)
-        if m.contains("np_requests_total{endpoint=\"completion\",outcome=\"cancelled\"} 1") && s.log().contains("cancelled: the client went away") {
+        if m.contains("np_requests_total{endpoint=\"completion\",outcome=\"cancelled\"} 1")
+            && s.log().contains("cancelled: the client went away")
+        {
             break;
         }
         assert!(t.elapsed().as_secs() < 20, "the dropped stream was not cancelled: {m}\n{}", s.log());
@@ -548,7 +718,8 @@ fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
 #[test]
 fn plan_sizes_a_shape_without_its_weights() {
     let device = repo_root().join("devices/jetson-agx-orin-32gb-990pro.toml");
-    let (ok, out, err) = runtime_cli(&["plan", "--shape", "mistral-7b", "--device", device.to_str().unwrap(), "--json"]);
+    let (ok, out, err) =
+        runtime_cli(&["plan", "--shape", "mistral-7b", "--device", device.to_str().unwrap(), "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
@@ -560,7 +731,11 @@ fn plan_sizes_a_shape_without_its_weights() {
     // at 100% the F16 file fits only because its untied embedding (262 MB) is read a row a token
     let f16 = &full["llama_cpp"].as_array().unwrap().iter().find(|q| q["quant"] == "F16").unwrap()["prediction"];
     assert_eq!(f16["fits"], true, "{f16}");
-    assert_eq!(f16["file_bytes"].as_u64().unwrap() - f16["per_token_bytes"].as_u64().unwrap(), 32000 * 4096 * 2, "{f16}");
+    assert_eq!(
+        f16["file_bytes"].as_u64().unwrap() - f16["per_token_bytes"].as_u64().unwrap(),
+        32000 * 4096 * 2,
+        "{f16}"
+    );
     let f16_75 = &rows[6]["llama_cpp"].as_array().unwrap().iter().find(|q| q["quant"] == "F16").unwrap()["prediction"];
     assert!(f16_75["fits"] == false && f16_75["reread_bytes_per_token"].as_u64().unwrap() > 0, "{f16_75}");
     let q2 = full["llama_cpp"].as_array().unwrap().iter().find(|q| q["quant"] == "Q2_K").unwrap();

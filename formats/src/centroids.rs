@@ -57,7 +57,9 @@ pub fn overlap(a: &[u8], b: &[u8]) -> u64 {
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: u64 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| (x & y).count_ones() as u64).sum();
     ac.zip(bc)
-        .map(|(x, y)| (u64::from_le_bytes(x.try_into().unwrap()) & u64::from_le_bytes(y.try_into().unwrap())).count_ones() as u64)
+        .map(|(x, y)| {
+            (u64::from_le_bytes(x.try_into().unwrap()) & u64::from_le_bytes(y.try_into().unwrap())).count_ones() as u64
+        })
         .sum::<u64>()
         + tail
 }
@@ -75,7 +77,12 @@ impl CentroidTable {
         let mut columns = BTreeMap::new();
         for (name, e) in &f.tensors {
             if e.dtype != Dtype::U8 || e.shape.len() != 2 {
-                return Err(FormatError::DtypeMismatch { path: path.to_path_buf(), tensor: name.clone(), dtype: format!("{:?} {:?}", e.dtype, e.shape), expected: "U8 [K, width]" });
+                return Err(FormatError::DtypeMismatch {
+                    path: path.to_path_buf(),
+                    tensor: name.clone(),
+                    dtype: format!("{:?} {:?}", e.dtype, e.shape),
+                    expected: "U8 [K, width]",
+                });
             }
             columns.insert(name.clone(), CentroidSet { k: e.shape[0], width: e.shape[1], bits: f.bytes(e).to_vec() });
         }

@@ -32,10 +32,20 @@ pub fn layer_bytes(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize
         .map(|l| {
             let n = layer_tensor_names(l);
             let mut bytes = 0u64;
-            for (name, shape) in [(&n.gate_proj, [n_ff, d_model]), (&n.up_proj, [n_ff, d_model]), (&n.down_proj, [d_model, n_ff])] {
-                let e = f.tensors.get(name.as_str()).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.clone() })?;
+            for (name, shape) in
+                [(&n.gate_proj, [n_ff, d_model]), (&n.up_proj, [n_ff, d_model]), (&n.down_proj, [d_model, n_ff])]
+            {
+                let e = f
+                    .tensors
+                    .get(name.as_str())
+                    .ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.clone() })?;
                 if e.logical_shape() != shape {
-                    return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.clone(), expected: shape.to_vec(), actual: e.logical_shape() });
+                    return Err(FormatError::ShapeMismatch {
+                        path: path.to_path_buf(),
+                        tensor: name.clone(),
+                        expected: shape.to_vec(),
+                        actual: e.logical_shape(),
+                    });
                 }
                 bytes += e.byte_range.len() as u64;
             }

@@ -87,7 +87,8 @@ fn is_zero(v: &f64) -> bool {
 impl DeviceFile {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-        let d: DeviceFile = toml::from_str(&text).map_err(|e| FormatError::invalid(path, format!("not a device file: {}", e.message())))?;
+        let d: DeviceFile = toml::from_str(&text)
+            .map_err(|e| FormatError::invalid(path, format!("not a device file: {}", e.message())))?;
         d.validate().map_err(|m| FormatError::invalid(path, m))?;
         Ok(d)
     }
@@ -100,14 +101,23 @@ impl DeviceFile {
 
     /// Every field present and positive, naming the first that is not.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        let positive = |name: &str, v: f64| if v.is_finite() && v > 0.0 { Ok(()) } else { Err(format!("{name} is {v}: expected a positive number")) };
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} is {v}: expected a positive number"))
+            }
+        };
         if self.threads == 0 {
             return Err("threads is 0: expected at least 1".into());
         }
         positive("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s)?;
         positive("decode_bytes_per_s", self.decode_bytes_per_s)?;
         if !(self.llama_cpp_token_overhead_s.is_finite() && self.llama_cpp_token_overhead_s >= 0.0) {
-            return Err(format!("llama_cpp_token_overhead_s is {}: expected a time >= 0", self.llama_cpp_token_overhead_s));
+            return Err(format!(
+                "llama_cpp_token_overhead_s is {}: expected a time >= 0",
+                self.llama_cpp_token_overhead_s
+            ));
         }
         if let Some(v) = self.llama_cpp_decode_bytes_per_s {
             positive("llama_cpp_decode_bytes_per_s", v)?;
@@ -152,8 +162,18 @@ impl DeviceFile {
     /// bandwidth), and beyond the largest size at that size's bandwidth.
     pub fn request_s(&self, block_bytes: u64, queue_depth: u32) -> f64 {
         let depths: Vec<u32> = self.reads.iter().map(|r| r.queue_depth).collect();
-        let depth = depths.iter().copied().filter(|&q| q <= queue_depth).max().unwrap_or_else(|| depths.iter().copied().min().unwrap_or(1));
-        let mut rows: Vec<(f64, f64)> = self.reads.iter().filter(|r| r.queue_depth == depth).map(|r| (r.block_bytes as f64, 1.0 / r.iops)).collect();
+        let depth = depths
+            .iter()
+            .copied()
+            .filter(|&q| q <= queue_depth)
+            .max()
+            .unwrap_or_else(|| depths.iter().copied().min().unwrap_or(1));
+        let mut rows: Vec<(f64, f64)> = self
+            .reads
+            .iter()
+            .filter(|r| r.queue_depth == depth)
+            .map(|r| (r.block_bytes as f64, 1.0 / r.iops))
+            .collect();
         rows.sort_by(|a, b| a.0.total_cmp(&b.0));
         let b = block_bytes as f64;
         let (first, last) = (rows[0], rows[rows.len() - 1]);

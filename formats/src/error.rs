@@ -5,7 +5,11 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 
     #[error("{path}: not a GGUF file (magic bytes {magic:02x?}, expected \"GGUF\")")]
     NotGguf { path: PathBuf, magic: [u8; 4] },
@@ -47,7 +51,11 @@ pub enum FormatError {
     Safetensors { path: PathBuf, reason: String },
 
     #[error("{path}: invalid JSON: {source}")]
-    Json { path: PathBuf, #[source] source: serde_json::Error },
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },

@@ -250,7 +250,16 @@ fn nearest_int(v: f32) -> i32 {
 /// levels `0..=nmax` under `weights`, searching `nstep + 1` scales around the range's; levels in
 /// `l`. Returns (scale, min), `x ~= scale * l - min`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], l: &mut [u8], laux: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l: &mut [u8],
+    laux: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> (f32, f32) {
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
@@ -372,7 +381,6 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     }
     out
 }
-
 
 #[inline]
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -677,7 +685,8 @@ mod tests {
     /// byte-identical: docs/RESULTS.md.)
     #[test]
     fn q8_0_and_q4_k_quantizers_round_trip() {
-        let x: Vec<f32> = (0..512).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 97 == 0 { 6.0 } else { 1.0 }).collect();
+        let x: Vec<f32> =
+            (0..512).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 97 == 0 { 6.0 } else { 1.0 }).collect();
         let mut back = vec![0f32; 512];
         dequantize(GgmlType::Q8_0, &quantize_q8_0(&x), &mut back);
         assert_within_half_steps(&x, &back, 127.0, 1e-6);
@@ -705,7 +714,8 @@ mod tests {
     /// names.
     #[test]
     fn q5_0_quantizer_round_trips() {
-        let x: Vec<f32> = (0..256).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 37 == 0 { 5.0 } else { 1.0 }).collect();
+        let x: Vec<f32> =
+            (0..256).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * if i % 37 == 0 { 5.0 } else { 1.0 }).collect();
         let mut back = vec![0f32; 256];
         dequantize(GgmlType::Q5_0, &quantize_q5_0(&x), &mut back);
         assert_within_half_steps(&x, &back, 16.0, 1e-3);

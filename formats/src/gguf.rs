@@ -241,14 +241,22 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(raw.len());
         let mut names = std::collections::HashSet::new();
         for (name, ne, ggml_type_id, offset) in raw {
-            let corrupt = |what: String| FormatError::Corrupt { path: path.to_path_buf(), offset: data_start.saturating_add(offset), what: format!("tensor '{name}': {what}") };
+            let corrupt = |what: String| FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset: data_start.saturating_add(offset),
+                what: format!("tensor '{name}': {what}"),
+            };
             if !names.insert(name.clone()) {
                 return Err(corrupt("appears twice in the tensor table".into()));
             }
             if ne.contains(&0) {
                 return Err(corrupt(format!("a dimension of 0 in {ne:?}")));
             }
-            let n_elements = ne.iter().try_fold(1u64, |a, &b| a.checked_mul(b)).filter(|&n| n <= 1 << 40).ok_or_else(|| corrupt(format!("implausible shape {ne:?}")))?;
+            let n_elements = ne
+                .iter()
+                .try_fold(1u64, |a, &b| a.checked_mul(b))
+                .filter(|&n| n <= 1 << 40)
+                .ok_or_else(|| corrupt(format!("implausible shape {ne:?}")))?;
             if offset % alignment != 0 {
                 return Err(corrupt(format!("data offset {offset} is not a multiple of the alignment {alignment}")));
             }
@@ -258,13 +266,19 @@ impl GgufFile {
                 Some(t) => {
                     // as llama.cpp: a row (ne[0]) is a whole number of blocks
                     if !ne[0].is_multiple_of(t.block_elements() as u64) {
-                        return Err(corrupt(format!("rows of {} elements are not a whole number of {} blocks of {}", ne[0], crate::ggml_quants::type_name(ggml_type_id), t.block_elements())));
+                        return Err(corrupt(format!(
+                            "rows of {} elements are not a whole number of {} blocks of {}",
+                            ne[0],
+                            crate::ggml_quants::type_name(ggml_type_id),
+                            t.block_elements()
+                        )));
                     }
                     n_elements / t.block_elements() as u64 * t.block_bytes() as u64
                 }
                 None => 0,
             };
-            let file_offset = data_start.checked_add(offset).ok_or_else(|| corrupt(format!("data offset {offset} overflows")))?;
+            let file_offset =
+                data_start.checked_add(offset).ok_or_else(|| corrupt(format!("data offset {offset} overflows")))?;
             if file_offset.checked_add(n_bytes).is_none_or(|end| end > file_bytes) {
                 return Err(FormatError::Truncated {
                     path: path.to_path_buf(),
@@ -296,9 +310,7 @@ impl GgufFile {
     }
 
     pub fn require(&self, key: &str) -> Result<&GgufValue> {
-        self.metadata
-            .get(key)
-            .ok_or_else(|| FormatError::MissingKey { path: self.path.clone(), key: key.to_string() })
+        self.metadata.get(key).ok_or_else(|| FormatError::MissingKey { path: self.path.clone(), key: key.to_string() })
     }
 
     pub fn require_u64(&self, key: &str) -> Result<u64> {
@@ -327,7 +339,11 @@ impl GgufFile {
 
     /// A string array (e.g. `tokenizer.ggml.tokens`).
     pub fn require_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        let wrong = || FormatError::WrongKeyType { path: self.path.clone(), key: key.to_string(), expected: "array of strings" };
+        let wrong = || FormatError::WrongKeyType {
+            path: self.path.clone(),
+            key: key.to_string(),
+            expected: "array of strings",
+        };
         let arr = self.require(key)?.as_array().ok_or_else(wrong)?;
         arr.iter().map(|v| v.as_str().ok_or_else(wrong)).collect()
     }
@@ -490,7 +506,12 @@ mod tests {
     #[test]
     fn unsupported_type_is_named() {
         let (_dir, p) = tmp("q2k.gguf");
-        write_gguf(&p, &[], &[GgufTensorData { name: "w".into(), ne: vec![256], ggml_type_id: 10, bytes: vec![0; 84] }]).unwrap();
+        write_gguf(
+            &p,
+            &[],
+            &[GgufTensorData { name: "w".into(), ne: vec![256], ggml_type_id: 10, bytes: vec![0; 84] }],
+        )
+        .unwrap();
         let g = GgufFile::open(&p).unwrap();
         let e = g.dequantize_f32("w").err().unwrap().to_string();
         assert!(e.contains("Q2_K") && e.contains("'w'"), "{e}");

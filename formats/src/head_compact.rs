@@ -41,8 +41,14 @@ pub fn save(path: &Path, ty: GgmlType, rows: usize, d: usize, bytes: Vec<u8>) ->
 /// `[vocab, d]` values (errors name the file and the tensor).
 pub fn open(path: &Path, vocab: usize, d: usize) -> Result<(MappedSafetensors, GgmlType)> {
     let f = MappedSafetensors::open(path)?;
-    let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{LM_HEAD}': {reason}") };
-    let e = f.tensors.get(LM_HEAD).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: LM_HEAD.into() })?;
+    let bad = |reason: String| FormatError::Safetensors {
+        path: path.to_path_buf(),
+        reason: format!("tensor '{LM_HEAD}': {reason}"),
+    };
+    let e = f
+        .tensors
+        .get(LM_HEAD)
+        .ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: LM_HEAD.into() })?;
     let expected = type_for(d).ok_or_else(|| bad(format!("d_model {d} is not a multiple of 32: no 4-bit head")))?;
     match e.ggml {
         Some(t) if t == expected => {}
@@ -50,7 +56,12 @@ pub fn open(path: &Path, vocab: usize, d: usize) -> Result<(MappedSafetensors, G
         None => return Err(bad(format!("{:?}, expected {} blocks", e.dtype, expected.name()))),
     }
     if e.logical_shape() != [vocab, d] {
-        return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: LM_HEAD.into(), expected: vec![vocab, d], actual: e.logical_shape() });
+        return Err(FormatError::ShapeMismatch {
+            path: path.to_path_buf(),
+            tensor: LM_HEAD.into(),
+            expected: vec![vocab, d],
+            actual: e.logical_shape(),
+        });
     }
     Ok((f, expected))
 }

@@ -50,18 +50,36 @@ impl Q8Head {
     pub fn load(path: &Path, rows: usize, cols: usize) -> Result<Self> {
         let f = MappedSafetensors::open(path)?;
         let q: Vec<i8> = f.checked_bytes("head_q8", Dtype::I8, &[rows, cols])?.iter().map(|&b| b as i8).collect();
-        let scales: Vec<f16> = f.checked_bytes("head_scale", Dtype::F16, &[rows, cols / Q8_BLOCK])?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+        let scales: Vec<f16> = f
+            .checked_bytes("head_scale", Dtype::F16, &[rows, cols / Q8_BLOCK])?
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .collect();
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let offset = f.tensors["head_scale"].byte_range.start as u64 + 2 * i as u64;
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset, what: format!("scale of row {} is {}", i / (cols / Q8_BLOCK), scales[i]) });
+            return Err(FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset,
+                what: format!("scale of row {} is {}", i / (cols / Q8_BLOCK), scales[i]),
+            });
         }
         Ok(Q8Head { path: path.to_path_buf(), rows, cols, q, scales })
     }
 
     pub fn save(&self) -> Result<()> {
         let t = [
-            RawTensor { name: "head_q8".into(), dtype: Dtype::I8, shape: vec![self.rows, self.cols], bytes: self.q.iter().map(|&v| v as u8).collect() },
-            RawTensor { name: "head_scale".into(), dtype: Dtype::F16, shape: vec![self.rows, self.cols / Q8_BLOCK], bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect() },
+            RawTensor {
+                name: "head_q8".into(),
+                dtype: Dtype::I8,
+                shape: vec![self.rows, self.cols],
+                bytes: self.q.iter().map(|&v| v as u8).collect(),
+            },
+            RawTensor {
+                name: "head_scale".into(),
+                dtype: Dtype::F16,
+                shape: vec![self.rows, self.cols / Q8_BLOCK],
+                bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
         ];
         write_raw_safetensors(&self.path, &t, None)
     }

@@ -38,7 +38,16 @@ impl NeuronImportance {
         let values: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         if let Some(i) = values.iter().position(|v| !v.is_finite() || *v < 0.0) {
             let offset = start + 4 * i as u64;
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset, what: format!("importance of layer {} neuron {} is {} (expected finite, >= 0)", i / n_ff, i % n_ff, values[i]) });
+            return Err(FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset,
+                what: format!(
+                    "importance of layer {} neuron {} is {} (expected finite, >= 0)",
+                    i / n_ff,
+                    i % n_ff,
+                    values[i]
+                ),
+            });
         }
         let tokens = f.metadata.as_ref().and_then(|m| m.get("tokens")).and_then(|t| t.parse().ok()).unwrap_or(0);
         Ok(NeuronImportance { path: path.to_path_buf(), n_layers, n_ff, values, tokens })
@@ -46,7 +55,12 @@ impl NeuronImportance {
 
     pub fn save(&self) -> Result<()> {
         let bytes = self.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let t = RawTensor { name: IMPORTANCE_TENSOR.into(), dtype: Dtype::F32, shape: vec![self.n_layers, self.n_ff], bytes };
+        let t = RawTensor {
+            name: IMPORTANCE_TENSOR.into(),
+            dtype: Dtype::F32,
+            shape: vec![self.n_layers, self.n_ff],
+            bytes,
+        };
         write_raw_safetensors(&self.path, &[t], Some(HashMap::from([("tokens".to_string(), self.tokens.to_string())])))
     }
 }
@@ -60,7 +74,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("importance-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("importance.safetensors");
-        let imp = NeuronImportance { path: path.clone(), n_layers: 2, n_ff: 3, values: vec![0.5, 0.0, 2.0, 1.0, 3.0, 0.25], tokens: 7 };
+        let imp = NeuronImportance {
+            path: path.clone(),
+            n_layers: 2,
+            n_ff: 3,
+            values: vec![0.5, 0.0, 2.0, 1.0, 3.0, 0.25],
+            tokens: 7,
+        };
         imp.save().unwrap();
         let back = NeuronImportance::load(&path, 2, 3).unwrap();
         assert_eq!(back, imp);

@@ -66,23 +66,20 @@ impl LayerPredictorSpec {
 
     /// Bytes (f16) of the predictors of layers `from..n_layers`.
     pub fn bytes_from(&self, from: usize) -> u64 {
-        (self.n_layers - from.max(self.first_layer).min(self.n_layers)) as u64
-            * self.layer_parameters() as u64
-            * 2
+        (self.n_layers - from.max(self.first_layer).min(self.n_layers)) as u64 * self.layer_parameters() as u64 * 2
     }
 
     pub fn metadata(&self) -> std::collections::HashMap<String, String> {
-        [(
-            SPEC_KEY.to_string(),
-            serde_json::to_string(self).expect("spec serializes"),
-        )]
-        .into()
+        [(SPEC_KEY.to_string(), serde_json::to_string(self).expect("spec serializes"))].into()
     }
 
     fn check(&self, path: &Path) -> Result<()> {
         let bad = |what: String| Err(FormatError::invalid(path, what));
         if self.rank == 0 || self.d_model == 0 || self.n_ff == 0 {
-            return bad(format!("{SPEC_KEY}: rank, d_model and n_ff must be positive (rank {}, d_model {}, n_ff {})", self.rank, self.d_model, self.n_ff));
+            return bad(format!(
+                "{SPEC_KEY}: rank, d_model and n_ff must be positive (rank {}, d_model {}, n_ff {})",
+                self.rank, self.d_model, self.n_ff
+            ));
         }
         if self.first_layer >= self.n_layers {
             return bad(format!(
@@ -91,10 +88,7 @@ impl LayerPredictorSpec {
             ));
         }
         if !(self.label_share > 0.0 && self.label_share < 1.0) {
-            return bad(format!(
-                "{SPEC_KEY}: label_share {} is not in (0, 1)",
-                self.label_share
-            ));
+            return bad(format!("{SPEC_KEY}: label_share {} is not in (0, 1)", self.label_share));
         }
         Ok(())
     }
@@ -123,21 +117,11 @@ pub fn read_spec(path: &Path) -> Result<LayerPredictorSpec> {
 
 fn open_checked_spec(path: &Path) -> Result<(MappedSafetensors, LayerPredictorSpec)> {
     let f = MappedSafetensors::open(path)?;
-    let text = f
-        .metadata
-        .as_ref()
-        .and_then(|m| m.get(SPEC_KEY))
-        .ok_or_else(|| {
-            FormatError::invalid(
-                path,
-                format!("no '{SPEC_KEY}' in the safetensors metadata (not a layer predictor file?)"),
-            )
-        })?;
+    let text = f.metadata.as_ref().and_then(|m| m.get(SPEC_KEY)).ok_or_else(|| {
+        FormatError::invalid(path, format!("no '{SPEC_KEY}' in the safetensors metadata (not a layer predictor file?)"))
+    })?;
     let spec: LayerPredictorSpec =
-        serde_json::from_str(text).map_err(|source| FormatError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        serde_json::from_str(text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })?;
     spec.check(path)?;
     Ok((f, spec))
 }
@@ -161,10 +145,7 @@ impl LayerPredictorFile {
                 let e = f
                     .tensors
                     .get(&name)
-                    .ok_or_else(|| FormatError::MissingTensor {
-                        path: path.to_path_buf(),
-                        tensor: name.clone(),
-                    })?;
+                    .ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.clone() })?;
                 if e.shape != shape {
                     return Err(FormatError::ShapeMismatch {
                         path: path.to_path_buf(),
@@ -179,40 +160,23 @@ impl LayerPredictorFile {
                     return Err(FormatError::Corrupt {
                         path: path.to_path_buf(),
                         offset: (e.byte_range.start + i * width) as u64,
-                        what: format!(
-                            "layer {l}, tensor '{name}': value {} at index {i} is not finite",
-                            v[i]
-                        ),
+                        what: format!("layer {l}, tensor '{name}': value {} at index {i} is not finite", v[i]),
                     });
                 }
                 Ok(v)
             });
-            layers.push(LayerPredictorWeights {
-                w1: w1?,
-                b1: b1?,
-                w2: w2?,
-                b2: b2?,
-            });
+            layers.push(LayerPredictorWeights { w1: w1?, b1: b1?, w2: w2?, b2: b2? });
         }
         Ok(LayerPredictorFile { spec, layers })
     }
 
     /// Writes `layers` (for `spec.first_layer..spec.n_layers`) to `path` atomically.
-    pub fn save(
-        path: &Path,
-        spec: &LayerPredictorSpec,
-        layers: &[LayerPredictorWeights],
-    ) -> Result<()> {
+    pub fn save(path: &Path, spec: &LayerPredictorSpec, layers: &[LayerPredictorWeights]) -> Result<()> {
         spec.check(path)?;
         if layers.len() != spec.n_layers - spec.first_layer {
             return Err(FormatError::invalid(
                 path,
-                format!(
-                    "{} layers of predictors for layers {}..{}",
-                    layers.len(),
-                    spec.first_layer,
-                    spec.n_layers
-                ),
+                format!("{} layers of predictors for layers {}..{}", layers.len(), spec.first_layer, spec.n_layers),
             ));
         }
         let mut tensors = Vec::new();
@@ -225,11 +189,7 @@ impl LayerPredictorFile {
                         format!("tensor '{name}': {} values for shape {shape:?}", data.len()),
                     ));
                 }
-                tensors.push(safetensors_io::F16Tensor {
-                    name,
-                    shape,
-                    data: data.clone(),
-                });
+                tensors.push(safetensors_io::F16Tensor { name, shape, data: data.clone() });
             }
         }
         safetensors_io::write_f16_safetensors(path, &tensors, Some(spec.metadata()))
@@ -254,12 +214,7 @@ mod tests {
 
     fn weights(s: &LayerPredictorSpec, v: f32) -> LayerPredictorWeights {
         let f = |n: usize| (0..n).map(|i| f16::from_f32(v + i as f32 * 0.01)).collect();
-        LayerPredictorWeights {
-            w1: f(s.rank * s.d_model),
-            b1: f(s.rank),
-            w2: f(s.n_ff * s.rank),
-            b2: f(s.n_ff),
-        }
+        LayerPredictorWeights { w1: f(s.rank * s.d_model), b1: f(s.rank), w2: f(s.n_ff * s.rank), b2: f(s.n_ff) }
     }
 
     #[test]
@@ -275,26 +230,14 @@ mod tests {
         assert_eq!(s.bytes_from(0), 2 * s.layer_parameters() as u64 * 2);
         assert_eq!(s.bytes_from(2), s.layer_parameters() as u64 * 2);
         // another model's shape: refused with both
-        let e = LayerPredictorFile::load(&p, 8, 16, 4)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("3 layers") && e.contains("4 layers") && e.contains("lp.safetensors"),
-            "{e}"
-        );
+        let e = LayerPredictorFile::load(&p, 8, 16, 4).err().unwrap().to_string();
+        assert!(e.contains("3 layers") && e.contains("4 layers") && e.contains("lp.safetensors"), "{e}");
         // a NaN: refused naming layer and tensor
         let mut bad = weights(&s, 0.5);
         bad.b2[3] = f16::NAN;
         LayerPredictorFile::save(&p, &s, &[weights(&s, 0.5), bad]).unwrap();
-        let e = LayerPredictorFile::load(&p, 8, 16, 3)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("layer 2") && e.contains("layers.2.b2") && e.contains("not finite"),
-            "{e}"
-        );
+        let e = LayerPredictorFile::load(&p, 8, 16, 3).err().unwrap().to_string();
+        assert!(e.contains("layer 2") && e.contains("layers.2.b2") && e.contains("not finite"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,9 +7,9 @@
 //!   f16 `*.safetensors` with Hugging Face tensor names) and its config.
 //! - [`safetensors_io`]: memory-mapped reading and writing of safetensors files.
 
-pub mod device;
 pub mod centroids;
 pub mod dense_mlp;
+pub mod device;
 pub mod error;
 pub mod ggml_quants;
 pub mod gguf;
@@ -22,9 +22,9 @@ pub mod model_dir;
 pub mod predictor;
 pub mod records;
 pub mod reuse_table;
+pub mod safetensors_io;
 pub mod scorer;
 pub mod sketch;
 pub mod thresholds;
-pub mod safetensors_io;
 
 pub use error::FormatError;

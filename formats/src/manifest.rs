@@ -74,7 +74,13 @@ impl RecordsLayout {
     /// The version-2 layout (None: version-1 f16 records); an unknown type name is an error.
     pub fn shape(&self, d_model: usize) -> std::result::Result<Option<crate::records::RecordShape>, String> {
         let ty = |n: &Option<String>| -> std::result::Result<Option<crate::ggml_quants::GgmlType>, String> {
-            n.as_deref().map(|n| crate::ggml_quants::GgmlType::from_name(n).filter(|t| t.is_block_quantized() && t.is_supported()).ok_or_else(|| format!("records type '{n}' is not a block type records hold"))).transpose()
+            n.as_deref()
+                .map(|n| {
+                    crate::ggml_quants::GgmlType::from_name(n)
+                        .filter(|t| t.is_block_quantized() && t.is_supported())
+                        .ok_or_else(|| format!("records type '{n}' is not a block type records hold"))
+                })
+                .transpose()
         };
         match (ty(&self.gate_up_type)?, ty(&self.down_type)?) {
             (None, None) => Ok(None),
@@ -138,7 +144,9 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     let mut buf = vec![0u8; 1 << 20];
     let mut pos = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| FormatError::invalid(path, format!("cannot read at byte offset {pos} (checking its sha256): {e}")))?;
+        let n = f.read(&mut buf).map_err(|e| {
+            FormatError::invalid(path, format!("cannot read at byte offset {pos} (checking its sha256): {e}"))
+        })?;
         if n == 0 {
             break;
         }
@@ -170,7 +178,10 @@ impl Manifest {
         }
         if let Some(l) = s.default_dense_from {
             if l < s.dense_prefix || l > n_layers {
-                return bad(format!("default_dense_from {l} is outside dense_prefix..=n_layers ({}..={n_layers})", s.dense_prefix));
+                return bad(format!(
+                    "default_dense_from {l} is outside dense_prefix..=n_layers ({}..={n_layers})",
+                    s.dense_prefix
+                ));
             }
         }
         if s.k_max.len() != n_layers - s.dense_prefix {
@@ -189,7 +200,10 @@ impl Manifest {
             }
             // relative and inside the folder: the folder is what is copied to the device
             let rel = Path::new(&a.path);
-            if a.path.is_empty() || rel.is_absolute() || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+            if a.path.is_empty()
+                || rel.is_absolute()
+                || rel.components().any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
                 return bad(format!(
                     "artifact '{}' at '{}': paths must be relative and inside the manifest's folder, so the folder can be copied to a device (rerun make prepare)",
                     a.role, a.path
@@ -201,7 +215,9 @@ impl Manifest {
         }
         let r = &self.records;
         match self.artifacts.iter().find(|a| a.role == "records") {
-            Some(a) if a.path != r.path => return bad(format!("[records] path '{}' but the records artifact is '{}'", r.path, a.path)),
+            Some(a) if a.path != r.path => {
+                return bad(format!("[records] path '{}' but the records artifact is '{}'", r.path, a.path))
+            }
             None => return bad("no artifact with role 'records'".into()),
             _ => {}
         }
@@ -210,9 +226,17 @@ impl Manifest {
             Err(e) => return bad(format!("[records] {e}")),
         };
         if r.record_bytes != want {
-            return bad(format!("record_bytes {} but hidden_size {} implies {want}{}", r.record_bytes, self.model.hidden_size, r.gate_up_type.as_ref().map(|t| format!(" for {t} rows")).unwrap_or_default()));
+            return bad(format!(
+                "record_bytes {} but hidden_size {} implies {want}{}",
+                r.record_bytes,
+                self.model.hidden_size,
+                r.gate_up_type.as_ref().map(|t| format!(" for {t} rows")).unwrap_or_default()
+            ));
         }
-        if r.first_layer != s.dense_prefix || r.neurons_per_layer != n_ff || r.count != (n_layers - s.dense_prefix) * n_ff {
+        if r.first_layer != s.dense_prefix
+            || r.neurons_per_layer != n_ff
+            || r.count != (n_layers - s.dense_prefix) * n_ff
+        {
             return bad(format!(
                 "records cover layers {}.. x {} neurons = {}, expected layers {}.. x {n_ff} = {}",
                 r.first_layer,
@@ -232,20 +256,32 @@ impl Manifest {
         if raw.starts_with(b"GGUF") {
             return Err(FormatError::invalid(path, "a GGUF model file, not a prepared model's manifest.toml: `prep import` it into a model directory (or `make prepare` it) first"));
         }
-        let text = String::from_utf8(raw).map_err(|e| FormatError::invalid(path, format!("not a manifest: byte {} is not UTF-8 text", e.utf8_error().valid_up_to())))?;
+        let text = String::from_utf8(raw).map_err(|e| {
+            FormatError::invalid(
+                path,
+                format!("not a manifest: byte {} is not UTF-8 text", e.utf8_error().valid_up_to()),
+            )
+        })?;
         // a misspelled key would otherwise fall back to a default (an eos_token_id typo: no stop)
         let mut unknown = Vec::new();
-        let m: Manifest = serde_ignored::deserialize(toml::Deserializer::new(&text), |key| unknown.push(key.to_string()))
-            .map_err(|e| FormatError::invalid(path, format!("not a valid manifest: {e}")))?;
+        let m: Manifest =
+            serde_ignored::deserialize(toml::Deserializer::new(&text), |key| unknown.push(key.to_string()))
+                .map_err(|e| FormatError::invalid(path, format!("not a valid manifest: {e}")))?;
         if !unknown.is_empty() {
-            return Err(FormatError::invalid(path, format!("unknown key{} {} (misspelled?)", if unknown.len() > 1 { "s" } else { "" }, unknown.join(", "))));
+            return Err(FormatError::invalid(
+                path,
+                format!("unknown key{} {} (misspelled?)", if unknown.len() > 1 { "s" } else { "" }, unknown.join(", ")),
+            ));
         }
         m.validate(path)?;
         for a in &m.artifacts {
             let p = m.artifact_path(path, a);
             let len = std::fs::metadata(&p).map_err(|e| FormatError::io(&p, e))?.len();
             if len != a.bytes {
-                return Err(FormatError::invalid(&p, format!("{} bytes, the manifest {} says {}", len, path.display(), a.bytes)));
+                return Err(FormatError::invalid(
+                    &p,
+                    format!("{} bytes, the manifest {} says {}", len, path.display(), a.bytes),
+                ));
             }
         }
         Ok(m)
@@ -258,11 +294,12 @@ impl Manifest {
     /// Recomputes every artifact's sha256 and compares with the manifest.
     /// The path of the artifact with this role; an error naming the manifest when there is none.
     pub fn artifact_path_of(&self, manifest_path: &Path, role: &str) -> Result<PathBuf> {
-        let a = self
-            .artifacts
-            .iter()
-            .find(|a| a.role == role)
-            .ok_or_else(|| FormatError::invalid(manifest_path, format!("no artifact with role '{role}' (prepared by an older prep? rerun make prepare)")))?;
+        let a = self.artifacts.iter().find(|a| a.role == role).ok_or_else(|| {
+            FormatError::invalid(
+                manifest_path,
+                format!("no artifact with role '{role}' (prepared by an older prep? rerun make prepare)"),
+            )
+        })?;
         Ok(self.artifact_path(manifest_path, a))
     }
 
@@ -291,14 +328,19 @@ impl Manifest {
                 .map(|a| {
                     let p = m.artifact_path(manifest_path, a);
                     let md = std::fs::metadata(&p).map_err(|e| FormatError::io(&p, e))?;
-                    let mtime_ns = md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as u64);
+                    let mtime_ns = md
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_nanos() as u64);
                     Ok(serde_json::json!({"path": a.path, "bytes": md.len(), "mtime_ns": mtime_ns}))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok(serde_json::json!({"manifest_sha256": sha256_file(manifest_path)?, "artifacts": files}))
         };
         let now = stamp(self)?;
-        let old = std::fs::read_to_string(&stamp_path).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        let old =
+            std::fs::read_to_string(&stamp_path).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
         if old.as_ref() == Some(&now) {
             return Ok(Verification::Cached);
         }
@@ -306,14 +348,20 @@ impl Manifest {
         self.verify_checksums(manifest_path)?;
         let bytes = self.artifacts.iter().map(|a| a.bytes).sum();
         let seconds = t0.elapsed().as_secs_f64();
-        let written = crate::safetensors_io::write_atomic(&crate::safetensors_io::tmp_path(&stamp_path), &stamp_path, now.to_string().as_bytes()).is_ok();
+        let written = crate::safetensors_io::write_atomic(
+            &crate::safetensors_io::tmp_path(&stamp_path),
+            &stamp_path,
+            now.to_string().as_bytes(),
+        )
+        .is_ok();
         Ok(Verification::Verified { bytes, seconds, stamp_written: written })
     }
 
     /// Writes the manifest atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         self.validate(path)?;
-        let text = toml::to_string_pretty(self).map_err(|e| FormatError::invalid(path, format!("cannot serialise: {e}")))?;
+        let text =
+            toml::to_string_pretty(self).map_err(|e| FormatError::invalid(path, format!("cannot serialise: {e}")))?;
         crate::safetensors_io::write_atomic(&crate::safetensors_io::tmp_path(path), path, text.as_bytes())
     }
 }
@@ -336,11 +384,36 @@ mod tests {
             format_version: MANIFEST_FORMAT_VERSION,
             model_name: "smollm2-135m".into(),
             model,
-            sparsity: SparsitySettings { mask_kind: "product".into(), alpha: 0.62, dense_prefix: 20, default_dense_from: None, centroids: 512, k_max: vec![900; 10] },
-            records: RecordsLayout { path: "records.bin".into(), record_bytes: 4096, first_layer: 20, neurons_per_layer: 1536, count: 15360, gate_up_type: None, down_type: None },
+            sparsity: SparsitySettings {
+                mask_kind: "product".into(),
+                alpha: 0.62,
+                dense_prefix: 20,
+                default_dense_from: None,
+                centroids: 512,
+                k_max: vec![900; 10],
+            },
+            records: RecordsLayout {
+                path: "records.bin".into(),
+                record_bytes: 4096,
+                first_layer: 20,
+                neurons_per_layer: 1536,
+                count: 15360,
+                gate_up_type: None,
+                down_type: None,
+            },
             artifacts: vec![
-                Artifact { role: "records".into(), path: "records.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() },
-                Artifact { role: "thresholds".into(), path: "thresholds.bin".into(), bytes: 10, sha256: sha256_file(&art).unwrap() },
+                Artifact {
+                    role: "records".into(),
+                    path: "records.bin".into(),
+                    bytes: 10,
+                    sha256: sha256_file(&art).unwrap(),
+                },
+                Artifact {
+                    role: "thresholds".into(),
+                    path: "thresholds.bin".into(),
+                    bytes: 10,
+                    sha256: sha256_file(&art).unwrap(),
+                },
             ],
             provenance: Provenance { prep_version: "0.1.0".into(), ..Default::default() },
         }

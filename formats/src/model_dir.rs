@@ -103,11 +103,21 @@ impl ModelConfig {
             arch: self.model_type.clone(),
         })?;
         let bad = |what: String| Err(FormatError::invalid(path, what));
-        if self.hidden_size == 0 || self.intermediate_size == 0 || self.num_attention_heads == 0 || self.n_kv_heads() == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
+        if self.hidden_size == 0
+            || self.intermediate_size == 0
+            || self.num_attention_heads == 0
+            || self.n_kv_heads() == 0
+            || self.num_hidden_layers == 0
+            || self.vocab_size == 0
+        {
             return bad("hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, num_hidden_layers and vocab_size must be positive".into());
         }
         if self.head_dim() == 0 || self.max_position_embeddings == 0 {
-            return bad(format!("head_dim {} and max_position_embeddings {} must be positive", self.head_dim(), self.max_position_embeddings));
+            return bad(format!(
+                "head_dim {} and max_position_embeddings {} must be positive",
+                self.head_dim(),
+                self.max_position_embeddings
+            ));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return bad(format!("rms_norm_eps {} must be finite and positive", self.rms_norm_eps));
@@ -140,7 +150,8 @@ impl ModelConfig {
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join(CONFIG_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
-        let cfg: ModelConfig = serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.clone(), source })?;
+        let cfg: ModelConfig =
+            serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.clone(), source })?;
         cfg.validate(&path)?;
         Ok(cfg)
     }

@@ -46,7 +46,14 @@ impl PredictorSpec {
             ("input.bias".to_string(), vec![h]),
         ];
         for i in 0..self.blocks {
-            for (n, s) in [("norm.weight", vec![h]), ("norm.bias", vec![h]), ("fc1.weight", vec![h, h]), ("fc1.bias", vec![h]), ("fc2.weight", vec![h, h]), ("fc2.bias", vec![h])] {
+            for (n, s) in [
+                ("norm.weight", vec![h]),
+                ("norm.bias", vec![h]),
+                ("fc1.weight", vec![h, h]),
+                ("fc1.bias", vec![h]),
+                ("fc2.weight", vec![h, h]),
+                ("fc2.bias", vec![h]),
+            ] {
                 v.push((format!("blocks.{i}.{n}"), s));
             }
         }
@@ -62,9 +69,9 @@ impl PredictorSpec {
     }
 
     pub fn from_metadata(path: &Path, metadata: Option<&std::collections::HashMap<String, String>>) -> Result<Self> {
-        let text = metadata
-            .and_then(|m| m.get(SPEC_KEY))
-            .ok_or_else(|| FormatError::invalid(path, format!("no '{SPEC_KEY}' in the safetensors metadata (not a predictor file?)")))?;
+        let text = metadata.and_then(|m| m.get(SPEC_KEY)).ok_or_else(|| {
+            FormatError::invalid(path, format!("no '{SPEC_KEY}' in the safetensors metadata (not a predictor file?)"))
+        })?;
         serde_json::from_str(text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })
     }
 }

@@ -95,7 +95,15 @@ impl RecordShape {
 
 /// Encodes one neuron's version-2 record into `out` (`shape.record_bytes()` long): `gate`,
 /// `up` the model's blocks, `down` the Q8_0 blocks of its W_down column.
-pub fn encode_record_v2(shape: &RecordShape, layer: u32, neuron: u32, gate: &[u8], up: &[u8], down: &[u8], out: &mut [u8]) {
+pub fn encode_record_v2(
+    shape: &RecordShape,
+    layer: u32,
+    neuron: u32,
+    gate: &[u8],
+    up: &[u8],
+    down: &[u8],
+    out: &mut [u8],
+) {
     let (gb, db) = (shape.gate_up_row_bytes(), shape.down_row_bytes());
     assert!(gate.len() == gb && up.len() == gb && down.len() == db && out.len() == shape.record_bytes());
     out.fill(0);
@@ -120,10 +128,25 @@ pub fn encode_record_v2(shape: &RecordShape, layer: u32, neuron: u32, gate: &[u8
 
 /// Checks a version-2 down section read from `path` at `file_offset` (`shape.down_section_bytes()`):
 /// the layer and neuron it names and its CRC32C. Returns the down row's blocks.
-pub fn check_down_section<'a>(section: &'a [u8], path: &Path, file_offset: u64, layer: u32, neuron: u32, shape: &RecordShape) -> Result<&'a [u8]> {
-    let corrupt = |what: String| FormatError::Corrupt { path: path.to_path_buf(), offset: file_offset, what: format!("down row of layer {layer}, neuron {neuron}: {what}") };
+pub fn check_down_section<'a>(
+    section: &'a [u8],
+    path: &Path,
+    file_offset: u64,
+    layer: u32,
+    neuron: u32,
+    shape: &RecordShape,
+) -> Result<&'a [u8]> {
+    let corrupt = |what: String| FormatError::Corrupt {
+        path: path.to_path_buf(),
+        offset: file_offset,
+        what: format!("down row of layer {layer}, neuron {neuron}: {what}"),
+    };
     if section.len() < DOWN_PREFIX_BYTES + shape.down_row_bytes() {
-        return Err(corrupt(format!("{} bytes, expected {}", section.len(), DOWN_PREFIX_BYTES + shape.down_row_bytes())));
+        return Err(corrupt(format!(
+            "{} bytes, expected {}",
+            section.len(),
+            DOWN_PREFIX_BYTES + shape.down_row_bytes()
+        )));
     }
     let u32_at = |o: usize| u32::from_le_bytes(section[o..o + 4].try_into().unwrap());
     if u32_at(0) != layer || u32_at(4) != neuron {
@@ -139,31 +162,64 @@ pub fn check_down_section<'a>(section: &'a [u8], path: &Path, file_offset: u64, 
 
 /// Checks a whole version-2 record: header, types, the gate/up CRC32C and the down section.
 /// Returns (gate, up, down) blocks.
-pub fn check_record_v2<'a>(bytes: &'a [u8], path: &Path, file_offset: u64, layer: u32, neuron: u32, shape: &RecordShape) -> Result<(&'a [u8], &'a [u8], &'a [u8])> {
-    let corrupt = |what: String| FormatError::Corrupt { path: path.to_path_buf(), offset: file_offset, what: format!("record of layer {layer}, neuron {neuron}: {what}") };
+pub fn check_record_v2<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+    file_offset: u64,
+    layer: u32,
+    neuron: u32,
+    shape: &RecordShape,
+) -> Result<(&'a [u8], &'a [u8], &'a [u8])> {
+    let corrupt = |what: String| FormatError::Corrupt {
+        path: path.to_path_buf(),
+        offset: file_offset,
+        what: format!("record of layer {layer}, neuron {neuron}: {what}"),
+    };
     if bytes.len() != shape.record_bytes() {
         return Err(corrupt(format!("{} bytes, expected {}", bytes.len(), shape.record_bytes())));
     }
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
     if bytes[0..8] != RECORD_MAGIC_V2 {
-        return Err(corrupt(if bytes[0..8] == RECORD_MAGIC { "a version-1 (f16) record where the manifest says version 2".into() } else { "bad magic".into() }));
+        return Err(corrupt(if bytes[0..8] == RECORD_MAGIC {
+            "a version-1 (f16) record where the manifest says version 2".into()
+        } else {
+            "bad magic".into()
+        }));
     }
     if u32_at(8) != 2 {
         return Err(corrupt(format!("format version {}, expected 2", u32_at(8))));
     }
     let name = |id: u32| GgmlType::from_id(id).map(|t| t.name()).unwrap_or("unknown");
     if u32_at(20) != shape.gate_up.id() || u32_at(32) != shape.down.id() {
-        return Err(corrupt(format!("rows of {} (down {}), the manifest says {} (down {})", name(u32_at(20)), name(u32_at(32)), shape.gate_up.name(), shape.down.name())));
+        return Err(corrupt(format!(
+            "rows of {} (down {}), the manifest says {} (down {})",
+            name(u32_at(20)),
+            name(u32_at(32)),
+            shape.gate_up.name(),
+            shape.down.name()
+        )));
     }
     if u32_at(12) != layer || u32_at(16) != neuron || u32_at(24) as usize != shape.d_model {
-        return Err(corrupt(format!("header says layer {}, neuron {}, d_model {}", u32_at(12), u32_at(16), u32_at(24))));
+        return Err(corrupt(format!(
+            "header says layer {}, neuron {}, d_model {}",
+            u32_at(12),
+            u32_at(16),
+            u32_at(24)
+        )));
     }
     let (g, gb) = (shape.gate_offset(), shape.gate_up_row_bytes());
     let crc = crc32c::crc32c(&bytes[g..g + 2 * gb]);
     if crc != u32_at(28) {
         return Err(corrupt(format!("CRC32C mismatch (stored {:08x}, computed {crc:08x})", u32_at(28))));
     }
-    let down = check_down_section(&bytes[RECORD_HEADER_BYTES..g], path, file_offset + RECORD_HEADER_BYTES as u64, layer, neuron, shape)?;
+    let down = check_down_section(
+        &bytes[RECORD_HEADER_BYTES..g],
+        path,
+        file_offset + RECORD_HEADER_BYTES as u64,
+        layer,
+        neuron,
+        shape,
+    )?;
     Ok((&bytes[g..g + gb], &bytes[g + gb..g + 2 * gb], down))
 }
 
@@ -176,7 +232,13 @@ pub const DTYPE_F16: u32 = 1;
 
 /// Byte offset in `records.bin` of the record of (`layer`, `neuron`): layer-major from
 /// `first_layer`, `neurons_per_layer` records of `record_bytes` each.
-pub fn record_offset(first_layer: usize, neurons_per_layer: usize, record_bytes: usize, layer: usize, neuron: usize) -> u64 {
+pub fn record_offset(
+    first_layer: usize,
+    neurons_per_layer: usize,
+    record_bytes: usize,
+    layer: usize,
+    neuron: usize,
+) -> u64 {
     (((layer - first_layer) * neurons_per_layer + neuron) * record_bytes) as u64
 }
 
@@ -222,7 +284,14 @@ pub fn encode_record(layer: u32, neuron: u32, gate: &[f16], up: &[f16], down_t: 
 /// Checks one record read from `path` at `file_offset`: magic, version, the expected layer,
 /// neuron and width, and the payload CRC. Returns the header; the payload is
 /// `bytes[RECORD_HEADER_BYTES..][..payload_bytes]`.
-pub fn check_record(bytes: &[u8], path: &Path, file_offset: u64, layer: u32, neuron: u32, d_model: usize) -> Result<RecordHeader> {
+pub fn check_record(
+    bytes: &[u8],
+    path: &Path,
+    file_offset: u64,
+    layer: u32,
+    neuron: u32,
+    d_model: usize,
+) -> Result<RecordHeader> {
     let corrupt = |what: String| FormatError::Corrupt {
         path: path.to_path_buf(),
         offset: file_offset,
@@ -290,8 +359,14 @@ mod tests {
         assert_eq!(RecordShape { d_model: 4096, ..q4k }.record_bytes(), 7680);
         let smol = RecordShape { d_model: 576, gate_up: GgmlType::Q4_1, down: GgmlType::Q5_0 };
         assert_eq!((smol.down_section_bytes(), smol.record_bytes()), (512, 2048));
-        assert!(RecordShape { down: GgmlType::Q4K, ..smol }.check().unwrap_err().contains("576 is not whole Q4_K blocks"));
-        assert!(RecordShape { down: GgmlType::Q6K, ..shape }.check().unwrap_err().contains("down rows of Q6_K: records hold Q8_0, Q5_0, Q4_K"));
+        assert!(RecordShape { down: GgmlType::Q4K, ..smol }
+            .check()
+            .unwrap_err()
+            .contains("576 is not whole Q4_K blocks"));
+        assert!(RecordShape { down: GgmlType::Q6K, ..shape }
+            .check()
+            .unwrap_err()
+            .contains("down rows of Q6_K: records hold Q8_0, Q5_0, Q4_K"));
         let (gb, db) = (shape.gate_up_row_bytes(), shape.down_row_bytes());
         let gate: Vec<u8> = (0..gb).map(|i| i as u8).collect();
         let up: Vec<u8> = (0..gb).map(|i| (i * 7) as u8).collect();
@@ -313,11 +388,21 @@ mod tests {
             assert!(e.contains("CRC32C mismatch"), "{e}");
         }
         // another type than the manifest says: both names
-        let e = check_record_v2(&rec, p, 0, 4, 99, &RecordShape { gate_up: GgmlType::Q6K, ..shape }).unwrap_err().to_string();
+        let e = check_record_v2(&rec, p, 0, 4, 99, &RecordShape { gate_up: GgmlType::Q6K, ..shape })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bytes, expected") || (e.contains("Q4_K") && e.contains("Q6_K")), "{e}");
         let q6 = RecordShape { gate_up: GgmlType::Q6K, ..shape };
         let mut rec6 = vec![0u8; q6.record_bytes()];
-        encode_record_v2(&q6, 4, 99, &vec![0; q6.gate_up_row_bytes()], &vec![0; q6.gate_up_row_bytes()], &down, &mut rec6);
+        encode_record_v2(
+            &q6,
+            4,
+            99,
+            &vec![0; q6.gate_up_row_bytes()],
+            &vec![0; q6.gate_up_row_bytes()],
+            &down,
+            &mut rec6,
+        );
         let e = check_record_v2(&rec6[..shape.record_bytes()], p, 0, 4, 99, &shape);
         let e = e.unwrap_err().to_string();
         assert!(e.contains("rows of Q6_K") && e.contains("the manifest says Q4_K"), "{e}");
@@ -346,7 +431,10 @@ mod tests {
             let mut bad = rec.clone();
             bad[RECORD_HEADER_BYTES + bit / 8] ^= 1 << (bit % 8);
             let e = check_record(&bad, p, 4096, 7, 123, d).unwrap_err().to_string();
-            assert!(e.contains("CRC32C mismatch") && e.contains("layer 7, neuron 123") && e.contains("offset 4096"), "{e}");
+            assert!(
+                e.contains("CRC32C mismatch") && e.contains("layer 7, neuron 123") && e.contains("offset 4096"),
+                "{e}"
+            );
         }
         let e = check_record(&rec, p, 0, 7, 124, d).unwrap_err().to_string();
         assert!(e.contains("header says layer 7, neuron 123"), "{e}");
@@ -383,12 +471,25 @@ pub struct NeuronBlocks {
 }
 
 impl RecordFile {
-    pub fn open(path: &Path, d_model: usize, first_layer: usize, n_layers: usize, neurons_per_layer: usize) -> Result<Self> {
+    pub fn open(
+        path: &Path,
+        d_model: usize,
+        first_layer: usize,
+        n_layers: usize,
+        neurons_per_layer: usize,
+    ) -> Result<Self> {
         Self::open_v(path, d_model, first_layer, n_layers, neurons_per_layer, None)
     }
 
     /// `shape`: version-2 records of that layout (None: version 1).
-    pub fn open_v(path: &Path, d_model: usize, first_layer: usize, n_layers: usize, neurons_per_layer: usize, shape: Option<RecordShape>) -> Result<Self> {
+    pub fn open_v(
+        path: &Path,
+        d_model: usize,
+        first_layer: usize,
+        n_layers: usize,
+        neurons_per_layer: usize,
+        shape: Option<RecordShape>,
+    ) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
         let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
         let rb = shape.map_or(record_bytes(d_model), |s| s.record_bytes());
@@ -416,7 +517,8 @@ impl RecordFile {
     /// A version-2 record's blocks, checked (header, types, both CRC32Cs).
     pub fn read_blocks(&self, layer: usize, neuron: usize) -> Result<NeuronBlocks> {
         use std::os::unix::fs::FileExt;
-        let shape = self.shape.ok_or_else(|| FormatError::invalid(&self.path, "version-1 (f16) records have no blocks"))?;
+        let shape =
+            self.shape.ok_or_else(|| FormatError::invalid(&self.path, "version-1 (f16) records have no blocks"))?;
         assert!(layer >= self.first_layer && layer < self.n_layers && neuron < self.neurons_per_layer);
         let off = self.offset(layer, neuron);
         let mut buf = vec![0u8; shape.record_bytes()];

@@ -49,7 +49,8 @@ impl ReuseTable {
     /// Reads and checks a table: one error naming the file and what is wrong.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-        let t: ReuseTable = serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })?;
+        let t: ReuseTable =
+            serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })?;
         t.check().map_err(|what| FormatError::invalid(path, what))?;
         Ok(t)
     }
@@ -57,7 +58,11 @@ impl ReuseTable {
     /// The table of the preparation at `manifest_path`, loaded and checked; None when its
     /// manifest lists none (a preparation made before the reuse stage).
     pub fn of_manifest(manifest_path: &Path, m: &crate::manifest::Manifest) -> Result<Option<Self>> {
-        m.artifacts.iter().find(|a| a.role == ARTIFACT_ROLE).map(|a| Self::load(&m.artifact_path(manifest_path, a))).transpose()
+        m.artifacts
+            .iter()
+            .find(|a| a.role == ARTIFACT_ROLE)
+            .map(|a| Self::load(&m.artifact_path(manifest_path, a)))
+            .transpose()
     }
 
     pub fn check(&self) -> std::result::Result<(), String> {
@@ -65,7 +70,10 @@ impl ReuseTable {
             return Err(format!("format '{}', expected '{REUSE_TABLE_FORMAT}'", self.format));
         }
         for (name, axis) in [("set_shares", &self.set_shares), ("slot_shares", &self.slot_shares)] {
-            if axis.is_empty() || axis.iter().any(|s| !(s.is_finite() && *s > 0.0 && *s <= 1.0)) || axis.windows(2).any(|w| w[0] >= w[1]) {
+            if axis.is_empty()
+                || axis.iter().any(|s| !(s.is_finite() && *s > 0.0 && *s <= 1.0))
+                || axis.windows(2).any(|w| w[0] >= w[1])
+            {
                 return Err(format!("{name} must be ascending shares in (0, 1], got {axis:?}"));
             }
         }
@@ -77,14 +85,25 @@ impl ReuseTable {
         }
         for (rule, reuse) in &self.rules {
             if reuse.len() != self.set_shares.len() || reuse.iter().any(|r| r.len() != self.slot_shares.len()) {
-                return Err(format!("{rule}: reuse must be {} rows of {} values (set shares x slot shares)", self.set_shares.len(), self.slot_shares.len()));
+                return Err(format!(
+                    "{rule}: reuse must be {} rows of {} values (set shares x slot shares)",
+                    self.set_shares.len(),
+                    self.slot_shares.len()
+                ));
             }
-            if let Some((i, j)) = reuse.iter().enumerate().find_map(|(i, r)| r.iter().position(|v| !(v.is_finite() && (0.0..=1.0).contains(v))).map(|j| (i, j))) {
+            if let Some((i, j)) = reuse
+                .iter()
+                .enumerate()
+                .find_map(|(i, r)| r.iter().position(|v| !(v.is_finite() && (0.0..=1.0).contains(v))).map(|j| (i, j)))
+            {
                 return Err(format!("{rule}: reuse[{i}][{j}] = {} is not a share in [0, 1]", reuse[i][j]));
             }
         }
         if self.tokens == 0 || self.n_ff == 0 || self.first_layer >= self.n_layers {
-            return Err(format!("tokens {}, n_ff {}, layers {}..{}: nothing simulated", self.tokens, self.n_ff, self.first_layer, self.n_layers));
+            return Err(format!(
+                "tokens {}, n_ff {}, layers {}..{}: nothing simulated",
+                self.tokens, self.n_ff, self.first_layer, self.n_layers
+            ));
         }
         Ok(())
     }

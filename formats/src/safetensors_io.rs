@@ -68,14 +68,22 @@ impl MappedSafetensors {
         for (name, view) in st.tensors() {
             let start = view.data().as_ptr() as usize - base;
             let ggml = ggml_types.get(&name).copied();
-            let e = TensorEntry { dtype: view.dtype(), shape: view.shape().to_vec(), byte_range: start..start + view.data().len(), ggml };
+            let e = TensorEntry {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                byte_range: start..start + view.data().len(),
+                ggml,
+            };
             if let Some(t) = ggml {
                 check_quantized(path, &name, &e, t)?;
             }
             tensors.insert(name, e);
         }
         if let Some(name) = ggml_types.keys().find(|n| !tensors.contains_key(*n)) {
-            return Err(FormatError::Safetensors { path: path.to_path_buf(), reason: format!("metadata '{GGML_TYPES_KEY}' names tensor '{name}', which the file does not hold") });
+            return Err(FormatError::Safetensors {
+                path: path.to_path_buf(),
+                reason: format!("metadata '{GGML_TYPES_KEY}' names tensor '{name}', which the file does not hold"),
+            });
         }
         drop(st);
         Ok(MappedSafetensors { path: path.to_path_buf(), mmap: Arc::new(mmap), tensors, metadata })
@@ -101,12 +109,25 @@ impl MappedSafetensors {
     /// The bytes of tensor `name`, checked to have `dtype` and `shape` (the error names the
     /// file and the tensor).
     pub fn checked_bytes(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<&[u8]> {
-        let e = self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.into() })?;
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.into() })?;
         if e.dtype != dtype {
-            return Err(FormatError::DtypeMismatch { path: self.path.clone(), tensor: name.into(), dtype: format!("{:?}", e.dtype), expected: dtype_name(dtype) });
+            return Err(FormatError::DtypeMismatch {
+                path: self.path.clone(),
+                tensor: name.into(),
+                dtype: format!("{:?}", e.dtype),
+                expected: dtype_name(dtype),
+            });
         }
         if e.shape != shape {
-            return Err(FormatError::ShapeMismatch { path: self.path.clone(), tensor: name.into(), expected: shape.to_vec(), actual: e.shape.clone() });
+            return Err(FormatError::ShapeMismatch {
+                path: self.path.clone(),
+                tensor: name.into(),
+                expected: shape.to_vec(),
+                actual: e.shape.clone(),
+            });
         }
         Ok(self.bytes(e))
     }
@@ -114,16 +135,28 @@ impl MappedSafetensors {
     /// Tells the kernel that `name` is read a row at a time at random (MADV_RANDOM): a page
     /// fault then reads that page, not the default read-ahead window around it.
     pub fn advise_random(&self, name: &str) -> Result<()> {
-        let e = self.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
-        self.mmap.advise_range(memmap2::Advice::Random, e.byte_range.start, e.byte_range.len()).map_err(|err| FormatError::io(&self.path, err))
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
+        self.mmap
+            .advise_range(memmap2::Advice::Random, e.byte_range.start, e.byte_range.len())
+            .map_err(|err| FormatError::io(&self.path, err))
     }
 }
 
 /// The header metadata naming each quantized tensor's type (`ggml_types`), or None when no
 /// tensor is quantized.
-pub fn ggml_types_metadata<'a>(types: impl IntoIterator<Item = (&'a str, GgmlType)>) -> Option<HashMap<String, String>> {
+pub fn ggml_types_metadata<'a>(
+    types: impl IntoIterator<Item = (&'a str, GgmlType)>,
+) -> Option<HashMap<String, String>> {
     let names: std::collections::BTreeMap<&str, &str> = types.into_iter().map(|(n, t)| (n, t.name())).collect();
-    (!names.is_empty()).then(|| HashMap::from([(GGML_TYPES_KEY.to_string(), serde_json::to_string(&names).expect("a map of strings serializes"))]))
+    (!names.is_empty()).then(|| {
+        HashMap::from([(
+            GGML_TYPES_KEY.to_string(),
+            serde_json::to_string(&names).expect("a map of strings serializes"),
+        )])
+    })
 }
 
 /// The `ggml_types` metadata: tensor name -> type (an unknown or uncomputed type is an error
@@ -131,7 +164,8 @@ pub fn ggml_types_metadata<'a>(types: impl IntoIterator<Item = (&'a str, GgmlTyp
 fn ggml_types_of(path: &Path, metadata: Option<&HashMap<String, String>>) -> Result<HashMap<String, GgmlType>> {
     let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason };
     let Some(text) = metadata.and_then(|m| m.get(GGML_TYPES_KEY)) else { return Ok(HashMap::new()) };
-    let names: HashMap<String, String> = serde_json::from_str(text).map_err(|e| bad(format!("metadata '{GGML_TYPES_KEY}' is not a JSON object of type names: {e}")))?;
+    let names: HashMap<String, String> = serde_json::from_str(text)
+        .map_err(|e| bad(format!("metadata '{GGML_TYPES_KEY}' is not a JSON object of type names: {e}")))?;
     names
         .into_iter()
         .map(|(tensor, ty)| match GgmlType::from_name(&ty) {
@@ -143,12 +177,19 @@ fn ggml_types_of(path: &Path, metadata: Option<&HashMap<String, String>>) -> Res
 
 /// A quantized tensor is U8 `[rows, row_bytes]` with whole blocks per row.
 fn check_quantized(path: &Path, name: &str, e: &TensorEntry, t: GgmlType) -> Result<()> {
-    let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{name}' ({}): {reason}", t.name()) };
+    let bad = |reason: String| FormatError::Safetensors {
+        path: path.to_path_buf(),
+        reason: format!("tensor '{name}' ({}): {reason}", t.name()),
+    };
     if e.dtype != Dtype::U8 || e.shape.len() != 2 {
         return Err(bad(format!("a quantized tensor is U8 [rows, row_bytes], not {:?} {:?}", e.dtype, e.shape)));
     }
     if e.shape[1] == 0 || !e.shape[1].is_multiple_of(t.block_bytes()) {
-        return Err(bad(format!("a row of {} bytes is not a whole number of {}-byte blocks", e.shape[1], t.block_bytes())));
+        return Err(bad(format!(
+            "a row of {} bytes is not a whole number of {}-byte blocks",
+            e.shape[1],
+            t.block_bytes()
+        )));
     }
     Ok(())
 }
@@ -177,11 +218,12 @@ pub fn dtype_name(d: Dtype) -> &'static str {
 pub fn to_f16_vec(path: &Path, name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f16>> {
     Ok(match dtype {
         Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| f16::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32()))
-            .collect(),
-        Dtype::F32 => bytes.chunks_exact(4).map(|b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
+        Dtype::BF16 => {
+            bytes.chunks_exact(2).map(|b| f16::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32())).collect()
+        }
+        Dtype::F32 => {
+            bytes.chunks_exact(4).map(|b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect()
+        }
         other => {
             return Err(FormatError::DtypeMismatch {
                 path: path.to_path_buf(),
@@ -202,20 +244,29 @@ pub struct F16Tensor {
 
 /// Writes f16 tensors to `path` atomically (a temporary file renamed into place), so a
 /// half-written file is never taken for a good one.
-pub fn write_f16_safetensors(path: &Path, tensors: &[F16Tensor], metadata: Option<HashMap<String, String>>) -> Result<()> {
+pub fn write_f16_safetensors(
+    path: &Path,
+    tensors: &[F16Tensor],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
         .map(|t| {
             let bytes: &[u8] = bytemuck::cast_slice(&t.data);
-            let view = safetensors::tensor::TensorView::new(Dtype::F16, t.shape.clone(), bytes)
-                .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{}': {e}", t.name) })?;
+            let view = safetensors::tensor::TensorView::new(Dtype::F16, t.shape.clone(), bytes).map_err(|e| {
+                FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{}': {e}", t.name) }
+            })?;
             Ok((t.name.clone(), view))
         })
         .collect::<Result<_>>()?;
     write_views(path, views, metadata)
 }
 
-fn write_views(path: &Path, views: Vec<(String, safetensors::tensor::TensorView<'_>)>, metadata: Option<HashMap<String, String>>) -> Result<()> {
+fn write_views(
+    path: &Path,
+    views: Vec<(String, safetensors::tensor::TensorView<'_>)>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
     let mut bytes = safetensors::serialize(views, metadata)
         .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
     canonical_header(path, &mut bytes)?;
@@ -229,12 +280,16 @@ fn write_views(path: &Path, views: Vec<(String, safetensors::tensor::TensorView<
 fn canonical_header(path: &Path, bytes: &mut [u8]) -> Result<()> {
     let bad = |reason: String| FormatError::Safetensors { path: path.to_path_buf(), reason };
     let n = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| bad("no header".into()))?) as usize;
-    let header: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| bad(e.to_string()))?;
+    let header: std::collections::BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| bad(e.to_string()))?;
     let sorted: std::collections::BTreeMap<&String, serde_json::Value> = header
         .iter()
         .map(|(k, v)| {
             let v = match (k.as_str(), v) {
-                ("__metadata__", serde_json::Value::Object(m)) => serde_json::to_value(m.iter().collect::<std::collections::BTreeMap<_, _>>()).unwrap_or_else(|_| v.clone()),
+                ("__metadata__", serde_json::Value::Object(m)) => {
+                    serde_json::to_value(m.iter().collect::<std::collections::BTreeMap<_, _>>())
+                        .unwrap_or_else(|_| v.clone())
+                }
                 _ => v.clone(),
             };
             (k, v)
@@ -280,12 +335,17 @@ pub struct RawTensor {
 }
 
 /// Writes tensors of any dtype (U8 bitsets, U16 labels, ...) atomically.
-pub fn write_raw_safetensors(path: &Path, tensors: &[RawTensor], metadata: Option<HashMap<String, String>>) -> Result<()> {
+pub fn write_raw_safetensors(
+    path: &Path,
+    tensors: &[RawTensor],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
         .map(|t| {
-            let view = safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.bytes)
-                .map_err(|e| FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{}': {e}", t.name) })?;
+            let view = safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.bytes).map_err(|e| {
+                FormatError::Safetensors { path: path.to_path_buf(), reason: format!("tensor '{}': {e}", t.name) }
+            })?;
             Ok((t.name.clone(), view))
         })
         .collect::<Result<_>>()?;

@@ -38,8 +38,12 @@ pub const Q4_BLOCK_BYTES: usize = Q4_BLOCK / 2;
 /// `scales` (`len / 32`), like GGML's Q4_0: per block the weight of largest magnitude maps to
 /// -8, the scale is its value / -8, the others round to the nearest of the 16 levels.
 pub fn quantize_q4_row(row: &[f32], packed: &mut [u8], scales: &mut [f16]) {
-    assert!(row.len().is_multiple_of(Q4_BLOCK) && packed.len() == row.len() / 2 && scales.len() == row.len() / Q4_BLOCK);
-    for ((block, out), scale) in row.chunks_exact(Q4_BLOCK).zip(packed.chunks_exact_mut(Q4_BLOCK_BYTES)).zip(scales.iter_mut()) {
+    assert!(
+        row.len().is_multiple_of(Q4_BLOCK) && packed.len() == row.len() / 2 && scales.len() == row.len() / Q4_BLOCK
+    );
+    for ((block, out), scale) in
+        row.chunks_exact(Q4_BLOCK).zip(packed.chunks_exact_mut(Q4_BLOCK_BYTES)).zip(scales.iter_mut())
+    {
         let max = block.iter().copied().fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
         let d = max / -8.0;
         let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -74,7 +78,14 @@ pub fn f16_row_crc32c(row: &[f16]) -> u32 {
 
 /// Checks a downT row read alone from `records.bin` (its f16 bytes, at `file_offset` of
 /// `path`) against the CRC32C the scorer file holds for it.
-pub fn check_down_row(bytes: &[u8], expected_crc32c: u32, path: &Path, file_offset: u64, layer: usize, neuron: u32) -> Result<()> {
+pub fn check_down_row(
+    bytes: &[u8],
+    expected_crc32c: u32,
+    path: &Path,
+    file_offset: u64,
+    layer: usize,
+    neuron: u32,
+) -> Result<()> {
     let crc = crc32c::crc32c(bytes);
     if crc != expected_crc32c {
         return Err(FormatError::Corrupt {
@@ -149,35 +160,93 @@ impl GateUpScorerFile {
         let (f, blocks) = open_scorer(path, first_layer, d_model)?;
         // the gate/up rows first (their shape names a wrong n_ff or width), then the down columns
         let (q4, scales) = match blocks {
-            Some(t) => (f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, d_model / t.block_elements() * t.block_bytes()])?.to_vec(), Vec::new()),
+            Some(t) => (
+                f.checked_bytes(
+                    "gate_up_blocks",
+                    Dtype::U8,
+                    &[n_layers, n_ff, 2, d_model / t.block_elements() * t.block_bytes()],
+                )?
+                .to_vec(),
+                Vec::new(),
+            ),
             None => {
                 let q4 = f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?.to_vec();
-                let scale_bytes = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
+                let scale_bytes =
+                    f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / Q4_BLOCK])?;
                 (q4, scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect::<Vec<f16>>())
             }
         };
         let down_norm = read_down_norm(&f, path, first_layer, n_layers, n_ff)?;
-        let down_crc32c: Vec<u32> = f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+        let down_crc32c: Vec<u32> = f
+            .checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
         let start_of = |name: &str| f.tensors[name].byte_range.start as u64;
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
             let per_layer = n_ff * 2 * d_model / Q4_BLOCK;
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: start_of("gate_up_scale") + 2 * i as u64, what: format!("scale of layer {} neuron {} is {}", first_layer + i / per_layer, i % per_layer / (2 * d_model / Q4_BLOCK), scales[i]) });
+            return Err(FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset: start_of("gate_up_scale") + 2 * i as u64,
+                what: format!(
+                    "scale of layer {} neuron {} is {}",
+                    first_layer + i / per_layer,
+                    i % per_layer / (2 * d_model / Q4_BLOCK),
+                    scales[i]
+                ),
+            });
         }
-        Ok(GateUpScorerFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, q4, blocks, scales, down_norm, down_crc32c })
+        Ok(GateUpScorerFile {
+            path: path.to_path_buf(),
+            first_layer,
+            n_layers,
+            n_ff,
+            d_model,
+            q4,
+            blocks,
+            scales,
+            down_norm,
+            down_crc32c,
+        })
     }
 
     pub fn save(&self) -> Result<()> {
         let (l, f, d) = (self.n_layers, self.n_ff, self.d_model);
         let mut tensors = match self.blocks {
             None => vec![
-                RawTensor { name: "gate_up_q4".into(), dtype: Dtype::U8, shape: vec![l, f, 2, d / 2], bytes: self.q4.clone() },
-                RawTensor { name: "gate_up_scale".into(), dtype: Dtype::F16, shape: vec![l, f, 2, d / Q4_BLOCK], bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect() },
+                RawTensor {
+                    name: "gate_up_q4".into(),
+                    dtype: Dtype::U8,
+                    shape: vec![l, f, 2, d / 2],
+                    bytes: self.q4.clone(),
+                },
+                RawTensor {
+                    name: "gate_up_scale".into(),
+                    dtype: Dtype::F16,
+                    shape: vec![l, f, 2, d / Q4_BLOCK],
+                    bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                },
             ],
-            Some(_) => vec![RawTensor { name: "gate_up_blocks".into(), dtype: Dtype::U8, shape: vec![l, f, 2, self.row_bytes()], bytes: self.q4.clone() }],
+            Some(_) => vec![RawTensor {
+                name: "gate_up_blocks".into(),
+                dtype: Dtype::U8,
+                shape: vec![l, f, 2, self.row_bytes()],
+                bytes: self.q4.clone(),
+            }],
         };
         tensors.extend([
-            RawTensor { name: "down_norm".into(), dtype: Dtype::F32, shape: vec![l, f], bytes: self.down_norm.iter().flat_map(|v| v.to_le_bytes()).collect() },
-            RawTensor { name: "down_crc32c".into(), dtype: Dtype::U32, shape: vec![l, f], bytes: self.down_crc32c.iter().flat_map(|v| v.to_le_bytes()).collect() },
+            RawTensor {
+                name: "down_norm".into(),
+                dtype: Dtype::F32,
+                shape: vec![l, f],
+                bytes: self.down_norm.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
+            RawTensor {
+                name: "down_crc32c".into(),
+                dtype: Dtype::U32,
+                shape: vec![l, f],
+                bytes: self.down_crc32c.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
         ]);
         let meta = HashMap::from([
             ("first_layer".to_string(), self.first_layer.to_string()),
@@ -197,12 +266,26 @@ fn open_scorer(path: &Path, first_layer: usize, d_model: usize) -> Result<(Mappe
     let f = MappedSafetensors::open(path)?;
     let meta_first = f.metadata.as_ref().and_then(|m| m.get("first_layer")).and_then(|v| v.parse::<usize>().ok());
     if meta_first != Some(first_layer) {
-        return Err(FormatError::invalid(path, format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}")));
+        return Err(FormatError::invalid(
+            path,
+            format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}"),
+        ));
     }
     let quant = f.metadata.as_ref().and_then(|m| m.get("quant")).cloned().unwrap_or_default();
     let blocks = match quant.as_str() {
         "q4_0" => None,
-        name => Some(GgmlType::from_name(name).filter(|t| t.is_block_quantized() && t.is_supported() && d_model.is_multiple_of(t.block_elements())).ok_or_else(|| FormatError::invalid(path, format!("gate/up rows of '{name}': expected q4_0 or a GGML block type that divides width {d_model}")))?),
+        name => Some(
+            GgmlType::from_name(name)
+                .filter(|t| t.is_block_quantized() && t.is_supported() && d_model.is_multiple_of(t.block_elements()))
+                .ok_or_else(|| {
+                    FormatError::invalid(
+                        path,
+                        format!(
+                            "gate/up rows of '{name}': expected q4_0 or a GGML block type that divides width {d_model}"
+                        ),
+                    )
+                })?,
+        ),
     };
     Ok((f, blocks))
 }
@@ -210,7 +293,13 @@ fn open_scorer(path: &Path, first_layer: usize, d_model: usize) -> Result<(Mappe
 /// Bytes per layer the two readers of a scorer file hold, from its header alone (shapes
 /// checked, nothing copied): `(GateUpScorerFile, GateRowsFile)`, what `--strategy auto` sizes
 /// its plans from before it loads either.
-pub fn held_bytes_per_layer(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<(usize, usize)> {
+pub fn held_bytes_per_layer(
+    path: &Path,
+    first_layer: usize,
+    n_layers: usize,
+    n_ff: usize,
+    d_model: usize,
+) -> Result<(usize, usize)> {
     let (f, blocks) = open_scorer(path, first_layer, d_model)?;
     let (row, scale_row) = match blocks {
         Some(t) => {
@@ -232,10 +321,29 @@ pub fn held_bytes_per_layer(path: &Path, first_layer: usize, n_layers: usize, n_
 }
 
 /// The `down_norm` tensor `[n_layers, n_ff]`, each norm checked finite and >= 0.
-fn read_down_norm(f: &MappedSafetensors, path: &Path, first_layer: usize, n_layers: usize, n_ff: usize) -> Result<Vec<f32>> {
-    let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+fn read_down_norm(
+    f: &MappedSafetensors,
+    path: &Path,
+    first_layer: usize,
+    n_layers: usize,
+    n_ff: usize,
+) -> Result<Vec<f32>> {
+    let down_norm: Vec<f32> = f
+        .checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
-        return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
+        return Err(FormatError::Corrupt {
+            path: path.to_path_buf(),
+            offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64,
+            what: format!(
+                "down norm of layer {} neuron {} is {} (expected finite, >= 0)",
+                first_layer + i / n_ff,
+                i % n_ff,
+                down_norm[i]
+            ),
+        });
     }
     Ok(down_norm)
 }
@@ -262,19 +370,33 @@ impl GateRowsFile {
     /// checks them); the up rows are never copied.
     pub fn load(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<Self> {
         let (f, blocks) = open_scorer(path, first_layer, d_model)?;
-        let every_other = |bytes: &[u8], row: usize| -> Vec<u8> { bytes.chunks_exact(row).step_by(2).flatten().copied().collect() };
+        let every_other =
+            |bytes: &[u8], row: usize| -> Vec<u8> { bytes.chunks_exact(row).step_by(2).flatten().copied().collect() };
         let (rows, scales) = match blocks {
             Some(t) => {
                 let rb = d_model / t.block_elements() * t.block_bytes();
                 (every_other(f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, rb])?, rb), Vec::new())
             }
             None => {
-                let rows = every_other(f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?, d_model / 2);
+                let rows = every_other(
+                    f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?,
+                    d_model / 2,
+                );
                 let sb = d_model / Q4_BLOCK;
-                let scale_bytes = every_other(f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, sb])?, 2 * sb);
+                let scale_bytes =
+                    every_other(f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, sb])?, 2 * sb);
                 let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
                 if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
-                    return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["gate_up_scale"].byte_range.start as u64, what: format!("gate scale of layer {} neuron {} is {}", first_layer + i / (n_ff * sb), i % (n_ff * sb) / sb, scales[i]) });
+                    return Err(FormatError::Corrupt {
+                        path: path.to_path_buf(),
+                        offset: f.tensors["gate_up_scale"].byte_range.start as u64,
+                        what: format!(
+                            "gate scale of layer {} neuron {} is {}",
+                            first_layer + i / (n_ff * sb),
+                            i % (n_ff * sb) / sb,
+                            scales[i]
+                        ),
+                    });
                 }
                 (rows, scales)
             }
@@ -293,7 +415,8 @@ impl GateRowsFile {
 
     /// Bytes held for one layer (rows, scales, norms).
     pub fn layer_bytes(&self) -> usize {
-        self.n_ff * (self.row_bytes() + 4) + if self.blocks.is_none() { self.n_ff * self.d_model / Q4_BLOCK * 2 } else { 0 }
+        self.n_ff * (self.row_bytes() + 4)
+            + if self.blocks.is_none() { self.n_ff * self.d_model / Q4_BLOCK * 2 } else { 0 }
     }
 }
 

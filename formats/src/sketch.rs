@@ -75,7 +75,8 @@ pub fn quantize_sketch_row(row: &[f32], importance: &[f32], bits: u32, packed: &
                     den += m * l * l;
                 }
                 let s = num / den; // den > 0: every level is at least 1/2 from c
-                let err: f32 = qt.iter().zip(w).zip(&imp).map(|((&o, &v), &m)| m * (v - (o as f32 - c) * s).powi(2)).sum();
+                let err: f32 =
+                    qt.iter().zip(w).zip(&imp).map(|((&o, &v), &m)| m * (v - (o as f32 - c) * s).powi(2)).sum();
                 if err < best_err {
                     (best_err, best_s, q) = (err, s, qt);
                 }
@@ -133,25 +134,77 @@ impl SketchFile {
     /// model of width `d_model` and `n_ff` neurons per layer, with finite scales and norms.
     pub fn load(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<Self> {
         let (f, bits) = open_sketch(path, first_layer, d_model)?;
-        let packed = f.checked_bytes("gate_up_bits", Dtype::U8, &[n_layers, n_ff, 2, sketch_row_bytes(d_model, bits)])?.to_vec();
+        let packed =
+            f.checked_bytes("gate_up_bits", Dtype::U8, &[n_layers, n_ff, 2, sketch_row_bytes(d_model, bits)])?.to_vec();
         let sb = d_model / SKETCH_BLOCK;
-        let scales: Vec<f16> = f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, sb])?.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
+        let scales: Vec<f16> = f
+            .checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, sb])?
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .collect();
         if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["gate_up_scale"].byte_range.start as u64 + 2 * i as u64, what: format!("scale of layer {} neuron {} is {}", first_layer + i / (n_ff * 2 * sb), i % (n_ff * 2 * sb) / (2 * sb), scales[i]) });
+            return Err(FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset: f.tensors["gate_up_scale"].byte_range.start as u64 + 2 * i as u64,
+                what: format!(
+                    "scale of layer {} neuron {} is {}",
+                    first_layer + i / (n_ff * 2 * sb),
+                    i % (n_ff * 2 * sb) / (2 * sb),
+                    scales[i]
+                ),
+            });
         }
-        let down_norm: Vec<f32> = f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let down_norm: Vec<f32> = f
+            .checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
         if let Some(i) = down_norm.iter().position(|v| !v.is_finite() || *v < 0.0) {
-            return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64, what: format!("down norm of layer {} neuron {} is {} (expected finite, >= 0)", first_layer + i / n_ff, i % n_ff, down_norm[i]) });
+            return Err(FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset: f.tensors["down_norm"].byte_range.start as u64 + 4 * i as u64,
+                what: format!(
+                    "down norm of layer {} neuron {} is {} (expected finite, >= 0)",
+                    first_layer + i / n_ff,
+                    i % n_ff,
+                    down_norm[i]
+                ),
+            });
         }
-        Ok(SketchFile { path: path.to_path_buf(), first_layer, n_layers, n_ff, d_model, bits, packed, scales, down_norm })
+        Ok(SketchFile {
+            path: path.to_path_buf(),
+            first_layer,
+            n_layers,
+            n_ff,
+            d_model,
+            bits,
+            packed,
+            scales,
+            down_norm,
+        })
     }
 
     pub fn save(&self) -> Result<()> {
         let (l, f, d) = (self.n_layers, self.n_ff, self.d_model);
         let tensors = vec![
-            RawTensor { name: "gate_up_bits".into(), dtype: Dtype::U8, shape: vec![l, f, 2, self.row_bytes()], bytes: self.packed.clone() },
-            RawTensor { name: "gate_up_scale".into(), dtype: Dtype::F16, shape: vec![l, f, 2, d / SKETCH_BLOCK], bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect() },
-            RawTensor { name: "down_norm".into(), dtype: Dtype::F32, shape: vec![l, f], bytes: self.down_norm.iter().flat_map(|v| v.to_le_bytes()).collect() },
+            RawTensor {
+                name: "gate_up_bits".into(),
+                dtype: Dtype::U8,
+                shape: vec![l, f, 2, self.row_bytes()],
+                bytes: self.packed.clone(),
+            },
+            RawTensor {
+                name: "gate_up_scale".into(),
+                dtype: Dtype::F16,
+                shape: vec![l, f, 2, d / SKETCH_BLOCK],
+                bytes: self.scales.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
+            RawTensor {
+                name: "down_norm".into(),
+                dtype: Dtype::F32,
+                shape: vec![l, f],
+                bytes: self.down_norm.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
         ];
         let meta = HashMap::from([
             ("first_layer".to_string(), self.first_layer.to_string()),
@@ -169,7 +222,13 @@ pub fn layer_bytes(n_ff: usize, d_model: usize, bits: u32) -> usize {
 
 /// Bytes per layer the sketch at `path` holds, from its header alone (shapes checked, nothing
 /// copied): what `--strategy auto` sizes its plan from before loading it.
-pub fn held_bytes_per_layer(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<usize> {
+pub fn held_bytes_per_layer(
+    path: &Path,
+    first_layer: usize,
+    n_layers: usize,
+    n_ff: usize,
+    d_model: usize,
+) -> Result<usize> {
     let (f, bits) = open_sketch(path, first_layer, d_model)?;
     f.checked_bytes("gate_up_bits", Dtype::U8, &[n_layers, n_ff, 2, sketch_row_bytes(d_model, bits)])?;
     f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, d_model / SKETCH_BLOCK])?;
@@ -186,9 +245,15 @@ fn open_sketch(path: &Path, first_layer: usize, d_model: usize) -> Result<(Mappe
     let meta = |k: &str| f.metadata.as_ref().and_then(|m| m.get(k)).cloned();
     let meta_first = meta("first_layer").and_then(|v| v.parse::<usize>().ok());
     if meta_first != Some(first_layer) {
-        return Err(FormatError::invalid(path, format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}")));
+        return Err(FormatError::invalid(
+            path,
+            format!("covers layers from {meta_first:?}, the manifest's sparse layers start at {first_layer}"),
+        ));
     }
-    let bits = meta("bits").and_then(|v| v.parse::<u32>().ok()).filter(|b| SKETCH_BITS.contains(b)).ok_or_else(|| FormatError::invalid(path, format!("bits {:?}: expected one of {SKETCH_BITS:?}", meta("bits"))))?;
+    let bits =
+        meta("bits").and_then(|v| v.parse::<u32>().ok()).filter(|b| SKETCH_BITS.contains(b)).ok_or_else(|| {
+            FormatError::invalid(path, format!("bits {:?}: expected one of {SKETCH_BITS:?}", meta("bits")))
+        })?;
     if meta("block").as_deref() != Some("32") {
         return Err(FormatError::invalid(path, format!("block {:?}: expected 32", meta("block"))));
     }
@@ -216,7 +281,8 @@ mod tests {
             quantize_sketch_row(&row, &[], bits, &mut packed, &mut scales);
             let mut back = vec![0f32; d];
             dequantize_sketch_row(&packed, &scales, bits, &mut back);
-            let err = row.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum::<f32>() / row.iter().map(|a| a * a).sum::<f32>();
+            let err = row.iter().zip(&back).map(|(a, b)| (a - b).powi(2)).sum::<f32>()
+                / row.iter().map(|a| a * a).sum::<f32>();
             // uniform weights: 1 bit keeps the sign (relative error 1/4), each further bit
             // quarters it, rounding to the grid's ends aside
             let bound = [0.3, 0.08, 0.01][SKETCH_BITS.iter().position(|&b| b == bits).unwrap()];

@@ -46,7 +46,8 @@ impl Thresholds {
 
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| FormatError::io(path, e))?;
-        let t: Thresholds = serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })?;
+        let t: Thresholds =
+            serde_json::from_str(&text).map_err(|source| FormatError::Json { path: path.to_path_buf(), source })?;
         if t.mask_kind == MaskKind::GateUp && t.gate.len() != t.up.len() {
             return Err(FormatError::invalid(path, "gate and up threshold lists differ in length"));
         }

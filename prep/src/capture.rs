@@ -131,13 +131,15 @@ impl MlpHook for MaskObserver<'_> {
             match self.th.mask_kind {
                 MaskKind::Product => {
                     let t = self.th.product[layer];
-                    self.active[layer] += pack_bits(g.iter().zip(u).map(|(a, b)| (a * b).abs() >= t), ff, &mut self.masks[layer]);
+                    self.active[layer] +=
+                        pack_bits(g.iter().zip(u).map(|(a, b)| (a * b).abs() >= t), ff, &mut self.masks[layer]);
                 }
                 MaskKind::GateUp => {
                     let (tg, tu) = (self.th.gate[layer], self.th.up[layer]);
                     pack_bits(g.iter().map(|a| a.abs() >= tg), ff, &mut self.masks[layer]);
                     pack_bits(u.iter().map(|b| b.abs() >= tu), ff, &mut self.masks[n_layers + layer]);
-                    self.active[layer] += g.iter().zip(u).filter(|(a, b)| a.abs() >= tg && b.abs() >= tu).count() as u64;
+                    self.active[layer] +=
+                        g.iter().zip(u).filter(|(a, b)| a.abs() >= tg && b.abs() >= tu).count() as u64;
                 }
             }
         }
@@ -150,7 +152,13 @@ impl MlpHook for MaskObserver<'_> {
 }
 
 /// Per-layer thresholds from the first `threshold_sequences` sequences (the same in every shard).
-fn thresholds(model: &runtime::Model, seqs: &[Vec<u32>], s: &CaptureSettings, cache: &mut runtime::kv_cache::KvCache, show_progress: bool) -> Result<Thresholds> {
+fn thresholds(
+    model: &runtime::Model,
+    seqs: &[Vec<u32>],
+    s: &CaptureSettings,
+    cache: &mut runtime::kv_cache::KvCache,
+    show_progress: bool,
+) -> Result<Thresholds> {
     let n_layers = model.config.num_hidden_layers;
     // 1. thresholds, from the first threshold_sequences sequences (the same in every shard)
     let n_th = s.threshold_sequences.max(1);
@@ -214,7 +222,12 @@ pub fn expand_corpus(entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 /// Sequences of `seq_len` tokens, taken round-robin from the corpus files so a cut keeps a mix.
-pub(crate) fn corpus_sequences(tok: &runtime::Tokenizer, corpus: &[PathBuf], seq_len: usize, limit: usize) -> Result<Vec<Vec<u32>>> {
+pub(crate) fn corpus_sequences(
+    tok: &runtime::Tokenizer,
+    corpus: &[PathBuf],
+    seq_len: usize,
+    limit: usize,
+) -> Result<Vec<Vec<u32>>> {
     let mut per_file = Vec::new();
     for p in corpus {
         let text = std::fs::read_to_string(p).with_context(|| format!("{}: cannot read corpus file", p.display()))?;
@@ -255,13 +268,20 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
     let corpus = expand_corpus(&s.corpus.iter().map(PathBuf::from).collect::<Vec<_>>())?;
     let seqs = corpus_sequences(&tok, &corpus, s.seq_len, s.sequences)?;
     if seqs.is_empty() || (s.thresholds_from.is_none() && seqs.len() < s.threshold_sequences.max(1)) {
-        bail!("the corpus gives {} sequences of {} tokens; {} are needed for the thresholds", seqs.len(), s.seq_len, s.threshold_sequences.max(1));
+        bail!(
+            "the corpus gives {} sequences of {} tokens; {} are needed for the thresholds",
+            seqs.len(),
+            s.seq_len,
+            s.threshold_sequences.max(1)
+        );
     }
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
     let t0 = std::time::Instant::now();
     let bar = |n: usize, what: &'static str| {
         let pb = if show_progress { ProgressBar::new(n as u64) } else { ProgressBar::hidden() };
-        pb.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} sequences ({elapsed}, eta {eta})").unwrap());
+        pb.set_style(
+            ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} sequences ({elapsed}, eta {eta})").unwrap(),
+        );
         pb.set_message(what);
         pb
     };
@@ -272,7 +292,11 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
             let t = Thresholds::load(Path::new(p))?;
             let n = t.n_layers();
             if t.mask_kind != s.mask_kind || n != n_layers {
-                bail!("{p}: thresholds for {:?} masks of {n} layers; this capture is {:?} on {n_layers} layers", t.mask_kind, s.mask_kind);
+                bail!(
+                    "{p}: thresholds for {:?} masks of {n} layers; this capture is {:?} on {n_layers} layers",
+                    t.mask_kind,
+                    s.mask_kind
+                );
             }
             t
         }
@@ -288,26 +312,32 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
         Field::new("sequence", DataType::UInt32, false),
         Field::new("position", DataType::UInt32, false),
         Field::new("token", DataType::UInt32, false),
-        Field::new("hidden_after_layer0", DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float16, false)), d as i32), false),
+        Field::new(
+            "hidden_after_layer0",
+            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float16, false)), d as i32),
+            false,
+        ),
     ];
     let mask_names: Vec<String> = match s.mask_kind {
         MaskKind::Product => (0..n_layers).map(|l| format!("mask_l{l:02}")).collect(),
-        MaskKind::GateUp => (0..n_layers).map(|l| format!("gate_mask_l{l:02}")).chain((0..n_layers).map(|l| format!("up_mask_l{l:02}"))).collect(),
+        MaskKind::GateUp => (0..n_layers)
+            .map(|l| format!("gate_mask_l{l:02}"))
+            .chain((0..n_layers).map(|l| format!("up_mask_l{l:02}")))
+            .collect(),
     };
     fields.extend(mask_names.iter().map(|n| Field::new(n, DataType::FixedSizeBinary(mask_bytes as i32), false)));
-    let schema = Arc::new(Schema::new(fields).with_metadata(
-        std::collections::HashMap::<String, String>::from([
-            ("mask_kind".to_string(), serde_json::to_value(s.mask_kind)?.as_str().unwrap_or_default().to_string()),
-            ("bit_order".to_string(), "neuron n is bit n % 8 of byte n / 8".to_string()),
-            ("alpha".to_string(), s.alpha.to_string()),
-            ("intermediate_size".to_string(), ff.to_string()),
-        ]),
-    ));
+    let schema = Arc::new(Schema::new(fields).with_metadata(std::collections::HashMap::<String, String>::from([
+        ("mask_kind".to_string(), serde_json::to_value(s.mask_kind)?.as_str().unwrap_or_default().to_string()),
+        ("bit_order".to_string(), "neuron n is bit n % 8 of byte n / 8".to_string()),
+        ("alpha".to_string(), s.alpha.to_string()),
+        ("intermediate_size".to_string(), ff.to_string()),
+    ])));
     let shard_path = out.join(format!("masks-{:03}-of-{:03}.arrow", s.shard_index, s.shard_count));
     let tmp = formats::safetensors_io::tmp_path(&shard_path);
     let file = std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?;
     let mut writer = arrow_ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema)?;
-    let mine: Vec<(usize, &Vec<u32>)> = seqs.iter().enumerate().filter(|(i, _)| i % s.shard_count == s.shard_index).collect();
+    let mine: Vec<(usize, &Vec<u32>)> =
+        seqs.iter().enumerate().filter(|(i, _)| i % s.shard_count == s.shard_index).collect();
     let mut active_total = vec![0u64; n_layers];
     let pb = bar(mine.len(), "masks");
     for &(seq_idx, seq) in &mine {
@@ -365,7 +395,11 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
         seconds: t0.elapsed().as_secs_f64(),
     };
     let sum_path = out.join(format!("capture-{:03}-of-{:03}.json", s.shard_index, s.shard_count));
-    formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&sum_path), &sum_path, serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    formats::safetensors_io::write_atomic(
+        &formats::safetensors_io::tmp_path(&sum_path),
+        &sum_path,
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
     Ok(summary)
 }
 

@@ -10,6 +10,7 @@
 //! drawn with a fixed seed; an emptied cluster is re-seeded with the token farthest from its
 //! centroid.
 
+use crate::shards::layer_of;
 use anyhow::{bail, Result};
 use formats::safetensors_io::{write_raw_safetensors, RawTensor};
 use half::f16;
@@ -18,7 +19,6 @@ use rand::{seq::SliceRandom, SeedableRng};
 use rayon::prelude::*;
 use runtime::tensor::F16Matrix;
 use serde::Serialize;
-use crate::shards::layer_of;
 use std::path::Path;
 
 #[derive(Debug, Clone, Serialize)]
@@ -56,7 +56,15 @@ pub struct ClusterSettings {
 
 /// Lloyd's k-means of `n` bitsets (`bits`, `width` bytes each, `n_ff` neurons).
 /// Returns (centroids `[k, n_ff]` f32, labels `[n]`, iterations).
-fn kmeans(bits: &[u8], n: usize, width: usize, n_ff: usize, k: usize, max_iter: usize, seed: u64) -> (Vec<f32>, Vec<u32>, usize) {
+fn kmeans(
+    bits: &[u8],
+    n: usize,
+    width: usize,
+    n_ff: usize,
+    k: usize,
+    max_iter: usize,
+    seed: u64,
+) -> (Vec<f32>, Vec<u32>, usize) {
     // x: [n, n_ff] 0/1
     let mut x = vec![0f32; n * n_ff];
     x.par_chunks_mut(n_ff).zip(bits.par_chunks(width)).for_each(|(row, b)| {
@@ -156,7 +164,9 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
         .collect();
     std::fs::create_dir_all(out)?;
     let pb = if show_progress { ProgressBar::new(selected.len() as u64) } else { ProgressBar::hidden() };
-    pb.set_style(ProgressStyle::with_template("k-means [{bar:40}] {pos}/{len} mask columns ({elapsed}, eta {eta})").unwrap());
+    pb.set_style(
+        ProgressStyle::with_template("k-means [{bar:40}] {pos}/{len} mask columns ({elapsed}, eta {eta})").unwrap(),
+    );
     let mut centroids = Vec::new();
     let mut labels = Vec::new();
     let mut layers = Vec::new();
@@ -172,8 +182,14 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
         // target and the runtime's layer-0 feature: the same rule on both sides)
         let table = formats::centroids::CentroidSet { k: s.k, width, bits: pruned.concat() };
         let lab: Vec<u32> = bits.par_chunks(width).map(|m| table.best_cover(m)).collect();
-        let covered: u64 = (0..n).map(|i| crate::shards::overlap(&bits[i * width..(i + 1) * width], &pruned[lab[i] as usize])).sum();
-        centroids.push(RawTensor { name: names[ci].replace("mask", "centroids"), dtype: safetensors::Dtype::U8, shape: vec![s.k, width], bytes: pruned.concat() });
+        let covered: u64 =
+            (0..n).map(|i| crate::shards::overlap(&bits[i * width..(i + 1) * width], &pruned[lab[i] as usize])).sum();
+        centroids.push(RawTensor {
+            name: names[ci].replace("mask", "centroids"),
+            dtype: safetensors::Dtype::U8,
+            shape: vec![s.k, width],
+            bytes: pruned.concat(),
+        });
         labels.push(RawTensor {
             name: names[ci].replace("mask", "labels"),
             dtype: safetensors::Dtype::U16,
@@ -196,9 +212,18 @@ pub fn cluster(captures: &Path, out: &Path, s: &ClusterSettings, show_progress: 
     let lpath = out.join("labels.safetensors");
     write_raw_safetensors(&cpath, &centroids, None)?;
     write_raw_safetensors(&lpath, &labels, None)?;
-    let summary = ClusterSummary { tokens: n, layers, centroids_path: cpath.display().to_string(), labels_path: lpath.display().to_string() };
+    let summary = ClusterSummary {
+        tokens: n,
+        layers,
+        centroids_path: cpath.display().to_string(),
+        labels_path: lpath.display().to_string(),
+    };
     let spath = out.join("cluster.json");
-    formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&spath), &spath, serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    formats::safetensors_io::write_atomic(
+        &formats::safetensors_io::tmp_path(&spath),
+        &spath,
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
     Ok(summary)
 }
 
@@ -213,7 +238,11 @@ mod tests {
         let mut bits = Vec::new();
         for i in 0..40 {
             let mut b = [0u8; 2];
-            if i % 2 == 0 { b[0] = 0b0000_1111 } else { b[1] = 0b0000_1111 }
+            if i % 2 == 0 {
+                b[0] = 0b0000_1111
+            } else {
+                b[1] = 0b0000_1111
+            }
             bits.extend(b);
         }
         let (cent, lab, _) = kmeans(&bits, 40, 2, n_ff, 2, 10, 1);

@@ -13,9 +13,9 @@ use formats::model_dir::{self, Architecture, ModelConfig};
 use formats::safetensors_io::{self, MappedSafetensors, RawTensor};
 use formats::FormatError;
 use half::f16;
-use safetensors::Dtype;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
+use safetensors::Dtype;
 use serde::Serialize;
 use std::path::Path;
 
@@ -74,11 +74,21 @@ fn quantized_tensor(path: &Path, name: String, shape: Vec<usize>, values: &[f32]
     let t = q.ggml();
     let cols = shape[1];
     if !cols.is_multiple_of(t.block_elements()) {
-        bail!("{}: tensor '{name}' has rows of {cols} values, not whole {} blocks of {}: --quantize {} cannot hold it", path.display(), t.name(), t.block_elements(), t.name());
+        bail!(
+            "{}: tensor '{name}' has rows of {cols} values, not whole {} blocks of {}: --quantize {} cannot hold it",
+            path.display(),
+            t.name(),
+            t.block_elements(),
+            t.name()
+        );
     }
     let bytes = q.quantize(values);
     let row_bytes = bytes.len() / shape[0];
-    Ok(Imported1 { raw: RawTensor { name, dtype: Dtype::U8, shape: vec![shape[0], row_bytes], bytes }, shape, ggml: Some(t) })
+    Ok(Imported1 {
+        raw: RawTensor { name, dtype: Dtype::U8, shape: vec![shape[0], row_bytes], bytes },
+        shape,
+        ggml: Some(t),
+    })
 }
 
 /// One imported tensor: its bytes as stored, its logical shape, and its GGML block type when
@@ -91,7 +101,16 @@ struct Imported1 {
 
 impl Imported1 {
     fn f16(name: String, shape: Vec<usize>, data: &[f16]) -> Self {
-        Imported1 { raw: RawTensor { name, dtype: Dtype::F16, shape: shape.clone(), bytes: bytemuck::cast_slice(data).to_vec() }, shape, ggml: None }
+        Imported1 {
+            raw: RawTensor {
+                name,
+                dtype: Dtype::F16,
+                shape: shape.clone(),
+                bytes: bytemuck::cast_slice(data).to_vec(),
+            },
+            shape,
+            ggml: None,
+        }
     }
 }
 
@@ -100,7 +119,13 @@ pub fn import(input: &Path, out: &Path, dtype: ImportDtype, show_progress: bool)
 }
 
 /// `quantize`: every weight matrix requantized to that type (norms and biases stay F32).
-pub fn import_as(input: &Path, out: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, show_progress: bool) -> Result<ImportSummary> {
+pub fn import_as(
+    input: &Path,
+    out: &Path,
+    dtype: ImportDtype,
+    quantize: Option<QuantizeTo>,
+    show_progress: bool,
+) -> Result<ImportSummary> {
     if !input.exists() {
         bail!("{}: no such file or directory", input.display());
     }
@@ -117,7 +142,8 @@ pub fn import_as(input: &Path, out: &Path, dtype: ImportDtype, quantize: Option<
     let tok_path = out.join(model_dir::TOKENIZER_FILE);
     let parameters: u64 = tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
     let st_path = out.join("model.safetensors");
-    let metadata = safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|t| t.ggml.map(|g| (t.raw.name.as_str(), g))));
+    let metadata =
+        safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|t| t.ggml.map(|g| (t.raw.name.as_str(), g))));
     let raws: Vec<RawTensor> = tensors.into_iter().map(|t| t.raw).collect();
     let n_tensors = raws.len();
     safetensors_io::write_raw_safetensors(&st_path, &raws, metadata)?;
@@ -144,7 +170,11 @@ pub fn chat_template_of(input: &Path) -> Result<Option<String>> {
         let g = GgufFile::open(input)?;
         return match g.get("tokenizer.chat_template") {
             None => Ok(None),
-            Some(v) => Ok(Some(v.as_str().with_context(|| format!("{}: tokenizer.chat_template is not a string", input.display()))?.to_string())),
+            Some(v) => Ok(Some(
+                v.as_str()
+                    .with_context(|| format!("{}: tokenizer.chat_template is not a string", input.display()))?
+                    .to_string(),
+            )),
         };
     }
     let jinja = input.join(model_dir::CHAT_TEMPLATE_FILE);
@@ -156,7 +186,8 @@ pub fn chat_template_of(input: &Path) -> Result<Option<String>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("{}: cannot read", cfg_path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", cfg_path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", cfg_path.display()))?;
     match &v["chat_template"] {
         serde_json::Value::Null => Ok(None),
         serde_json::Value::String(t) => Ok(Some(t.clone())),
@@ -165,7 +196,9 @@ pub fn chat_template_of(input: &Path) -> Result<Option<String>> {
             .find(|t| t["name"] == "default")
             .and_then(|t| t["template"].as_str())
             .map(|t| Some(t.to_string()))
-            .with_context(|| format!("{}: chat_template lists named templates but none is \"default\"", cfg_path.display())),
+            .with_context(|| {
+                format!("{}: chat_template lists named templates but none is \"default\"", cfg_path.display())
+            }),
         _ => bail!("{}: chat_template is neither a string nor a list of named templates", cfg_path.display()),
     }
 }
@@ -174,9 +207,13 @@ pub fn chat_template_of(input: &Path) -> Result<Option<String>> {
 pub fn write_chat_template(dir: &Path, template: Option<&str>) -> Result<()> {
     let path = dir.join(model_dir::CHAT_TEMPLATE_FILE);
     match template {
-        Some(t) if std::fs::read_to_string(&path).ok().as_deref() != Some(t) => safetensors_io::write_atomic(&safetensors_io::tmp_path(&path), &path, t.as_bytes())?,
+        Some(t) if std::fs::read_to_string(&path).ok().as_deref() != Some(t) => {
+            safetensors_io::write_atomic(&safetensors_io::tmp_path(&path), &path, t.as_bytes())?
+        }
         Some(_) => {}
-        None if path.exists() => std::fs::remove_file(&path).with_context(|| format!("{}: cannot remove", path.display()))?,
+        None if path.exists() => {
+            std::fs::remove_file(&path).with_context(|| format!("{}: cannot remove", path.display()))?
+        }
         None => {}
     }
     Ok(())
@@ -263,7 +300,9 @@ fn gguf_config(g: &GgufFile) -> Result<(ModelConfig, Architecture)> {
         intermediate_size: g.require_u64(&k("feed_forward_length"))? as usize,
         num_hidden_layers: g.require_u64(&k("block_count"))? as usize,
         num_attention_heads: head_count,
-        num_key_value_heads: Some(g.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).unwrap_or(head_count as u64) as usize),
+        num_key_value_heads: Some(
+            g.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).unwrap_or(head_count as u64) as usize,
+        ),
         head_dim: head_dim.filter(|&d| d != hidden / head_count),
         rms_norm_eps: g.require_f64(&k("attention.layer_norm_rms_epsilon"))?,
         rope_theta: g.get(&k("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
@@ -288,21 +327,31 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
         cfg.torch_dtype = None;
     }
     let tokenizer = crate::tokenizer_json::tokenizer_json_from_gguf(&g)?;
-    let pb = progress(g.tensors.len(), show_progress, match (dtype, quantize) {
-        (_, Some(_)) => "quantizing",
-        (ImportDtype::F16, None) => "dequantizing",
-        (ImportDtype::Native, None) => "copying",
-    });
+    let pb = progress(
+        g.tensors.len(),
+        show_progress,
+        match (dtype, quantize) {
+            (_, Some(_)) => "quantizing",
+            (ImportDtype::F16, None) => "dequantizing",
+            (ImportDtype::Native, None) => "copying",
+        },
+    );
     let tensors: Vec<Imported1> = g
         .tensors
         .par_iter()
         .map(|info| {
             let name = hf_name(&info.name).with_context(|| {
-                format!("{}: tensor '{}' has no Hugging Face counterpart in a {} model", path.display(), info.name, cfg.model_type)
+                format!(
+                    "{}: tensor '{}' has no Hugging Face counterpart in a {} model",
+                    path.display(),
+                    info.name,
+                    cfg.model_type
+                )
             })?;
             let shape = info.shape_row_major();
-            let rope_heads = (arch == Architecture::Llama && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")))
-                .then(|| if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() });
+            let rope_heads = (arch == Architecture::Llama
+                && (info.name.ends_with("attn_q.weight") || info.name.ends_with("attn_k.weight")))
+            .then(|| if info.name.ends_with("attn_q.weight") { cfg.num_attention_heads } else { cfg.n_kv_heads() });
             let t = match (dtype, quantize) {
                 (ImportDtype::Native, None) => native_tensor(path, &g, info, name, shape, rope_heads)?,
                 _ => {
@@ -312,8 +361,19 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
                     }
                     match quantize {
                         Some(q) if shape.len() == 2 => quantized_tensor(path, name, shape, &values, q)?,
-                        Some(_) => Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes: bytemuck::cast_slice(&values).to_vec() }, shape, ggml: None },
-                        None => Imported1::f16(name, shape, &values.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>()),
+                        Some(_) => Imported1 {
+                            raw: RawTensor {
+                                name,
+                                dtype: Dtype::F32,
+                                shape: shape.clone(),
+                                bytes: bytemuck::cast_slice(&values).to_vec(),
+                            },
+                            shape,
+                            ggml: None,
+                        },
+                        None => {
+                            Imported1::f16(name, shape, &values.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>())
+                        }
                     }
                 }
             };
@@ -328,12 +388,21 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
 
 /// A GGUF tensor as it is: blocks (rows un-permuted for RoPE where llama.cpp permuted them),
 /// or its F32/F16/BF16 values.
-fn native_tensor(path: &Path, g: &GgufFile, info: &GgufTensorInfo, name: String, shape: Vec<usize>, rope_heads: Option<usize>) -> Result<Imported1> {
-    let ty = GgmlType::from_id(info.ggml_type_id).filter(|t| t.is_supported()).ok_or_else(|| FormatError::UnsupportedTensorType {
-        path: path.to_path_buf(),
-        tensor: info.name.clone(),
-        type_id: info.ggml_type_id,
-        type_name: formats::ggml_quants::type_name(info.ggml_type_id).into(),
+fn native_tensor(
+    path: &Path,
+    g: &GgufFile,
+    info: &GgufTensorInfo,
+    name: String,
+    shape: Vec<usize>,
+    rope_heads: Option<usize>,
+) -> Result<Imported1> {
+    let ty = GgmlType::from_id(info.ggml_type_id).filter(|t| t.is_supported()).ok_or_else(|| {
+        FormatError::UnsupportedTensorType {
+            path: path.to_path_buf(),
+            tensor: info.name.clone(),
+            type_id: info.ggml_type_id,
+            type_name: formats::ggml_quants::type_name(info.ggml_type_id).into(),
+        }
     })?;
     let bytes = g.tensor_bytes(info);
     let rows = if shape.len() == 2 { shape[0] } else { 1 };
@@ -342,15 +411,30 @@ fn native_tensor(path: &Path, g: &GgufFile, info: &GgufTensorInfo, name: String,
         None => bytes.to_vec(),
     };
     Ok(match ty {
-        GgmlType::F32 => Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes }, shape, ggml: None },
-        GgmlType::F16 => Imported1 { raw: RawTensor { name, dtype: Dtype::F16, shape: shape.clone(), bytes }, shape, ggml: None },
-        GgmlType::BF16 => Imported1 { raw: RawTensor { name, dtype: Dtype::BF16, shape: shape.clone(), bytes }, shape, ggml: None },
+        GgmlType::F32 => {
+            Imported1 { raw: RawTensor { name, dtype: Dtype::F32, shape: shape.clone(), bytes }, shape, ggml: None }
+        }
+        GgmlType::F16 => {
+            Imported1 { raw: RawTensor { name, dtype: Dtype::F16, shape: shape.clone(), bytes }, shape, ggml: None }
+        }
+        GgmlType::BF16 => {
+            Imported1 { raw: RawTensor { name, dtype: Dtype::BF16, shape: shape.clone(), bytes }, shape, ggml: None }
+        }
         t => {
             if shape.len() != 2 {
-                bail!("{}: tensor '{}' is {} with shape {shape:?}: only matrices are kept quantized", path.display(), info.name, t.name());
+                bail!(
+                    "{}: tensor '{}' is {} with shape {shape:?}: only matrices are kept quantized",
+                    path.display(),
+                    info.name,
+                    t.name()
+                );
             }
             let row_bytes = bytes.len() / rows;
-            Imported1 { raw: RawTensor { name, dtype: Dtype::U8, shape: vec![rows, row_bytes], bytes }, shape, ggml: Some(t) }
+            Imported1 {
+                raw: RawTensor { name, dtype: Dtype::U8, shape: vec![rows, row_bytes], bytes },
+                shape,
+                ggml: Some(t),
+            }
         }
     })
 }
@@ -359,7 +443,8 @@ fn import_hf_dir(dir: &Path, quantize: Option<QuantizeTo>, show_progress: bool) 
     let cfg = ModelConfig::load(dir)?;
     let arch = cfg.validate(&dir.join(model_dir::CONFIG_FILE))?;
     let tok_path = dir.join(model_dir::TOKENIZER_FILE);
-    let tokenizer = std::fs::read_to_string(&tok_path).with_context(|| format!("{}: cannot read", tok_path.display()))?;
+    let tokenizer =
+        std::fs::read_to_string(&tok_path).with_context(|| format!("{}: cannot read", tok_path.display()))?;
     let mut tensors = Vec::new();
     for file in model_dir::safetensors_files(dir)? {
         let st = MappedSafetensors::open(&file)?;
@@ -393,9 +478,16 @@ fn check_tensor_set(path: &Path, cfg: &ModelConfig, arch: Architecture, tensors:
     let expected = std::cell::RefCell::new(std::collections::HashSet::new());
     let expect = |name: &str, shape: Vec<usize>| -> Result<()> {
         expected.borrow_mut().insert(name.to_string());
-        let t = find(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.to_string() })?;
+        let t = find(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.to_string() })?;
         if t.shape != shape {
-            return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.to_string(), expected: shape, actual: t.shape.clone() }.into());
+            return Err(FormatError::ShapeMismatch {
+                path: path.to_path_buf(),
+                tensor: name.to_string(),
+                expected: shape,
+                actual: t.shape.clone(),
+            }
+            .into());
         }
         Ok(())
     };

@@ -41,7 +41,14 @@ pub struct ImportanceSummary {
 
 /// Runs the dense model over the first `sequences` calibration sequences of `seq_len` tokens
 /// (the same round-robin cut as `prep capture`) and writes `out`.
-pub fn importance(model_dir: &Path, corpus: &[PathBuf], seq_len: usize, sequences: usize, out: &Path, show_progress: bool) -> Result<ImportanceSummary> {
+pub fn importance(
+    model_dir: &Path,
+    corpus: &[PathBuf],
+    seq_len: usize,
+    sequences: usize,
+    out: &Path,
+    show_progress: bool,
+) -> Result<ImportanceSummary> {
     let t0 = std::time::Instant::now();
     let (model, tok) = runtime::open_model(model_dir)?;
     let c = &model.config;
@@ -54,7 +61,9 @@ pub fn importance(model_dir: &Path, corpus: &[PathBuf], seq_len: usize, sequence
         bail!("the corpus gives no sequence of {seq_len} tokens");
     }
     let pb = if show_progress { ProgressBar::new(seqs.len() as u64) } else { ProgressBar::hidden() };
-    pb.set_style(ProgressStyle::with_template("importance [{bar:40}] {pos}/{len} sequences ({elapsed}, eta {eta})").unwrap());
+    pb.set_style(
+        ProgressStyle::with_template("importance [{bar:40}] {pos}/{len} sequences ({elapsed}, eta {eta})").unwrap(),
+    );
     let mut sums = MagnitudeSums { n_ff, sums: vec![0.0; n_layers * n_ff], tokens: 0 };
     let mut cache = model.new_cache(seq_len)?;
     for seq in &seqs {
@@ -79,5 +88,10 @@ pub fn importance(model_dir: &Path, corpus: &[PathBuf], seq_len: usize, sequence
         std::fs::create_dir_all(parent)?;
     }
     NeuronImportance { path: out.to_path_buf(), n_layers, n_ff, values, tokens: sums.tokens }.save()?;
-    Ok(ImportanceSummary { path: out.display().to_string(), tokens: sums.tokens, sequences: seqs.len(), seconds: t0.elapsed().as_secs_f64() })
+    Ok(ImportanceSummary {
+        path: out.display().to_string(),
+        tokens: sums.tokens,
+        sequences: seqs.len(),
+        seconds: t0.elapsed().as_secs_f64(),
+    })
 }

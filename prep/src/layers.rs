@@ -20,9 +20,7 @@
 use crate::capture::{corpus_sequences, expand_corpus};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
-use formats::layer_predictors::{
-    LayerPredictorFile, LayerPredictorSpec, LayerPredictorWeights, PredictorInput,
-};
+use formats::layer_predictors::{LayerPredictorFile, LayerPredictorSpec, LayerPredictorWeights, PredictorInput};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::{seq::SliceRandom, Rng, SeedableRng};
@@ -153,9 +151,7 @@ struct Capture {
 }
 
 fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-        .collect()
+    v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect()
 }
 
 #[derive(Clone, Copy)]
@@ -184,11 +180,7 @@ impl Capture {
 impl MlpHook for Capture {
     fn observe_input(&mut self, layer: usize, xn: &[f32]) {
         if layer >= self.inputs_from {
-            let stream = if self.heldout {
-                Stream::HeldOutInputs
-            } else {
-                Stream::Inputs
-            };
+            let stream = if self.heldout { Stream::HeldOutInputs } else { Stream::Inputs };
             self.write(stream, layer - self.inputs_from, &f16_bytes(xn));
         }
     }
@@ -220,10 +212,7 @@ fn read_f16_file(path: &Path) -> Result<Vec<f32>> {
     std::fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
         .with_context(|| format!("{}: cannot read", path.display()))?;
-    Ok(bytes
-        .chunks_exact(2)
-        .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect())
+    Ok(bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect())
 }
 
 /// One layer's predictor under training.
@@ -253,49 +242,26 @@ impl Trainee {
         Ok(Trainee {
             w1: Var::from_tensor(&Tensor::from_vec(uniform(rank * d, d), (rank, d), dev)?)?,
             b1: Var::from_tensor(&Tensor::zeros(rank, DType::F32, dev)?)?,
-            w2: Var::from_tensor(&Tensor::from_vec(
-                uniform(n_ff * rank, rank),
-                (n_ff, rank),
-                dev,
-            )?)?,
+            w2: Var::from_tensor(&Tensor::from_vec(uniform(n_ff * rank, rank), (n_ff, rank), dev)?)?,
             b2: Var::from_tensor(&Tensor::full(prior, n_ff, dev)?)?,
         })
     }
 
     /// Scores `[b, n_ff]` for inputs `[b, d]`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let z = x
-            .matmul(&self.w1.as_tensor().t()?)?
-            .broadcast_add(self.b1.as_tensor())?
-            .relu()?;
-        z.matmul(&self.w2.as_tensor().t()?)?
-            .broadcast_add(self.b2.as_tensor())
+        let z = x.matmul(&self.w1.as_tensor().t()?)?.broadcast_add(self.b1.as_tensor())?.relu()?;
+        z.matmul(&self.w2.as_tensor().t()?)?.broadcast_add(self.b2.as_tensor())
     }
 
     fn vars(&self) -> Vec<Var> {
-        vec![
-            self.w1.clone(),
-            self.b1.clone(),
-            self.w2.clone(),
-            self.b2.clone(),
-        ]
+        vec![self.w1.clone(), self.b1.clone(), self.w2.clone(), self.b2.clone()]
     }
 
     fn to_f16(&self) -> candle_core::Result<LayerPredictorWeights> {
         let v = |t: &Var| -> candle_core::Result<Vec<f16>> {
-            Ok(t.as_tensor()
-                .flatten_all()?
-                .to_vec1::<f32>()?
-                .into_iter()
-                .map(f16::from_f32)
-                .collect())
+            Ok(t.as_tensor().flatten_all()?.to_vec1::<f32>()?.into_iter().map(f16::from_f32).collect())
         };
-        Ok(LayerPredictorWeights {
-            w1: v(&self.w1)?,
-            b1: v(&self.b1)?,
-            w2: v(&self.w2)?,
-            b2: v(&self.b2)?,
-        })
+        Ok(LayerPredictorWeights { w1: v(&self.w1)?, b1: v(&self.b1)?, w2: v(&self.w2)?, b2: v(&self.b2)? })
     }
 }
 
@@ -360,11 +326,7 @@ fn train_layer(
     let t = Trainee::new(d, n_ff, rank, s.label_share, &mut rng, &dev)?;
     let mut opt = candle_nn::AdamW::new(
         t.vars(),
-        candle_nn::ParamsAdamW {
-            lr: s.learning_rate,
-            weight_decay: 0.0,
-            ..Default::default()
-        },
+        candle_nn::ParamsAdamW { lr: s.learning_rate, weight_decay: 0.0, ..Default::default() },
     )?;
     use candle_nn::Optimizer;
     let w_pos = (1.0 - s.label_share) / s.label_share;
@@ -412,11 +374,7 @@ pub fn train_layers(
     show_progress: bool,
 ) -> Result<LayersSummary> {
     let t0 = std::time::Instant::now();
-    if !(s.label_share > 0.0 && s.label_share < 1.0)
-        || s.batch == 0
-        || s.sequences == 0
-        || s.heldout_sequences == 0
-    {
+    if !(s.label_share > 0.0 && s.label_share < 1.0) || s.batch == 0 || s.sequences == 0 || s.heldout_sequences == 0 {
         bail!("layers: label_share must be in (0, 1) and batch, sequences and heldout_sequences positive");
     }
     let (model, tok) = runtime::open_model(model_dir)?;
@@ -428,34 +386,23 @@ pub fn train_layers(
     if first_layer >= n_layers {
         bail!("layers: first layer {first_layer} is not below the model's {n_layers} layers");
     }
-    let rank = s
-        .rank
-        .unwrap_or_else(|| rank_for_share(d, n_ff, s.max_mlp_share));
-    let seqs = corpus_sequences(
-        &tok,
-        &expand_corpus(corpus)?,
-        seq_len,
-        s.sequences + s.heldout_sequences,
-    )?;
+    let rank = s.rank.unwrap_or_else(|| rank_for_share(d, n_ff, s.max_mlp_share));
+    let seqs = corpus_sequences(&tok, &expand_corpus(corpus)?, seq_len, s.sequences + s.heldout_sequences)?;
     if seqs.len() <= s.heldout_sequences {
-        bail!("layers: the corpus gives {} sequences of {seq_len} tokens; {} are held out and training needs more", seqs.len(), s.heldout_sequences);
+        bail!(
+            "layers: the corpus gives {} sequences of {seq_len} tokens; {} are held out and training needs more",
+            seqs.len(),
+            s.heldout_sequences
+        );
     }
     let (train_seqs, held_seqs) = seqs.split_at(seqs.len() - s.heldout_sequences);
     let work = out.join("work");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).with_context(|| format!("{}: cannot create", work.display()))?;
-    let inputs_from = if s.compare_previous {
-        first_layer - 1
-    } else {
-        first_layer
-    };
+    let inputs_from = if s.compare_previous { first_layer - 1 } else { first_layer };
     let files = |name: &str, from: usize| -> Result<Vec<BufWriter<std::fs::File>>> {
         (from..n_layers)
-            .map(|l| {
-                Ok(BufWriter::new(std::fs::File::create(
-                    work.join(format!("{name}-{l:02}")),
-                )?))
-            })
+            .map(|l| Ok(BufWriter::new(std::fs::File::create(work.join(format!("{name}-{l:02}")))?)))
             .collect()
     };
     let keep = ((n_ff as f64 * s.label_share).round() as usize).max(1);
@@ -472,16 +419,10 @@ pub fn train_layers(
         h_heldout: files("h-heldout", first_layer)?,
         error: None,
     };
-    let pb = if show_progress {
-        ProgressBar::new(seqs.len() as u64)
-    } else {
-        ProgressBar::hidden()
-    };
+    let pb = if show_progress { ProgressBar::new(seqs.len() as u64) } else { ProgressBar::hidden() };
     pb.set_style(
-        ProgressStyle::with_template(
-            "layers: capture [{bar:40}] {pos}/{len} sequences ({elapsed}, eta {eta})",
-        )
-        .unwrap(),
+        ProgressStyle::with_template("layers: capture [{bar:40}] {pos}/{len} sequences ({elapsed}, eta {eta})")
+            .unwrap(),
     );
     let mut cache = model.new_cache(seq_len)?;
     for (heldout, part) in [(false, train_seqs), (true, held_seqs)] {
@@ -494,18 +435,12 @@ pub fn train_layers(
     }
     pb.finish_and_clear();
     if let Some(e) = cap.error.take() {
-        return Err(e)
-            .with_context(|| format!("{}: writing the captured activations", work.display()));
+        return Err(e).with_context(|| format!("{}: writing the captured activations", work.display()));
     }
-    for w in cap
-        .xn
-        .iter_mut()
-        .chain(cap.xn_heldout.iter_mut())
-        .chain(cap.top.iter_mut())
-        .chain(cap.h_heldout.iter_mut())
+    for w in
+        cap.xn.iter_mut().chain(cap.xn_heldout.iter_mut()).chain(cap.top.iter_mut()).chain(cap.h_heldout.iter_mut())
     {
-        w.flush()
-            .with_context(|| format!("{}: writing the captured activations", work.display()))?;
+        w.flush().with_context(|| format!("{}: writing the captured activations", work.display()))?;
     }
     let top_counts = std::mem::take(&mut cap.top_counts);
     drop(cap);
@@ -520,16 +455,10 @@ pub fn train_layers(
         input: PredictorInput::Own,
         label_share: s.label_share,
     };
-    let pb = if show_progress {
-        ProgressBar::new((n_layers - first_layer) as u64)
-    } else {
-        ProgressBar::hidden()
-    };
+    let pb = if show_progress { ProgressBar::new((n_layers - first_layer) as u64) } else { ProgressBar::hidden() };
     pb.set_style(
-        ProgressStyle::with_template(
-            "layers: train [{bar:40}] {pos}/{len} layers {msg} ({elapsed}, eta {eta})",
-        )
-        .unwrap(),
+        ProgressStyle::with_template("layers: train [{bar:40}] {pos}/{len} layers {msg} ({elapsed}, eta {eta})")
+            .unwrap(),
     );
     let mut weights = Vec::new();
     let mut layers = Vec::new();
@@ -544,66 +473,26 @@ pub fn train_layers(
         train_tokens = x.len() / d;
         heldout_tokens = x_val.len() / d;
         if bits.len() != train_tokens * n_ff.div_ceil(8) || h_val.len() != heldout_tokens * n_ff {
-            bail!(
-                "{}: the captured files of layer {l} disagree in token count",
-                work.display()
-            );
+            bail!("{}: the captured files of layer {l} disagree in token count", work.display());
         }
-        let own = train_layer(
-            &x,
-            &bits,
-            &x_val,
-            &h_val,
-            d,
-            n_ff,
-            rank,
-            s,
-            s.seed ^ (l as u64) << 8,
-        )?;
+        let own = train_layer(&x, &bits, &x_val, &h_val, d, n_ff, rank, s, s.seed ^ (l as u64) << 8)?;
         let recall = recall_at(&own.heldout_scores, &h_val, n_ff, &RECALL_SHARES);
         let recall_previous = if s.compare_previous {
             let xp = read_f16_file(&work.join(format!("xn-{:02}", l - 1)))?;
             let xp_val = read_f16_file(&work.join(format!("xn-heldout-{:02}", l - 1)))?;
-            let prev = train_layer(
-                &xp,
-                &bits,
-                &xp_val,
-                &h_val,
-                d,
-                n_ff,
-                rank,
-                s,
-                s.seed ^ (l as u64) << 8 ^ 1,
-            )?;
-            Some(recall_at(
-                &prev.heldout_scores,
-                &h_val,
-                n_ff,
-                &RECALL_SHARES,
-            ))
+            let prev = train_layer(&xp, &bits, &xp_val, &h_val, d, n_ff, rank, s, s.seed ^ (l as u64) << 8 ^ 1)?;
+            Some(recall_at(&prev.heldout_scores, &h_val, n_ff, &RECALL_SHARES))
         } else {
             None
         };
         // the static set: the neurons most often in the training top sets, every token
         let counts: Vec<f32> = top_counts[li].iter().map(|&c| c as f32).collect();
-        let static_scores: Vec<f32> = (0..heldout_tokens)
-            .flat_map(|_| counts.iter().copied())
-            .collect();
+        let static_scores: Vec<f32> = (0..heldout_tokens).flat_map(|_| counts.iter().copied()).collect();
         let recall_static = recall_at(&static_scores, &h_val, n_ff, &RECALL_SHARES);
-        pb.set_message(format!(
-            "layer {l}: recall {:.3} at {:.0}%",
-            recall[2],
-            RECALL_SHARES[2] * 100.0
-        ));
+        pb.set_message(format!("layer {l}: recall {:.3} at {:.0}%", recall[2], RECALL_SHARES[2] * 100.0));
         pb.inc(1);
         heldout_checks.push(x_val.iter().take(64 * d).copied().collect::<Vec<f32>>());
-        layers.push(LayerRecall {
-            layer: l,
-            best_epoch: own.best_epoch,
-            recall,
-            recall_previous,
-            recall_static,
-        });
+        layers.push(LayerRecall { layer: l, best_epoch: own.best_epoch, recall, recall_previous, recall_static });
         weights.push(own.weights);
     }
     pb.finish_and_clear();
@@ -630,11 +519,7 @@ pub fn train_layers(
         let n = xv.len() / d;
         let mut ours = vec![0f32; n * n_ff];
         rt.scores(first_layer + li, xv, n, &mut ours);
-        max_diff = cand
-            .iter()
-            .zip(&ours)
-            .map(|(a, b)| (a - b).abs())
-            .fold(max_diff, f32::max);
+        max_diff = cand.iter().zip(&ours).map(|(a, b)| (a - b).abs()).fold(max_diff, f32::max);
         for (a, b) in cand.chunks_exact(n_ff).zip(ours.chunks_exact(n_ff)) {
             let (ta, tb) = (top_k(a, keep), top_k(b, keep));
             agree += ta.iter().filter(|j| tb.binary_search(j).is_ok()).count();
@@ -644,13 +529,10 @@ pub fn train_layers(
     let mean = |f: &dyn Fn(&LayerRecall) -> Option<Vec<f64>>| -> Option<Vec<f64>> {
         let per: Vec<Vec<f64>> = layers.iter().filter_map(f).collect();
         (per.len() == layers.len()).then(|| {
-            (0..RECALL_SHARES.len())
-                .map(|i| per.iter().map(|r| r[i]).sum::<f64>() / per.len() as f64)
-                .collect()
+            (0..RECALL_SHARES.len()).map(|i| per.iter().map(|r| r[i]).sum::<f64>() / per.len() as f64).collect()
         })
     };
-    let mlp_4bit_bytes =
-        ((n_layers - first_layer) as f64 * 3.0 * d as f64 * n_ff as f64 * 4.5 / 8.0) as u64;
+    let mlp_4bit_bytes = ((n_layers - first_layer) as f64 * 3.0 * d as f64 * n_ff as f64 * 4.5 / 8.0) as u64;
     let predictor_bytes = spec.bytes_from(first_layer);
     let summary = LayersSummary {
         predictor_bytes,

@@ -6,13 +6,13 @@ mod cluster;
 mod import;
 mod importance;
 mod layers;
-mod scorer;
-mod sketch;
 mod pack;
 mod prepare;
 mod report;
 mod reuse;
+mod scorer;
 mod shards;
+mod sketch;
 mod tokenizer_json;
 mod train;
 
@@ -307,7 +307,18 @@ fn run(cli: Cli) -> Result<()> {
                 println!("manifest: {} ({:.1} s in all)", r.manifest, r.seconds);
             }
         }
-        Command::Report { capture, cluster, out, png, mass_model, mass_text, mass_tokens, predictor, set_rule, json } => {
+        Command::Report {
+            capture,
+            cluster,
+            out,
+            png,
+            mass_model,
+            mass_text,
+            mass_tokens,
+            predictor,
+            set_rule,
+            json,
+        } => {
             let mut r = report::report(&capture, cluster.as_deref())?;
             if let (Some(p), Some(c)) = (&predictor, &cluster) {
                 report::add_predictor(&mut r, &capture, c, p, set_rule)?;
@@ -326,7 +337,18 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{text}");
             } else {
                 println!("{} tokens; reuse = share of token t+1's set active within the last k tokens", r.tokens);
-                println!("{:<14} {:>7} {:>22} {:>22} {:>7} {:>7} {:>7} {:>7} {:>7}", "column", "density", "exact k=1/2/4", "centroid k=1/2/4", "recall", "mass", "p.top1", "p.rec", "p.size");
+                println!(
+                    "{:<14} {:>7} {:>22} {:>22} {:>7} {:>7} {:>7} {:>7} {:>7}",
+                    "column",
+                    "density",
+                    "exact k=1/2/4",
+                    "centroid k=1/2/4",
+                    "recall",
+                    "mass",
+                    "p.top1",
+                    "p.rec",
+                    "p.size"
+                );
                 let f = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
                 for l in &r.layers {
                     println!(
@@ -344,7 +366,19 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Capture { model, out, corpus, mask_kind, alpha, seq_len, sequences, threshold_sequences, shard, thresholds, json } => {
+        Command::Capture {
+            model,
+            out,
+            corpus,
+            mask_kind,
+            alpha,
+            seq_len,
+            sequences,
+            threshold_sequences,
+            shard,
+            thresholds,
+            json,
+        } => {
             let (i, n) = shard
                 .split_once('/')
                 .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
@@ -394,7 +428,10 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 println!("{:<16} {:>6} {:>8} {:>6} {:>7} {:>6}", "column", "K_max", "active", "iters", "recall", "s");
                 for l in &s.layers {
-                    println!("{:<16} {:>6} {:>8.1} {:>6} {:>7.3} {:>6.1}", l.column, l.k_max, l.mean_active, l.iterations, l.recall, l.seconds);
+                    println!(
+                        "{:<16} {:>6} {:>8.1} {:>6} {:>7.3} {:>6.1}",
+                        l.column, l.k_max, l.mean_active, l.iterations, l.recall, l.seconds
+                    );
                 }
                 println!("{} tokens -> {} and {}", s.tokens, s.centroids_path, s.labels_path);
             }
@@ -415,7 +452,10 @@ fn run(cli: Cli) -> Result<()> {
                 );
                 println!("{:>6} {:>7} {:>7} {:>12} {:>9}", "layer", "top-1", "recall", "label recall", "set size");
                 for l in &s.layers {
-                    println!("{:>6} {:>7.3} {:>7.3} {:>12.3} {:>9.0}", l.layer, l.top1_accuracy, l.recall, l.label_recall, l.predicted_set_size);
+                    println!(
+                        "{:>6} {:>7.3} {:>7.3} {:>12.3} {:>9.0}",
+                        l.layer, l.top1_accuracy, l.recall, l.label_recall, l.predicted_set_size
+                    );
                 }
                 println!("-> {} ({:.1} s)", s.predictor_path, s.seconds);
             }
@@ -425,11 +465,15 @@ fn run(cli: Cli) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
-                println!("importance over {} tokens ({} sequences) -> {} in {:.1} s", s.tokens, s.sequences, s.path, s.seconds);
+                println!(
+                    "importance over {} tokens ({} sequences) -> {} in {:.1} s",
+                    s.tokens, s.sequences, s.path, s.seconds
+                );
             }
         }
         Command::Layers { model, corpus, seq_len, first_layer, settings, out, json } => {
-            let settings: layers::LayersSettings = toml::from_str(&settings).map_err(|e| anyhow::anyhow!("--settings: {e}"))?;
+            let settings: layers::LayersSettings =
+                toml::from_str(&settings).map_err(|e| anyhow::anyhow!("--settings: {e}"))?;
             let s = layers::train_layers(&model, &corpus, seq_len, first_layer, &out, &settings, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
@@ -438,14 +482,19 @@ fn run(cli: Cli) -> Result<()> {
                     "per-layer predictors of rank {} for layers {}..{}: {:.2} MiB, {:.1}% of the 4-bit MLP; {} training and {} held-out tokens",
                     s.spec.rank, s.spec.first_layer, s.spec.n_layers, s.predictor_bytes as f64 / 1048576.0, s.mlp_share * 100.0, s.train_tokens, s.heldout_tokens
                 );
-                let row = |name: &str, r: &[f64]| println!("{name:>22} {}", r.iter().map(|v| format!("{v:>7.3}")).collect::<String>());
+                let row = |name: &str, r: &[f64]| {
+                    println!("{name:>22} {}", r.iter().map(|v| format!("{v:>7.3}")).collect::<String>())
+                };
                 row("held-out recall at", &s.recall_shares);
                 row("per-layer predictor", &s.recall);
                 if let Some(p) = &s.recall_previous {
                     row("previous layer's input", p);
                 }
                 row("static set", &s.recall_static);
-                println!("reload: max |score diff| {:.2e}, top-set agreement {:.4}; -> {} ({:.1} s)", s.reload_max_abs_score_diff, s.reload_top_set_agreement, s.path, s.seconds);
+                println!(
+                    "reload: max |score diff| {:.2e}, top-set agreement {:.4}; -> {} ({:.1} s)",
+                    s.reload_max_abs_score_diff, s.reload_top_set_agreement, s.path, s.seconds
+                );
             }
         }
         Command::Scorer { model, dense_prefix, out, json } => {
@@ -455,12 +504,21 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 println!(
                     "4-bit gate/up of {} layers from {} ({:.1} MiB, mean relative row error {:.4}) -> {} in {:.1} s",
-                    s.layers, s.first_layer, s.bytes as f64 / 1048576.0, s.relative_error, s.path, s.seconds
+                    s.layers,
+                    s.first_layer,
+                    s.bytes as f64 / 1048576.0,
+                    s.relative_error,
+                    s.path,
+                    s.seconds
                 );
             }
         }
         Command::Sketch { model, dense_prefix, bits, corpus, seq_len, sequences, out, json } => {
-            let calibration = sketch::Calibration { corpus: capture::expand_corpus(&corpus)?, seq_len, sequences: if corpus.is_empty() { 0 } else { sequences } };
+            let calibration = sketch::Calibration {
+                corpus: capture::expand_corpus(&corpus)?,
+                seq_len,
+                sequences: if corpus.is_empty() { 0 } else { sequences },
+            };
             let s = sketch::sketch(&model, dense_prefix, bits, &calibration, &out, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);

@@ -12,8 +12,8 @@
 //!   computes dense map instead of rebuilding W_down from the records' requantized columns.
 
 use anyhow::{bail, Context, Result};
-use formats::model_dir::{self, ModelConfig};
 use formats::ggml_quants::{self, GgmlType};
+use formats::model_dir::{self, ModelConfig};
 use formats::records::{encode_record, encode_record_v2, record_bytes, RecordShape};
 use formats::safetensors_io::{self, MappedSafetensors, RawTensor};
 use half::f16;
@@ -42,12 +42,20 @@ struct Tensors {
 
 impl Tensors {
     fn open(model: &Path) -> Result<Self> {
-        Ok(Tensors { files: model_dir::safetensors_files(model)?.into_iter().map(MappedSafetensors::open).collect::<Result<_, _>>()? })
+        Ok(Tensors {
+            files: model_dir::safetensors_files(model)?
+                .into_iter()
+                .map(MappedSafetensors::open)
+                .collect::<Result<_, _>>()?,
+        })
     }
 
     /// The file holding tensor `name`, and its entry.
     fn entry(&self, name: &str) -> Result<(&MappedSafetensors, &formats::safetensors_io::TensorEntry)> {
-        self.files.iter().find_map(|f| f.tensors.get(name).map(|e| (f, e))).with_context(|| format!("missing tensor '{name}' in the model directory"))
+        self.files
+            .iter()
+            .find_map(|f| f.tensors.get(name).map(|e| (f, e)))
+            .with_context(|| format!("missing tensor '{name}' in the model directory"))
     }
 
     fn get(&self, name: &str) -> Result<(Vec<usize>, Vec<f16>)> {
@@ -70,7 +78,10 @@ impl Tensors {
     /// is blocks.
     fn raw(&self, name: &str) -> Result<(RawTensor, Option<GgmlType>)> {
         let (f, e) = self.entry(name)?;
-        Ok((RawTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: f.bytes(e).to_vec() }, e.ggml))
+        Ok((
+            RawTensor { name: name.to_string(), dtype: e.dtype, shape: e.shape.clone(), bytes: f.bytes(e).to_vec() },
+            e.ggml,
+        ))
     }
 
     /// The records layer `layer` packs into: version 2 (its gate/up blocks, down requantized
@@ -82,10 +93,17 @@ impl Tensors {
             (None, _) => Ok(None),
             (Some(g), Some(u)) if g == u => {
                 let shape = RecordShape { d_model, gate_up: g, down };
-                shape.check().map_err(|e| anyhow::anyhow!("{}: records v2 with {} down rows: {e}", model.display(), down.name()))?;
+                shape.check().map_err(|e| {
+                    anyhow::anyhow!("{}: records v2 with {} down rows: {e}", model.display(), down.name())
+                })?;
                 Ok(Some(shape))
             }
-            (g, u) => bail!("{}: layer {layer}'s gate ({}) and up ({}) differ in type: version-2 records hold one type", model.display(), g.map_or("f16", |t| t.name()), u.map_or("f16", |t| t.name())),
+            (g, u) => bail!(
+                "{}: layer {layer}'s gate ({}) and up ({}) differ in type: version-2 records hold one type",
+                model.display(),
+                g.map_or("f16", |t| t.name()),
+                u.map_or("f16", |t| t.name())
+            ),
         }
     }
 }
@@ -99,7 +117,9 @@ pub fn record_shape_of(model: &Path, layer: usize, down: GgmlType) -> Result<Opt
 /// `ggml_quants::quantize` writes.
 pub fn down_type(name: &str) -> Result<GgmlType> {
     let names: Vec<&str> = ggml_quants::QUANTIZABLE.iter().map(|t| t.name()).collect();
-    ggml_quants::GgmlType::from_name(name).filter(|t| ggml_quants::QUANTIZABLE.contains(t)).with_context(|| format!("down rows of type '{name}': records hold {}", names.join(", ")))
+    ggml_quants::GgmlType::from_name(name)
+        .filter(|t| ggml_quants::QUANTIZABLE.contains(t))
+        .with_context(|| format!("down rows of type '{name}': records hold {}", names.join(", ")))
 }
 
 /// `down`: the type version-2 records requantize W_down's columns to (ignored for f16 records).
@@ -113,10 +133,14 @@ pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
 
     // records.bin
-    let shapes: Vec<Option<RecordShape>> = (dense_prefix..n_layers).map(|l| t.record_shape(model, d, l, down)).collect::<Result<_>>()?;
+    let shapes: Vec<Option<RecordShape>> =
+        (dense_prefix..n_layers).map(|l| t.record_shape(model, d, l, down)).collect::<Result<_>>()?;
     let shape = shapes.first().copied().flatten();
     if shapes.iter().any(|s| *s != shape) {
-        bail!("{}: the sparse layers' gate/up types differ from layer to layer: version-2 records hold one type", model.display());
+        bail!(
+            "{}: the sparse layers' gate/up types differ from layer to layer: version-2 records hold one type",
+            model.display()
+        );
     }
     let rec_bytes = shape.map_or(record_bytes(d), |s| s.record_bytes());
     let records_path = out.join("records.bin");
@@ -124,7 +148,10 @@ pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_
     let pb = if show_progress { ProgressBar::new((n_layers - dense_prefix) as u64) } else { ProgressBar::hidden() };
     pb.set_style(ProgressStyle::with_template("packing records [{bar:40}] {pos}/{len} layers ({elapsed})").unwrap());
     let written = (|| -> Result<()> {
-        let mut w = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?);
+        let mut w = std::io::BufWriter::with_capacity(
+            8 << 20,
+            std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?,
+        );
         for layer in dense_prefix..n_layers {
             let n = model_dir::layer_tensor_names(layer);
             let mut layer_buf = vec![0u8; ff * rec_bytes];
@@ -135,7 +162,14 @@ pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_
                     let (_, down) = t.get(&n.down_proj)?; // [d, ff]
                     layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
                         let down_t: Vec<f16> = (0..d).map(|i| down[i * ff + neuron]).collect(); // column `neuron` of W_down
-                        encode_record(layer as u32, neuron as u32, &gate[neuron * d..(neuron + 1) * d], &up[neuron * d..(neuron + 1) * d], &down_t, rec);
+                        encode_record(
+                            layer as u32,
+                            neuron as u32,
+                            &gate[neuron * d..(neuron + 1) * d],
+                            &up[neuron * d..(neuron + 1) * d],
+                            &down_t,
+                            rec,
+                        );
                     });
                 }
                 Some(sh) => {
@@ -147,8 +181,17 @@ pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_
                     let gb = sh.gate_up_row_bytes();
                     layer_buf.par_chunks_mut(rec_bytes).enumerate().for_each(|(neuron, rec)| {
                         let col: Vec<f32> = (0..d).map(|i| down[i * ff + neuron]).collect();
-                        let down_blocks = ggml_quants::quantize(sh.down, &col).expect("down_type admits only quantizable types");
-                        encode_record_v2(&sh, layer as u32, neuron as u32, &gate.bytes[neuron * gb..(neuron + 1) * gb], &up.bytes[neuron * gb..(neuron + 1) * gb], &down_blocks, rec);
+                        let down_blocks =
+                            ggml_quants::quantize(sh.down, &col).expect("down_type admits only quantizable types");
+                        encode_record_v2(
+                            &sh,
+                            layer as u32,
+                            neuron as u32,
+                            &gate.bytes[neuron * gb..(neuron + 1) * gb],
+                            &up.bytes[neuron * gb..(neuron + 1) * gb],
+                            &down_blocks,
+                            rec,
+                        );
                     });
                 }
             }
@@ -185,7 +228,8 @@ pub fn pack(model: &Path, dense_prefix: usize, down: GgmlType, out: &Path, show_
         }
     }
     let tensors: Vec<(RawTensor, Option<GgmlType>)> = names.iter().map(|name| t.raw(name)).collect::<Result<_>>()?;
-    let metadata = safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|(r, g)| g.map(|g| (r.name.as_str(), g))));
+    let metadata =
+        safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|(r, g)| g.map(|g| (r.name.as_str(), g))));
     let tensors: Vec<RawTensor> = tensors.into_iter().map(|(r, _)| r).collect();
     let resident_path = out.join("resident.safetensors");
     safetensors_io::write_raw_safetensors(&resident_path, &tensors, metadata)?;
@@ -213,7 +257,8 @@ pub fn dense_mlp(model: &Path, dense_prefix: usize, out: &Path) -> Result<u64> {
             tensors.push(t.raw(&name)?);
         }
     }
-    let metadata = safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|(r, g)| g.map(|g| (r.name.as_str(), g))));
+    let metadata =
+        safetensors_io::ggml_types_metadata(tensors.iter().filter_map(|(r, g)| g.map(|g| (r.name.as_str(), g))));
     let tensors: Vec<RawTensor> = tensors.into_iter().map(|(r, _)| r).collect();
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;

@@ -7,7 +7,9 @@
 
 use crate::{capture, cluster, import, importance, layers, pack, scorer, train};
 use anyhow::{bail, Context, Result};
-use formats::manifest::{sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION};
+use formats::manifest::{
+    sha256_file, Artifact, Manifest, Provenance, RecordsLayout, SparsitySettings, MANIFEST_FORMAT_VERSION,
+};
 use formats::model_dir::ModelConfig;
 use formats::records::record_bytes;
 use serde::{Deserialize, Serialize};
@@ -155,7 +157,8 @@ fn file_fingerprint(paths: &[PathBuf]) -> Result<Vec<(String, u64, u64)>> {
     let mut out = Vec::new();
     for p in paths {
         let files: Vec<PathBuf> = if p.is_dir() {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(p)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.is_file()).collect();
+            let mut v: Vec<PathBuf> =
+                std::fs::read_dir(p)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.is_file()).collect();
             v.sort();
             v
         } else {
@@ -163,7 +166,12 @@ fn file_fingerprint(paths: &[PathBuf]) -> Result<Vec<(String, u64, u64)>> {
         };
         for f in files {
             let m = std::fs::metadata(&f).with_context(|| format!("{}: missing input", f.display()))?;
-            let mtime = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()).unwrap_or(0);
+            let mtime = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
             out.push((f.display().to_string(), m.len(), mtime));
         }
     }
@@ -177,7 +185,13 @@ struct Stage<'a> {
 
 impl Stage<'_> {
     /// Runs `f` unless the stamp of `name` matches `key` and every output exists.
-    fn run(&mut self, name: &str, key: &serde_json::Value, outputs: &[PathBuf], f: impl FnOnce() -> Result<()>) -> Result<()> {
+    fn run(
+        &mut self,
+        name: &str,
+        key: &serde_json::Value,
+        outputs: &[PathBuf],
+        f: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let stamp = self.out.join(format!(".stamp-{name}.json"));
         // paths inside the output folder are kept relative to it ("<out>/..."), so a copied
         // folder (another recipe's starting point) stays up to date where its inputs are
@@ -185,7 +199,10 @@ impl Stage<'_> {
         let relative = |t: &str| t.replace(&out_prefix, "<out>/");
         let key_text = relative(&key.to_string());
         let parsed = |t: &str| serde_json::from_str::<serde_json::Value>(t).ok();
-        let fresh = std::fs::read_to_string(&stamp).ok().and_then(|t| parsed(&relative(&t))).is_some_and(|v| Some(v) == parsed(&key_text))
+        let fresh = std::fs::read_to_string(&stamp)
+            .ok()
+            .and_then(|t| parsed(&relative(&t)))
+            .is_some_and(|v| Some(v) == parsed(&key_text))
             && outputs.iter().all(|o| o.exists());
         let t0 = std::time::Instant::now();
         if fresh {
@@ -193,7 +210,11 @@ impl Stage<'_> {
         } else {
             let _ = std::fs::remove_file(&stamp);
             f().with_context(|| format!("stage {name}"))?;
-            formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&stamp), &stamp, key_text.as_bytes())?;
+            formats::safetensors_io::write_atomic(
+                &formats::safetensors_io::tmp_path(&stamp),
+                &stamp,
+                key_text.as_bytes(),
+            )?;
             eprintln!("prepare: {name}: {:.1} s", t0.elapsed().as_secs_f64());
         }
         self.reports.push(StageReport { stage: name.to_string(), skipped: fresh, seconds: t0.elapsed().as_secs_f64() });
@@ -202,8 +223,10 @@ impl Stage<'_> {
 }
 
 pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress: bool) -> Result<PrepareReport> {
-    let text = std::fs::read_to_string(recipe_path).with_context(|| format!("{}: cannot read recipe", recipe_path.display()))?;
-    let r: Recipe = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: invalid recipe: {e}", recipe_path.display()))?;
+    let text = std::fs::read_to_string(recipe_path)
+        .with_context(|| format!("{}: cannot read recipe", recipe_path.display()))?;
+    let r: Recipe =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: invalid recipe: {e}", recipe_path.display()))?;
     let t_all = std::time::Instant::now();
     let model_dir = PathBuf::from(&r.model_dir);
     let native_dir = PathBuf::from(format!("{}-native", r.model_dir.trim_end_matches('/')));
@@ -215,15 +238,25 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
 
     // import
     let source = source_override.map(Path::to_path_buf).or(r.source.as_ref().map(PathBuf::from));
-    let model_files = [model_dir.join("config.json"), model_dir.join("tokenizer.json"), model_dir.join("model.safetensors")];
+    let model_files =
+        [model_dir.join("config.json"), model_dir.join("tokenizer.json"), model_dir.join("model.safetensors")];
     match &source {
         Some(src) => {
-            let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": r.model_dir});
-            st.run("import", &key, &model_files, || import::import(src, &model_dir, import::ImportDtype::F16, show_progress).map(|_| ()))?;
+            let key =
+                serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": r.model_dir});
+            st.run("import", &key, &model_files, || {
+                import::import(src, &model_dir, import::ImportDtype::F16, show_progress).map(|_| ())
+            })?;
             if r.pack.weights == Weights::Native {
-                let native_files = [native_dir.join("config.json"), native_dir.join("tokenizer.json"), native_dir.join("model.safetensors")];
+                let native_files = [
+                    native_dir.join("config.json"),
+                    native_dir.join("tokenizer.json"),
+                    native_dir.join("model.safetensors"),
+                ];
                 let key = serde_json::json!({"source": file_fingerprint(std::slice::from_ref(src))?, "model_dir": native_dir, "dtype": "native"});
-                st.run("import-native", &key, &native_files, || import::import(src, &native_dir, import::ImportDtype::Native, show_progress).map(|_| ()))?;
+                st.run("import-native", &key, &native_files, || {
+                    import::import(src, &native_dir, import::ImportDtype::Native, show_progress).map(|_| ())
+                })?;
             }
             // the chat template: cheap, so kept current without rerunning the import stage (a
             // directory imported before templates were kept gets it here)
@@ -234,27 +267,39 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
             }
         }
         None if model_files.iter().all(|p| p.exists()) => {}
-        None => bail!("{}: no source to import and no model in {} (give SOURCE=<gguf or hf dir>)", recipe_path.display(), r.model_dir),
+        None => bail!(
+            "{}: no source to import and no model in {} (give SOURCE=<gguf or hf dir>)",
+            recipe_path.display(),
+            r.model_dir
+        ),
     }
     let cfg = ModelConfig::load(&model_dir)?;
     let n_layers = cfg.num_hidden_layers;
     // checked before any stage runs: a typo must not cost the capture first
-    let down = pack::down_type(r.pack.down.as_deref().unwrap_or("Q8_0")).with_context(|| format!("{}: pack.down", recipe_path.display()))?;
+    let down = pack::down_type(r.pack.down.as_deref().unwrap_or("Q8_0"))
+        .with_context(|| format!("{}: pack.down", recipe_path.display()))?;
     let d = r.pack.dense_prefix;
     if d > n_layers {
         bail!("{}: pack.dense_prefix {d} exceeds the model's {n_layers} layers", recipe_path.display());
     }
     if let Some(l) = r.pack.default_dense_from {
         if l < d || l > n_layers {
-            bail!("{}: pack.default_dense_from {l} is outside dense_prefix..=n_layers ({d}..={n_layers})", recipe_path.display());
+            bail!(
+                "{}: pack.default_dense_from {l} is outside dense_prefix..=n_layers ({d}..={n_layers})",
+                recipe_path.display()
+            );
         }
     }
     if r.pack.weights != Weights::Native && r.pack.down.is_some() {
-        bail!("{}: pack.down applies to version-2 records (pack.weights = \"native\"); f16 records hold f16 down rows", recipe_path.display());
+        bail!(
+            "{}: pack.down applies to version-2 records (pack.weights = \"native\"); f16 records hold f16 down rows",
+            recipe_path.display()
+        );
     }
     // the sparse layers' record shape (gate/up type, down type and d_model agree), before any
     // stage runs; the manifest says it
-    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down).with_context(|| format!("{}: pack.down = \"{}\"", recipe_path.display(), down.name()))?;
+    let record_shape = pack::record_shape_of(&weights_dir, d.min(n_layers.saturating_sub(1)), down)
+        .with_context(|| format!("{}: pack.down = \"{}\"", recipe_path.display(), down.name()))?;
     let model_fp = file_fingerprint(&model_files)?;
 
     // capture
@@ -280,7 +325,8 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let imp_path = out.join("importance/importance.safetensors");
     let key = serde_json::json!({"model": model_fp, "seq_len": r.capture.seq_len, "settings": r.importance, "corpus": file_fingerprint(&corpus)?});
     st.run("importance", &key, std::slice::from_ref(&imp_path), || {
-        importance::importance(&model_dir, &corpus, r.capture.seq_len, r.importance.sequences, &imp_path, show_progress).map(|_| ())
+        importance::importance(&model_dir, &corpus, r.capture.seq_len, r.importance.sequences, &imp_path, show_progress)
+            .map(|_| ())
     })?;
 
     // cluster: layer 0 (the predictor's input) and the sparse layers
@@ -296,9 +342,12 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?, "k": cls.k,
         "k_max_factor": cls.k_max_factor, "max_iterations": cls.max_iterations, "dense_prefix": d, "labels": "best-cover"});
     let cluster_json = cl_dir.join("cluster.json");
-    st.run("cluster", &key, &[cl_dir.join("centroids.safetensors"), cl_dir.join("labels.safetensors"), cluster_json.clone()], || {
-        cluster::cluster(&cap_dir, &cl_dir, &cls, show_progress).map(|_| ())
-    })?;
+    st.run(
+        "cluster",
+        &key,
+        &[cl_dir.join("centroids.safetensors"), cl_dir.join("labels.safetensors"), cluster_json.clone()],
+        || cluster::cluster(&cap_dir, &cl_dir, &cls, show_progress).map(|_| ()),
+    )?;
 
     // train: the shared predictor
     let tr_dir = out.join("predictor");
@@ -321,7 +370,14 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let weights_fp = if weights_dir == model_dir {
         model_fp.clone()
     } else {
-        file_fingerprint(&[weights_dir.join("config.json"), weights_dir.join("model.safetensors")]).with_context(|| format!("{}: pack.weights = \"native\" needs the GGUF's own blocks there (give a GGUF source)", weights_dir.display()))?
+        file_fingerprint(&[weights_dir.join("config.json"), weights_dir.join("model.safetensors")]).with_context(
+            || {
+                format!(
+                    "{}: pack.weights = \"native\" needs the GGUF's own blocks there (give a GGUF source)",
+                    weights_dir.display()
+                )
+            },
+        )?
     };
     let mut key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
     if weights_dir != model_dir {
@@ -332,7 +388,9 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
             key["down"] = serde_json::json!(down.name());
         }
     }
-    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || pack::pack(&weights_dir, d, down, &out, show_progress).map(|_| ()))?;
+    st.run("pack", &key, &[out.join("records.bin"), out.join("resident.safetensors")], || {
+        pack::pack(&weights_dir, d, down, &out, show_progress).map(|_| ())
+    })?;
 
     // dense_mlp: a native preparation's MLPs in the GGUF's own blocks, for the layers a run
     // computes dense (an f16 preparation's records rebuild them exactly)
@@ -340,7 +398,9 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let native = weights_dir != model_dir;
     if native {
         let key = serde_json::json!({"model": weights_fp, "dense_prefix": d});
-        st.run("dense_mlp", &key, std::slice::from_ref(&dense_mlp_path), || pack::dense_mlp(&weights_dir, d, &dense_mlp_path).map(|_| ()))?;
+        st.run("dense_mlp", &key, std::slice::from_ref(&dense_mlp_path), || {
+            pack::dense_mlp(&weights_dir, d, &dense_mlp_path).map(|_| ())
+        })?;
     } else if dense_mlp_path.exists() {
         std::fs::remove_file(&dense_mlp_path)?;
     }
@@ -364,15 +424,34 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     // sketch: the resident few-bit gate/up rows of the sparse layers (`--strategy sketch`),
     // weighted by the calibration inputs
     let sketch_path = out.join("sketch/sketch.safetensors");
-    let calibration = crate::sketch::Calibration { corpus: corpus.clone(), seq_len: r.capture.seq_len, sequences: r.sketch.sequences };
+    let calibration = crate::sketch::Calibration {
+        corpus: corpus.clone(),
+        seq_len: r.capture.seq_len,
+        sequences: r.sketch.sequences,
+    };
     let key = serde_json::json!({"model": weights_fp, "dense_prefix": d, "settings": r.sketch, "seq_len": r.capture.seq_len, "corpus": file_fingerprint(&corpus)?});
-    st.run("sketch", &key, std::slice::from_ref(&sketch_path), || crate::sketch::sketch(&weights_dir, d, r.sketch.bits, &calibration, &sketch_path, show_progress).map(|_| ()))?;
+    st.run("sketch", &key, std::slice::from_ref(&sketch_path), || {
+        crate::sketch::sketch(&weights_dir, d, r.sketch.bits, &calibration, &sketch_path, show_progress).map(|_| ())
+    })?;
 
     // reuse: the reuse table of the scorer, sketch, gate and layers strategies, which runtime
     // plan reads
     let reuse_path = out.join("scorer/reuse.json");
     let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});
-    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || crate::reuse::reuse(&weights_dir, &scorer_path, &sketch_path, &lp_path, d, &corpus, r.capture.seq_len, &r.reuse, &reuse_path).map(|_| ()))?;
+    st.run("reuse", &key, std::slice::from_ref(&reuse_path), || {
+        crate::reuse::reuse(
+            &weights_dir,
+            &scorer_path,
+            &sketch_path,
+            &lp_path,
+            d,
+            &corpus,
+            r.capture.seq_len,
+            &r.reuse,
+            &reuse_path,
+        )
+        .map(|_| ())
+    })?;
 
     // manifest
     let cl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cluster_json)?)?;
@@ -394,7 +473,11 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     let template_path = out.join(formats::model_dir::CHAT_TEMPLATE_FILE);
     let template = std::fs::read(model_dir.join(formats::model_dir::CHAT_TEMPLATE_FILE)).ok();
     match &template {
-        Some(t) if std::fs::read(&template_path).ok().as_ref() != Some(t) => formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&template_path), &template_path, t)?,
+        Some(t) if std::fs::read(&template_path).ok().as_ref() != Some(t) => formats::safetensors_io::write_atomic(
+            &formats::safetensors_io::tmp_path(&template_path),
+            &template_path,
+            t,
+        )?,
         Some(_) => {}
         None if template_path.exists() => std::fs::remove_file(&template_path)?,
         None => {}
@@ -422,7 +505,12 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     .chain(chat_template)
     {
         let rel = pathdiff(&path, &out);
-        artifacts.push(Artifact { role: role.into(), path: rel, bytes: std::fs::metadata(&path)?.len(), sha256: sha256_file(&path)? });
+        artifacts.push(Artifact {
+            role: role.into(),
+            path: rel,
+            bytes: std::fs::metadata(&path)?.len(),
+            sha256: sha256_file(&path)?,
+        });
     }
     let mut settings = BTreeMap::new();
     settings.insert("recipe".to_string(), text.clone());
@@ -455,7 +543,10 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
                 Some(s) if s.is_file() => sha256_file(s)?,
                 _ => String::new(),
             },
-            created_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            created_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             settings,
         },
     };

@@ -45,7 +45,6 @@ pub struct Report {
     pub layers: Vec<LayerReport>,
 }
 
-
 /// Coverage of each token's set by the union of the previous `k` sets (same sequence only).
 fn windowed_reuse(sets: &[&[u8]], sequence: &[u32], width: usize) -> Vec<f64> {
     WINDOWS
@@ -85,11 +84,17 @@ pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
         let active: u64 = col.iter().map(|b| b.count_ones() as u64).sum();
         let density = active as f64 / (n * c.width * 8) as f64;
         let cname = name.replace("mask", "centroids");
-        let (reuse_centroid, centroid_recall) = match cent.as_ref().and_then(|m| m.tensors.get(&cname).map(|e| (m, e))) {
+        let (reuse_centroid, centroid_recall) = match cent.as_ref().and_then(|m| m.tensors.get(&cname).map(|e| (m, e)))
+        {
             Some((m, e)) => {
                 let table: Vec<&[u8]> = m.bytes(e).chunks_exact(c.width).collect();
-                let lab: Vec<usize> = match labels.as_ref().and_then(|l| l.tensors.get(&name.replace("mask", "labels")).map(|e| (l, e))) {
-                    Some((l, e)) => l.bytes(e).chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize).collect(),
+                let lab: Vec<usize> = match labels
+                    .as_ref()
+                    .and_then(|l| l.tensors.get(&name.replace("mask", "labels")).map(|e| (l, e)))
+                {
+                    Some((l, e)) => {
+                        l.bytes(e).chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize).collect()
+                    }
                     None => exact
                         .par_iter()
                         .map(|x| (0..table.len()).max_by_key(|&k| overlap(x, table[k])).unwrap_or(0))
@@ -117,19 +122,23 @@ pub fn report(capture: &Path, cluster: Option<&Path>) -> Result<Report> {
 }
 
 /// Fonts tried for plot text (Debian's fonts-dejavu-core, present on most Linux systems).
-const FONT_PATHS: [&str; 2] = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
+const FONT_PATHS: [&str; 2] =
+    ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
 
 /// Reuse per layer as a PNG: one line per window k, solid for exact masks, lighter with
 /// markers for the centroid sets.
 pub fn plot_png(r: &Report, title: &str, path: &Path) -> Result<()> {
     use plotters::prelude::*;
-    let font = FONT_PATHS
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .with_context(|| format!("no TrueType font for the plot text (looked for {}; apt-get install fonts-dejavu-core)", FONT_PATHS.join(", ")))?;
+    let font = FONT_PATHS.iter().find_map(|p| std::fs::read(p).ok()).with_context(|| {
+        format!(
+            "no TrueType font for the plot text (looked for {}; apt-get install fonts-dejavu-core)",
+            FONT_PATHS.join(", ")
+        )
+    })?;
     // plotters keeps the font for the process; leaking the bytes gives it the 'static it needs.
     let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("cannot load the plot font"))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("cannot load the plot font"))?;
     let layers: Vec<(usize, &LayerReport)> = r.layers.iter().map(|l| (crate::shards::layer_of(&l.column), l)).collect();
     let n_layers = layers.iter().map(|(l, _)| l + 1).max().unwrap_or(1);
     let tmp = path.with_extension("tmp.png"); // the encoder picks the format from the extension
@@ -159,7 +168,8 @@ pub fn plot_png(r: &Report, title: &str, path: &Path) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .label(format!("exact masks, last {k} token{}", if k > 1 { "s" } else { "" }))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-            let cent: Vec<(f64, f64)> = layers.iter().filter_map(|(l, r)| r.reuse_centroid.as_ref().map(|v| (*l as f64, v[wi]))).collect();
+            let cent: Vec<(f64, f64)> =
+                layers.iter().filter_map(|(l, r)| r.reuse_centroid.as_ref().map(|v| (*l as f64, v[wi]))).collect();
             if !cent.is_empty() {
                 let light = c.mix(0.6);
                 chart
@@ -208,14 +218,26 @@ impl runtime::model::MlpHook for MassHook<'_> {
             let best = (0..table.len()).max_by_key(|&k| overlap(&bits, &table[k])).unwrap_or(0);
             let c = &table[best];
             self.total[layer] += mass.iter().map(|&m| m as f64).sum::<f64>();
-            self.covered[layer] += mass.iter().enumerate().filter(|(i, _)| c[i / 8] >> (i % 8) & 1 == 1).map(|(_, &m)| m as f64).sum::<f64>();
+            self.covered[layer] += mass
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| c[i / 8] >> (i % 8) & 1 == 1)
+                .map(|(_, &m)| m as f64)
+                .sum::<f64>();
         }
     }
 }
 
 /// Fills `centroid_mass_coverage` by running the model over `text` (sequences of 512 tokens,
 /// up to `max_tokens`), with the capture's thresholds and the cluster's centroids.
-pub fn add_mass_coverage(r: &mut Report, capture: &Path, cluster: &Path, model_dir: &Path, text: &Path, max_tokens: usize) -> Result<()> {
+pub fn add_mass_coverage(
+    r: &mut Report,
+    capture: &Path,
+    cluster: &Path,
+    model_dir: &Path,
+    text: &Path,
+    max_tokens: usize,
+) -> Result<()> {
     let th = formats::thresholds::Thresholds::load(&capture.join("thresholds.json"))?;
     if th.mask_kind != formats::thresholds::MaskKind::Product {
         anyhow::bail!("mass coverage is measured for product masks only");
@@ -225,10 +247,15 @@ pub fn add_mass_coverage(r: &mut Report, capture: &Path, cluster: &Path, model_d
     let n_ff = model.config.intermediate_size;
     let cent = MappedSafetensors::open(cluster.join("centroids.safetensors"))?;
     let tables: Vec<Option<Vec<Vec<u8>>>> = (0..n_layers)
-        .map(|l| cent.tensors.get(&format!("centroids_l{l:02}")).map(|e| cent.bytes(e).chunks_exact(n_ff.div_ceil(8)).map(|c| c.to_vec()).collect()))
+        .map(|l| {
+            cent.tensors
+                .get(&format!("centroids_l{l:02}"))
+                .map(|e| cent.bytes(e).chunks_exact(n_ff.div_ceil(8)).map(|c| c.to_vec()).collect())
+        })
         .collect();
     let mut hook = MassHook { th: &th, tables, n_ff, covered: vec![0.0; n_layers], total: vec![0.0; n_layers] };
-    let ids = tok.encode(&std::fs::read_to_string(text).with_context(|| format!("{}: cannot read", text.display()))?, true)?;
+    let ids =
+        tok.encode(&std::fs::read_to_string(text).with_context(|| format!("{}: cannot read", text.display()))?, true)?;
     let seq = 512.min(max_tokens.max(1));
     let mut cache = model.new_cache(seq)?;
     for chunk in ids.chunks_exact(seq).take(max_tokens.div_ceil(seq)) {
@@ -246,7 +273,13 @@ pub fn add_mass_coverage(r: &mut Report, capture: &Path, cluster: &Path, model_d
 
 /// Adds the predictor's per-layer top-1 accuracy, recall and set size on this capture (its
 /// hidden states after layer 0 and its masks; no model run needed).
-pub fn add_predictor(r: &mut Report, capture: &Path, cluster: &Path, predictor: &Path, rule: runtime::predictor::SetRule) -> Result<()> {
+pub fn add_predictor(
+    r: &mut Report,
+    capture: &Path,
+    cluster: &Path,
+    predictor: &Path,
+    rule: runtime::predictor::SetRule,
+) -> Result<()> {
     let p = runtime::predictor::Predictor::load(predictor)?;
     let centroids = formats::centroids::CentroidTable::load(&cluster.join("centroids.safetensors"))?;
     let masks = crate::shards::read_masks(capture)?;
@@ -256,12 +289,22 @@ pub fn add_predictor(r: &mut Report, capture: &Path, cluster: &Path, predictor: 
     }
     let n = masks.rows();
     let w = masks.width;
-    let col = |layer: usize| masks.names.iter().position(|c| c == &format!("mask_l{layer:02}")).with_context(|| format!("no mask_l{layer:02} in {}", capture.display()));
+    let col = |layer: usize| {
+        masks
+            .names
+            .iter()
+            .position(|c| c == &format!("mask_l{layer:02}"))
+            .with_context(|| format!("no mask_l{layer:02} in {}", capture.display()))
+    };
     let l0 = centroids.layer(0)?;
     let m0 = &masks.cols[col(0)?];
     let c0: Vec<u32> = (0..n).into_par_iter().map(|i| l0.best_cover(&m0[i * w..(i + 1) * w])).collect();
     let (k, s_layers) = (p.spec.k, p.spec.n_sparse_layers);
-    let logits: Vec<f32> = (0..n).collect::<Vec<_>>().par_chunks(256).flat_map_iter(|ch| p.logits(&h0[ch[0] * d..(ch[ch.len() - 1] + 1) * d], &c0[ch[0]..ch[ch.len() - 1] + 1])).collect();
+    let logits: Vec<f32> = (0..n)
+        .collect::<Vec<_>>()
+        .par_chunks(256)
+        .flat_map_iter(|ch| p.logits(&h0[ch[0] * d..(ch[ch.len() - 1] + 1) * d], &c0[ch[0]..ch[ch.len() - 1] + 1]))
+        .collect();
     for si in 0..s_layers {
         let layer = p.spec.first_layer + si;
         let set = centroids.layer(layer)?;
@@ -276,7 +319,12 @@ pub fn add_predictor(r: &mut Report, capture: &Path, cluster: &Path, predictor: 
                 let head = &logits[(i * s_layers + si) * k..(i * s_layers + si + 1) * k];
                 let (id, pred) = runtime::predictor::predicted_set(head, set, &prior, k_max, rule);
                 let a: u64 = m.iter().map(|b| b.count_ones() as u64).sum();
-                ((set.best_cover(m) == id) as u64, a, overlap(m, &pred), pred.iter().map(|b| b.count_ones() as u64).sum::<u64>())
+                (
+                    (set.best_cover(m) == id) as u64,
+                    a,
+                    overlap(m, &pred),
+                    pred.iter().map(|b| b.count_ones() as u64).sum::<u64>(),
+                )
             })
             .reduce(|| (0, 0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2, a.3 + b.3));
         if let Some(lr) = r.layers.iter_mut().find(|l| l.column == format!("mask_l{layer:02}")) {

@@ -11,8 +11,8 @@ use runtime::layer_predictor::{GateRanker, LayerPredictors, Ranker, SketchRanker
 use runtime::model::MlpHook;
 use runtime::reuse::{Chooser, ReuseSimulation};
 use runtime::scorer::{GateUpScorer, SCORER_RESIDENT_BONUS};
-use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,7 +46,12 @@ fn default_slot_shares() -> Vec<f64> {
 
 impl Default for ReuseSettings {
     fn default() -> Self {
-        ReuseSettings { sequences: default_sequences(), warmup_tokens: default_warmup(), set_shares: default_set_shares(), slot_shares: default_slot_shares() }
+        ReuseSettings {
+            sequences: default_sequences(),
+            warmup_tokens: default_warmup(),
+            set_shares: default_set_shares(),
+            slot_shares: default_slot_shares(),
+        }
     }
 }
 
@@ -71,18 +76,37 @@ impl MlpHook for AllStrategies<'_> {
 /// layers `first_layer..`), the gate rows in it, the sketch at `sketch_path` and the per-layer
 /// predictors at `predictors_path`, and writes it to `out`.
 #[allow(clippy::too_many_arguments)]
-pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictors_path: &Path, first_layer: usize, corpus: &[PathBuf], seq_len: usize, s: &ReuseSettings, out: &Path) -> Result<ReuseTable> {
+pub fn reuse(
+    model_dir: &Path,
+    scorer_path: &Path,
+    sketch_path: &Path,
+    predictors_path: &Path,
+    first_layer: usize,
+    corpus: &[PathBuf],
+    seq_len: usize,
+    s: &ReuseSettings,
+    out: &Path,
+) -> Result<ReuseTable> {
     // (a short calibration sequence, as in a CI-sized recipe, counts its second half)
     let warmup = s.warmup_tokens.min(seq_len / 2);
     let (model, tok) = runtime::open_model(model_dir)?;
     let c = &model.config;
     let (n_sparse, n_ff, d) = (c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size);
-    let scorer = GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? };
-    let gate = Ranker::Gate(GateRanker { file: formats::scorer::GateRowsFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? });
-    let sketch = Ranker::Sketch(SketchRanker { file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)? });
+    let scorer =
+        GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? };
+    let gate = Ranker::Gate(GateRanker {
+        file: formats::scorer::GateRowsFile::load(scorer_path, first_layer, n_sparse, n_ff, d)?,
+    });
+    let sketch = Ranker::Sketch(SketchRanker {
+        file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)?,
+    });
     let mut predictors = LayerPredictors::load(predictors_path, d, n_ff, c.num_hidden_layers)?;
     if predictors.spec.first_layer > first_layer {
-        bail!("{}: predictors start at layer {}, the sparse layers at {first_layer}", predictors_path.display(), predictors.spec.first_layer);
+        bail!(
+            "{}: predictors start at layer {}, the sparse layers at {first_layer}",
+            predictors_path.display(),
+            predictors.spec.first_layer
+        );
     }
     predictors.drop_layers_before(first_layer);
     let predictors = Ranker::Predictors(predictors);
@@ -91,7 +115,12 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictor
         bail!("reuse: the corpus gives no sequence of {seq_len} tokens");
     }
     let sim = |chooser| ReuseSimulation::new(chooser, &scorer, &s.set_shares, &s.slot_shares, warmup);
-    let mut all = AllStrategies(vec![sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)), sim(Chooser::Ranked(&sketch)), sim(Chooser::Ranked(&gate)), sim(Chooser::Ranked(&predictors))]);
+    let mut all = AllStrategies(vec![
+        sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)),
+        sim(Chooser::Ranked(&sketch)),
+        sim(Chooser::Ranked(&gate)),
+        sim(Chooser::Ranked(&predictors)),
+    ]);
     for seq in &seqs {
         all.0.iter_mut().for_each(|s| s.new_sequence());
         let mut cache = model.new_cache(seq.len())?;
@@ -105,7 +134,11 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictor
         tokens: all.0[0].tokens_counted as usize,
         warmup_tokens: warmup,
         // (no paths: the table, like every artifact, must not depend on where it was made)
-        text: format!("{} sequences of {seq_len} tokens of the calibration corpus ({} files)", seqs.len(), corpus.len()),
+        text: format!(
+            "{} sequences of {seq_len} tokens of the calibration corpus ({} files)",
+            seqs.len(),
+            corpus.len()
+        ),
         set_shares: s.set_shares.clone(),
         slot_shares: s.slot_shares.clone(),
         scorer_resident_bonus: SCORER_RESIDENT_BONUS as f64,
@@ -113,6 +146,7 @@ pub fn reuse(model_dir: &Path, scorer_path: &Path, sketch_path: &Path, predictor
     };
     table.check().map_err(|what| anyhow::anyhow!("reuse: {what}"))?;
     let json = serde_json::to_vec_pretty(&table)?;
-    formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(out), out, &json).with_context(|| format!("{}: writing the reuse table", out.display()))?;
+    formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(out), out, &json)
+        .with_context(|| format!("{}: writing the reuse table", out.display()))?;
     Ok(table)
 }

@@ -48,18 +48,21 @@ fn head_q8(head: &runtime::tensor::Matrix, out: &Path) -> Result<()> {
     }
     let mut q = vec![0i8; rows * d];
     let mut scales = vec![f16::ZERO; rows * d / formats::head_q8::Q8_BLOCK];
-    q.par_chunks_mut(d).zip(scales.par_chunks_mut(d / formats::head_q8::Q8_BLOCK)).enumerate().for_each(|(r, (qr, sr))| {
-        let mut row = vec![0f32; d];
-        head.row_f32(r, &mut row);
-        formats::head_q8::quantize_q8_row(&row, qr, sr);
-    });
+    q.par_chunks_mut(d).zip(scales.par_chunks_mut(d / formats::head_q8::Q8_BLOCK)).enumerate().for_each(
+        |(r, (qr, sr))| {
+            let mut row = vec![0f32; d];
+            head.row_f32(r, &mut row);
+            formats::head_q8::quantize_q8_row(&row, qr, sr);
+        },
+    );
     formats::head_q8::Q8Head { path: out.to_path_buf(), rows, cols: d, q, scales }.save()?;
     Ok(())
 }
 
 fn head_compact(head: &runtime::tensor::Matrix, out: &Path) -> Result<()> {
     let (rows, d) = (head.rows(), head.cols());
-    let ty = formats::head_compact::type_for(d).ok_or_else(|| anyhow::anyhow!("hidden size {d} is not a multiple of 32: no 4-bit head"))?;
+    let ty = formats::head_compact::type_for(d)
+        .ok_or_else(|| anyhow::anyhow!("hidden size {d} is not a multiple of 32: no 4-bit head"))?;
     let row_bytes = d / ty.block_elements() * ty.block_bytes();
     let mut bytes = vec![0u8; rows * row_bytes];
     bytes.par_chunks_mut(row_bytes).enumerate().for_each(|(r, dst)| {
@@ -74,7 +77,13 @@ fn head_compact(head: &runtime::tensor::Matrix, out: &Path) -> Result<()> {
 /// The scorer of a native model: layers `dense_prefix..`'s gate and up rows as they are (`ty`
 /// blocks), W_down's column norms, and the CRC32C of each column as version-2 records hold it
 /// (Q8_0).
-fn native_scorer(model: &runtime::Model, ty: formats::ggml_quants::GgmlType, dense_prefix: usize, out: &Path, t0: std::time::Instant) -> Result<ScorerSummary> {
+fn native_scorer(
+    model: &runtime::Model,
+    ty: formats::ggml_quants::GgmlType,
+    dense_prefix: usize,
+    out: &Path,
+    t0: std::time::Instant,
+) -> Result<ScorerSummary> {
     let c = &model.config;
     let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
     let n_sparse = n_layers - dense_prefix;
@@ -85,10 +94,17 @@ fn native_scorer(model: &runtime::Model, ty: formats::ggml_quants::GgmlType, den
     for (si, l) in (dense_prefix..n_layers).enumerate() {
         let lw = model.weights.layers[l].mlp.resident(l)?;
         let (runtime::tensor::Matrix::Quant(g), runtime::tensor::Matrix::Quant(u)) = (&lw.w_gate, &lw.w_up) else {
-            bail!("layer {l}: gate and up are not both GGML blocks (a native scorer needs them as the records hold them)");
+            bail!(
+                "layer {l}: gate and up are not both GGML blocks (a native scorer needs them as the records hold them)"
+            );
         };
         if g.ty != ty || u.ty != ty {
-            bail!("layer {l}: gate {} and up {} are not the {} of layer {dense_prefix}: version-2 records hold one type", g.ty.name(), u.ty.name(), ty.name());
+            bail!(
+                "layer {l}: gate {} and up {} are not the {} of layer {dense_prefix}: version-2 records hold one type",
+                g.ty.name(),
+                u.ty.name(),
+                ty.name()
+            );
         }
         let dst = &mut rows[si * n_ff * 2 * rb..(si + 1) * n_ff * 2 * rb];
         dst.par_chunks_mut(2 * rb).enumerate().for_each(|(j, r)| {
@@ -113,9 +129,27 @@ fn native_scorer(model: &runtime::Model, ty: formats::ggml_quants::GgmlType, den
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let f = GateUpScorerFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, q4: rows, blocks: Some(ty), scales: Vec::new(), down_norm, down_crc32c };
+    let f = GateUpScorerFile {
+        path: out.to_path_buf(),
+        first_layer: dense_prefix,
+        n_layers: n_sparse,
+        n_ff,
+        d_model: d,
+        q4: rows,
+        blocks: Some(ty),
+        scales: Vec::new(),
+        down_norm,
+        down_crc32c,
+    };
     f.save()?;
-    Ok(ScorerSummary { path: out.display().to_string(), first_layer: dense_prefix, layers: n_sparse, bytes: f.n_bytes(), relative_error: 0.0, seconds: t0.elapsed().as_secs_f64() })
+    Ok(ScorerSummary {
+        path: out.display().to_string(),
+        first_layer: dense_prefix,
+        layers: n_sparse,
+        bytes: f.n_bytes(),
+        relative_error: 0.0,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// Quantizes layers `dense_prefix..` of the model in `model_dir` into `out`.
@@ -132,7 +166,9 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
     }
     // a native model: score from its own gate/up blocks (no second copy, exact scores)
     if dense_prefix < n_layers {
-        if let runtime::tensor::Matrix::Quant(q) = &model.weights.layers[dense_prefix].mlp.resident(dense_prefix)?.w_gate {
+        if let runtime::tensor::Matrix::Quant(q) =
+            &model.weights.layers[dense_prefix].mlp.resident(dense_prefix)?.w_gate
+        {
             return native_scorer(&model, q.ty, dense_prefix, out, t0);
         }
     }
@@ -156,24 +192,26 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
         }
         let q = &mut q4[si * n_ff * 2 * rb..(si + 1) * n_ff * 2 * rb];
         let s = &mut scales[si * n_ff * 2 * sb..(si + 1) * n_ff * 2 * sb];
-        let errs: Vec<f64> = q
-            .par_chunks_mut(2 * rb)
-            .zip(s.par_chunks_mut(2 * sb))
-            .enumerate()
-            .map(|(j, (qj, sj))| {
-                let mut e = 0.0;
-                for (part, w) in [&lw.w_gate, &lw.w_up].into_iter().enumerate() {
-                    let mut row = vec![0f32; w.cols()];
-                    w.row_f32(j, &mut row);
-                    let (qp, sp) = (&mut qj[part * rb..(part + 1) * rb], &mut sj[part * sb..(part + 1) * sb]);
-                    quantize_q4_row(&row, qp, sp);
-                    let back = formats::scorer::dequantize_q4_row(qp, sp);
-                    let (num, den) = row.iter().zip(&back).fold((0f64, 0f64), |(n, dd), (a, b)| (n + ((a - b) as f64).powi(2), dd + (*a as f64).powi(2)));
-                    e += (num / den.max(1e-30)).sqrt();
-                }
-                e
-            })
-            .collect();
+        let errs: Vec<f64> =
+            q.par_chunks_mut(2 * rb)
+                .zip(s.par_chunks_mut(2 * sb))
+                .enumerate()
+                .map(|(j, (qj, sj))| {
+                    let mut e = 0.0;
+                    for (part, w) in [&lw.w_gate, &lw.w_up].into_iter().enumerate() {
+                        let mut row = vec![0f32; w.cols()];
+                        w.row_f32(j, &mut row);
+                        let (qp, sp) = (&mut qj[part * rb..(part + 1) * rb], &mut sj[part * sb..(part + 1) * sb]);
+                        quantize_q4_row(&row, qp, sp);
+                        let back = formats::scorer::dequantize_q4_row(qp, sp);
+                        let (num, den) = row.iter().zip(&back).fold((0f64, 0f64), |(n, dd), (a, b)| {
+                            (n + ((a - b) as f64).powi(2), dd + (*a as f64).powi(2))
+                        });
+                        e += (num / den.max(1e-30)).sqrt();
+                    }
+                    e
+                })
+                .collect();
         err_sum += errs.iter().sum::<f64>();
         err_n += 2 * n_ff as u64;
         for j in 0..n_ff {
@@ -187,7 +225,18 @@ pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: 
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let f = GateUpScorerFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, q4, blocks: None, scales, down_norm, down_crc32c };
+    let f = GateUpScorerFile {
+        path: out.to_path_buf(),
+        first_layer: dense_prefix,
+        n_layers: n_sparse,
+        n_ff,
+        d_model: d,
+        q4,
+        blocks: None,
+        scales,
+        down_norm,
+        down_crc32c,
+    };
     f.save()?;
     Ok(ScorerSummary {
         path: out.display().to_string(),

@@ -36,7 +36,9 @@ pub fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("{}: cannot read the capture directory", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("masks-") && n.ends_with(".arrow")))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("masks-") && n.ends_with(".arrow"))
+        })
         .collect();
     shards.sort();
     if shards.is_empty() {
@@ -51,15 +53,23 @@ pub fn read_hidden0(dir: &Path) -> Result<(Vec<f32>, usize)> {
     let mut d = 0;
     for shard in shard_paths(dir)? {
         let f = std::fs::File::open(&shard).with_context(|| format!("{}: cannot open", shard.display()))?;
-        let reader = arrow_ipc::reader::FileReader::try_new(f, None).with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
+        let reader = arrow_ipc::reader::FileReader::try_new(f, None)
+            .with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
         for batch in reader {
             let batch = batch.with_context(|| format!("{}: corrupt record batch", shard.display()))?;
             let col = batch
                 .column_by_name("hidden_after_layer0")
                 .with_context(|| format!("{}: no hidden_after_layer0 column", shard.display()))?;
-            let list = col.as_any().downcast_ref::<FixedSizeListArray>().context("hidden_after_layer0 is not a FixedSizeList")?;
+            let list = col
+                .as_any()
+                .downcast_ref::<FixedSizeListArray>()
+                .context("hidden_after_layer0 is not a FixedSizeList")?;
             d = list.value_length() as usize;
-            let values = list.values().as_any().downcast_ref::<Float16Array>().context("hidden_after_layer0 items are not Float16")?;
+            let values = list
+                .values()
+                .as_any()
+                .downcast_ref::<Float16Array>()
+                .context("hidden_after_layer0 items are not Float16")?;
             out.extend(values.values().iter().map(|v| v.to_f32()));
         }
     }
@@ -71,14 +81,16 @@ pub fn read_masks(dir: &Path) -> Result<CapturedMasks> {
     let mut m = CapturedMasks { names: vec![], cols: vec![], width: 0, n_ff: 0, sequence: vec![] };
     for shard in &shards {
         let f = std::fs::File::open(shard).with_context(|| format!("{}: cannot open", shard.display()))?;
-        let reader = arrow_ipc::reader::FileReader::try_new(f, None).with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
+        let reader = arrow_ipc::reader::FileReader::try_new(f, None)
+            .with_context(|| format!("{}: not an Arrow IPC file", shard.display()))?;
         let schema = reader.schema();
         m.n_ff = schema
             .metadata()
             .get("intermediate_size")
             .and_then(|v| v.parse().ok())
             .with_context(|| format!("{}: no intermediate_size in the schema metadata", shard.display()))?;
-        let these: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).filter(|n| n.contains("mask_l")).collect();
+        let these: Vec<String> =
+            schema.fields().iter().map(|f| f.name().clone()).filter(|n| n.contains("mask_l")).collect();
         if m.names.is_empty() {
             m.cols = vec![Vec::new(); these.len()];
             m.names = these;
@@ -88,9 +100,15 @@ pub fn read_masks(dir: &Path) -> Result<CapturedMasks> {
         for batch in reader {
             let batch = batch.with_context(|| format!("{}: corrupt record batch", shard.display()))?;
             let seq = batch.column_by_name("sequence").context("no sequence column")?;
-            m.sequence.extend(seq.as_any().downcast_ref::<UInt32Array>().context("sequence is not UInt32")?.values().iter());
+            m.sequence
+                .extend(seq.as_any().downcast_ref::<UInt32Array>().context("sequence is not UInt32")?.values().iter());
             for (i, n) in m.names.iter().enumerate() {
-                let a = batch.column_by_name(n).unwrap().as_any().downcast_ref::<FixedSizeBinaryArray>().context("mask column is not FixedSizeBinary")?;
+                let a = batch
+                    .column_by_name(n)
+                    .unwrap()
+                    .as_any()
+                    .downcast_ref::<FixedSizeBinaryArray>()
+                    .context("mask column is not FixedSizeBinary")?;
                 m.width = a.value_length() as usize;
                 m.cols[i].extend_from_slice(a.value_data());
             }

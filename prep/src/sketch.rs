@@ -62,7 +62,14 @@ pub struct Calibration {
 
 /// Sketches layers `dense_prefix..` of the model in `model_dir` at `bits` into `out`, each
 /// weight's error weighted by its input's mean square over `calibration`.
-pub fn sketch(model_dir: &Path, dense_prefix: usize, bits: u32, calibration: &Calibration, out: &Path, show_progress: bool) -> Result<SketchSummary> {
+pub fn sketch(
+    model_dir: &Path,
+    dense_prefix: usize,
+    bits: u32,
+    calibration: &Calibration,
+    out: &Path,
+    show_progress: bool,
+) -> Result<SketchSummary> {
     let t0 = std::time::Instant::now();
     if !SKETCH_BITS.contains(&bits) {
         bail!("sketch bits {bits}: expected one of {SKETCH_BITS:?}");
@@ -77,7 +84,8 @@ pub fn sketch(model_dir: &Path, dense_prefix: usize, bits: u32, calibration: &Ca
         bail!("hidden size {d} is not a multiple of {SKETCH_BLOCK}: the sketch needs whole blocks");
     }
     let n_sparse = n_layers - dense_prefix;
-    let mut squares = InputSquares { first_layer: dense_prefix, sums: vec![vec![0f64; d]; n_sparse], tokens: vec![0; n_sparse] };
+    let mut squares =
+        InputSquares { first_layer: dense_prefix, sums: vec![vec![0f64; d]; n_sparse], tokens: vec![0; n_sparse] };
     let calibration = match calibration.sequences {
         0 => Vec::new(),
         n => crate::capture::corpus_sequences(&tok, &calibration.corpus, calibration.seq_len, n)?,
@@ -101,24 +109,26 @@ pub fn sketch(model_dir: &Path, dense_prefix: usize, bits: u32, calibration: &Ca
         };
         let p = &mut packed[si * n_ff * 2 * rb..(si + 1) * n_ff * 2 * rb];
         let s = &mut scales[si * n_ff * 2 * sb..(si + 1) * n_ff * 2 * sb];
-        let errs: Vec<f64> = p
-            .par_chunks_mut(2 * rb)
-            .zip(s.par_chunks_mut(2 * sb))
-            .enumerate()
-            .map(|(j, (pj, sj))| {
-                let mut e = 0.0;
-                let (mut row, mut back) = (vec![0f32; d], vec![0f32; d]);
-                for (part, w) in [&lw.w_gate, &lw.w_up].into_iter().enumerate() {
-                    w.row_f32(j, &mut row);
-                    let (pp, sp) = (&mut pj[part * rb..(part + 1) * rb], &mut sj[part * sb..(part + 1) * sb]);
-                    quantize_sketch_row(&row, &importance, bits, pp, sp);
-                    formats::sketch::dequantize_sketch_row(pp, sp, bits, &mut back);
-                    let (num, den) = row.iter().zip(&back).fold((0f64, 0f64), |(n, dd), (a, b)| (n + ((a - b) as f64).powi(2), dd + (*a as f64).powi(2)));
-                    e += (num / den.max(1e-30)).sqrt();
-                }
-                e
-            })
-            .collect();
+        let errs: Vec<f64> =
+            p.par_chunks_mut(2 * rb)
+                .zip(s.par_chunks_mut(2 * sb))
+                .enumerate()
+                .map(|(j, (pj, sj))| {
+                    let mut e = 0.0;
+                    let (mut row, mut back) = (vec![0f32; d], vec![0f32; d]);
+                    for (part, w) in [&lw.w_gate, &lw.w_up].into_iter().enumerate() {
+                        w.row_f32(j, &mut row);
+                        let (pp, sp) = (&mut pj[part * rb..(part + 1) * rb], &mut sj[part * sb..(part + 1) * sb]);
+                        quantize_sketch_row(&row, &importance, bits, pp, sp);
+                        formats::sketch::dequantize_sketch_row(pp, sp, bits, &mut back);
+                        let (num, den) = row.iter().zip(&back).fold((0f64, 0f64), |(n, dd), (a, b)| {
+                            (n + ((a - b) as f64).powi(2), dd + (*a as f64).powi(2))
+                        });
+                        e += (num / den.max(1e-30)).sqrt();
+                    }
+                    e
+                })
+                .collect();
         err_sum += errs.iter().sum::<f64>();
         err_n += 2 * n_ff as u64;
         // ||W_down[:, j]||: W_down is [d, n_ff]
@@ -135,7 +145,17 @@ pub fn sketch(model_dir: &Path, dense_prefix: usize, bits: u32, calibration: &Ca
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let f = SketchFile { path: out.to_path_buf(), first_layer: dense_prefix, n_layers: n_sparse, n_ff, d_model: d, bits, packed, scales, down_norm };
+    let f = SketchFile {
+        path: out.to_path_buf(),
+        first_layer: dense_prefix,
+        n_layers: n_sparse,
+        n_ff,
+        d_model: d,
+        bits,
+        packed,
+        scales,
+        down_norm,
+    };
     f.save()?;
     Ok(SketchSummary {
         path: out.display().to_string(),

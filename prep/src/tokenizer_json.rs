@@ -15,11 +15,15 @@ fn pre_tokenizer_regexes(pre: &str) -> Option<(Vec<&'static str>, bool)> {
         "gpt2" | "default" => (vec![GPT2], false),
         "smollm" => (vec![r"\p{N}", GPT2], false),
         "qwen2" => (
-            vec![r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+            vec![
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
             false,
         ),
         "llama-bpe" | "llama3" => (
-            vec![r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+            vec![
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ],
             true,
         ),
         _ => return None,
@@ -37,8 +41,9 @@ pub fn tokenizer_json_from_gguf(g: &GgufFile) -> Result<Value> {
         bail!("{path}: tokenizer model '{model}' is not supported for GGUF import (byte-level BPE 'gpt2' is); import the Hugging Face directory instead");
     }
     let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
-    let (regexes, ignore_merges) = pre_tokenizer_regexes(pre)
-        .with_context(|| format!("{path}: pre-tokenizer type '{pre}' is not supported (gpt2, smollm, qwen2, llama-bpe are)"))?;
+    let (regexes, ignore_merges) = pre_tokenizer_regexes(pre).with_context(|| {
+        format!("{path}: pre-tokenizer type '{pre}' is not supported (gpt2, smollm, qwen2, llama-bpe are)")
+    })?;
     let tokens = g.require_str_array("tokenizer.ggml.tokens")?;
     let merges = g.require_str_array("tokenizer.ggml.merges")?;
     let types: Vec<i64> = match g.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
@@ -72,12 +77,14 @@ pub fn tokenizer_json_from_gguf(g: &GgufFile) -> Result<Value> {
         .iter()
         .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
         .collect();
-    pretokenizers.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+    pretokenizers
+        .push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
 
     let add_bos = g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
     let post_processor = if add_bos {
         let bos_id = g.require_u64("tokenizer.ggml.bos_token_id")? as usize;
-        let bos = tokens.get(bos_id).with_context(|| format!("{path}: bos_token_id {bos_id} outside the vocabulary"))?;
+        let bos =
+            tokens.get(bos_id).with_context(|| format!("{path}: bos_token_id {bos_id} outside the vocabulary"))?;
         json!({
             "type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],

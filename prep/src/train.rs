@@ -47,14 +47,30 @@ pub struct TrainSettings {
     pub seed: u64,
 }
 
-fn default_blocks() -> usize { 4 }
-fn default_c0_dim() -> usize { 64 }
-fn default_epochs() -> usize { 40 }
-fn default_batch() -> usize { 256 }
-fn default_lr() -> f64 { 1e-3 }
-fn default_wd() -> f64 { 0.01 }
-fn default_patience() -> usize { 4 }
-fn default_share() -> f64 { 0.03 }
+fn default_blocks() -> usize {
+    4
+}
+fn default_c0_dim() -> usize {
+    64
+}
+fn default_epochs() -> usize {
+    40
+}
+fn default_batch() -> usize {
+    256
+}
+fn default_lr() -> f64 {
+    1e-3
+}
+fn default_wd() -> f64 {
+    0.01
+}
+fn default_patience() -> usize {
+    4
+}
+fn default_share() -> f64 {
+    0.03
+}
 
 impl Default for TrainSettings {
     fn default() -> Self {
@@ -121,7 +137,11 @@ impl Net {
         let blocks = (0..s.blocks)
             .map(|i| {
                 let b = vb.pp(format!("blocks.{i}"));
-                Ok((candle_nn::layer_norm(h, LAYER_NORM_EPS, b.pp("norm"))?, candle_nn::linear(h, h, b.pp("fc1"))?, candle_nn::linear(h, h, b.pp("fc2"))?))
+                Ok((
+                    candle_nn::layer_norm(h, LAYER_NORM_EPS, b.pp("norm"))?,
+                    candle_nn::linear(h, h, b.pp("fc1"))?,
+                    candle_nn::linear(h, h, b.pp("fc2"))?,
+                ))
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Net {
@@ -173,17 +193,28 @@ impl Data {
             c.push(self.c0[i]);
             t.extend_from_slice(&self.targets[i * s..(i + 1) * s]);
         }
-        Ok((Tensor::from_vec(h, (idx.len(), d), dev)?, Tensor::from_vec(c, idx.len(), dev)?, Tensor::from_vec(t, idx.len() * s, dev)?))
+        Ok((
+            Tensor::from_vec(h, (idx.len(), d), dev)?,
+            Tensor::from_vec(c, idx.len(), dev)?,
+            Tensor::from_vec(t, idx.len() * s, dev)?,
+        ))
     }
 }
 
 fn read_labels(path: &Path, layer: usize, n: usize) -> Result<Vec<u32>> {
     let st = MappedSafetensors::open(path)?;
     let name = format!("labels_l{layer:02}");
-    let e = st.tensors.get(&name).with_context(|| format!("{}: no tensor {name} (was layer {layer} clustered?)", path.display()))?;
+    let e = st
+        .tensors
+        .get(&name)
+        .with_context(|| format!("{}: no tensor {name} (was layer {layer} clustered?)", path.display()))?;
     let v: Vec<u32> = st.bytes(e).chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u32).collect();
     if v.len() != n {
-        bail!("{}: {name} has {} labels but the capture has {n} tokens (a cluster of another capture?)", path.display(), v.len());
+        bail!(
+            "{}: {name} has {} labels but the capture has {n} tokens (a cluster of another capture?)",
+            path.display(),
+            v.len()
+        );
     }
     Ok(v)
 }
@@ -211,7 +242,12 @@ pub fn train(
     let (h0, d) = crate::shards::read_hidden0(capture)?;
     let n = masks.rows();
     if d != cfg.hidden_size || h0.len() != n * d {
-        bail!("{}: hidden states are {d} wide for {} tokens; the model has hidden size {} ({n} tokens masked)", capture.display(), h0.len() / d.max(1), cfg.hidden_size);
+        bail!(
+            "{}: hidden states are {d} wide for {} tokens; the model has hidden size {} ({n} tokens masked)",
+            capture.display(),
+            h0.len() / d.max(1),
+            cfg.hidden_size
+        );
     }
     let labels_path = cluster.join("labels.safetensors");
     let centroids = CentroidTable::load(&cluster.join("centroids.safetensors"))?;
@@ -230,11 +266,25 @@ pub fn train(
     let k = centroids.layer(dense_prefix)?.k;
     let k_layer0 = centroids.layer(0)?.k;
     let base = base_model_parameters(model_dir)?;
-    let mut spec = PredictorSpec { d_model: d, first_layer: dense_prefix, n_sparse_layers: s_layers, k, k_layer0, c0_embedding_dim: settings.c0_embedding_dim, hidden: 0, blocks: settings.blocks };
+    let mut spec = PredictorSpec {
+        d_model: d,
+        first_layer: dense_prefix,
+        n_sparse_layers: s_layers,
+        k,
+        k_layer0,
+        c0_embedding_dim: settings.c0_embedding_dim,
+        hidden: 0,
+        blocks: settings.blocks,
+    };
     let max_params = (settings.max_param_share * base as f64) as usize;
     spec.hidden = settings.hidden.unwrap_or_else(|| auto_hidden(spec.clone(), max_params));
     if spec.parameter_count() > max_params {
-        bail!("predictor of hidden {} has {} parameters, over {:.1}% of the model's {base} ({max_params})", spec.hidden, spec.parameter_count(), settings.max_param_share * 100.0);
+        bail!(
+            "predictor of hidden {} has {} parameters, over {:.1}% of the model's {base} ({max_params})",
+            spec.hidden,
+            spec.parameter_count(),
+            settings.max_param_share * 100.0
+        );
     }
 
     // held-out split: the last tenth of the sequences (at least one)
@@ -242,7 +292,11 @@ pub fn train(
     seqs.sort_unstable();
     seqs.dedup();
     if seqs.len() < 2 {
-        bail!("{}: {} captured sequence(s); training needs at least 2 (one is held out)", capture.display(), seqs.len());
+        bail!(
+            "{}: {} captured sequence(s); training needs at least 2 (one is held out)",
+            capture.display(),
+            seqs.len()
+        );
     }
     let n_held = (seqs.len() / 10).max(1);
     let held: std::collections::HashSet<u32> = seqs[seqs.len() - n_held..].iter().copied().collect();
@@ -260,7 +314,17 @@ pub fn train(
     {
         let mut varmap = varmap.clone();
         for (name, shape) in spec.tensors() {
-            let fan_in = if name.starts_with("c0_embedding") { 0 } else if shape.len() == 2 { shape[1] } else { spec.tensors().iter().find(|(n, _)| *n == name.replace(".bias", ".weight")).map(|(_, s)| s.get(1).copied().unwrap_or(0)).unwrap_or(0) };
+            let fan_in = if name.starts_with("c0_embedding") {
+                0
+            } else if shape.len() == 2 {
+                shape[1]
+            } else {
+                spec.tensors()
+                    .iter()
+                    .find(|(n, _)| *n == name.replace(".bias", ".weight"))
+                    .map(|(_, s)| s.get(1).copied().unwrap_or(0))
+                    .unwrap_or(0)
+            };
             let n: usize = shape.iter().product();
             let values: Vec<f32> = if name.contains("norm.weight") {
                 vec![1.0; n]
@@ -275,7 +339,11 @@ pub fn train(
     }
     let mut opt = candle_nn::AdamW::new(
         varmap.all_vars(),
-        candle_nn::ParamsAdamW { lr: settings.learning_rate, weight_decay: settings.weight_decay, ..Default::default() },
+        candle_nn::ParamsAdamW {
+            lr: settings.learning_rate,
+            weight_decay: settings.weight_decay,
+            ..Default::default()
+        },
     )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(settings.seed);
 
@@ -310,7 +378,13 @@ pub fn train(
         pb.set_message(format!("held-out loss {loss:.3}"));
         pb.inc(1);
         if best.as_ref().is_none_or(|b| loss < b.0) {
-            let snapshot = varmap.data().lock().unwrap().iter().map(|(k, v)| Ok((k.clone(), v.as_tensor().copy()?))).collect::<candle_core::Result<HashMap<_, _>>>()?;
+            let snapshot = varmap
+                .data()
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), v.as_tensor().copy()?)))
+                .collect::<candle_core::Result<HashMap<_, _>>>()?;
             best = Some((loss, epoch + 1, snapshot, pred));
         } else if epoch + 1 - best.as_ref().unwrap().1 >= settings.patience {
             break;
@@ -343,7 +417,11 @@ pub fn train(
     for si in 0..s_layers {
         let layer = dense_prefix + si;
         let set = centroids.layer(layer)?;
-        let col = masks.names.iter().position(|c| c == &format!("mask_l{layer:02}")).with_context(|| format!("no mask_l{layer:02} in the capture"))?;
+        let col = masks
+            .names
+            .iter()
+            .position(|c| c == &format!("mask_l{layer:02}"))
+            .with_context(|| format!("no mask_l{layer:02} in the capture"))?;
         let bits = &masks.cols[col];
         let (mut hits, mut active, mut covered, mut label_covered, mut size) = (0usize, 0u64, 0u64, 0u64, 0u64);
         for (j, &i) in held_idx.iter().enumerate() {
@@ -378,14 +456,22 @@ pub fn train(
             bail!("trained tensor {name} has shape {:?}, layout says {shape:?}", t.dims());
         }
         let v = t.flatten_all()?.to_vec1::<f32>()?;
-        tensors.push(RawTensor { name, dtype: safetensors::Dtype::F16, shape, bytes: v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect() });
+        tensors.push(RawTensor {
+            name,
+            dtype: safetensors::Dtype::F16,
+            shape,
+            bytes: v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+        });
     }
     let meta = HashMap::from([(SPEC_KEY.to_string(), serde_json::to_string(&spec)?)]);
     write_raw_safetensors(&path, &tensors, Some(meta))?;
 
     // reload: the runtime's forward pass vs candle on the same (f16-rounded) weights
     let rt = runtime::predictor::Predictor::load(&path)?;
-    let reloaded = candle_core::safetensors::load(&path, &dev)?.into_iter().map(|(k, v)| Ok((k, v.to_dtype(DType::F32)?))).collect::<candle_core::Result<HashMap<_, _>>>()?;
+    let reloaded = candle_core::safetensors::load(&path, &dev)?
+        .into_iter()
+        .map(|(k, v)| Ok((k, v.to_dtype(DType::F32)?)))
+        .collect::<candle_core::Result<HashMap<_, _>>>()?;
     let net16 = Net::new(&spec, VarBuilder::from_tensors(reloaded, DType::F32, &dev))?;
     let check: Vec<usize> = held_idx.iter().copied().take(256).collect();
     let (h, c, _) = data.batch(&check, d, s_layers, &dev)?;
@@ -418,6 +504,10 @@ pub fn train(
         seconds: t0.elapsed().as_secs_f64(),
     };
     let jpath: PathBuf = out.join("train.json");
-    formats::safetensors_io::write_atomic(&formats::safetensors_io::tmp_path(&jpath), &jpath, serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    formats::safetensors_io::write_atomic(
+        &formats::safetensors_io::tmp_path(&jpath),
+        &jpath,
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
     Ok(summary)
 }

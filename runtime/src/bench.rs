@@ -72,7 +72,9 @@ pub fn rss_bytes() -> u64 {
 fn proc_status_bytes(key: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
         .map(|kib| kib * 1024)
         .unwrap_or(0)
 }
@@ -104,7 +106,13 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
     }
 }
 
-pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, prompt: &str, n: usize) -> Result<BenchReport> {
+pub fn bench(
+    model: &Model,
+    tok: &Tokenizer,
+    engine: &mut StreamingEngine,
+    prompt: &str,
+    n: usize,
+) -> Result<BenchReport> {
     let ids = tok.encode(prompt, true)?;
     if ids.is_empty() {
         return Err(RuntimeError::Input("the prompt is empty".into()));
@@ -163,12 +171,20 @@ pub fn bench(model: &Model, tok: &Tokenizer, engine: &mut StreamingEngine, promp
         computed_rows_per_token: per(d.computed_rows as f64),
         resident_bonus: match engine.choice {
             crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,
-            crate::stream::SelectorChoice::Predictor { .. } | crate::stream::SelectorChoice::Layers | crate::stream::SelectorChoice::Gate | crate::stream::SelectorChoice::Sketch | crate::stream::SelectorChoice::Dense => 1.0,
+            crate::stream::SelectorChoice::Predictor { .. }
+            | crate::stream::SelectorChoice::Layers
+            | crate::stream::SelectorChoice::Gate
+            | crate::stream::SelectorChoice::Sketch
+            | crate::stream::SelectorChoice::Dense => 1.0,
         },
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),
-        io_path: engine.fallback.clone().map(|f| format!("pread ({f})")).unwrap_or_else(|| "io_uring + O_DIRECT".into()),
+        io_path: engine
+            .fallback
+            .clone()
+            .map(|f| format!("pread ({f})"))
+            .unwrap_or_else(|| "io_uring + O_DIRECT".into()),
         text: tok.decode(&out_ids)?,
     })
 }

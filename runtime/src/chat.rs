@@ -44,7 +44,11 @@ impl ChatTemplate {
     /// Loads and compiles `path`; `bos_token`/`eos_token` are the tokenizer's (empty when the
     /// model has none). A syntax error names the file and line.
     pub fn load(path: &Path, bos_token: &str, eos_token: &str) -> Result<Self> {
-        let source = std::fs::read_to_string(path).map_err(|e| RuntimeError::Io { path: path.to_path_buf(), offset: None, source: e })?;
+        let source = std::fs::read_to_string(path).map_err(|e| RuntimeError::Io {
+            path: path.to_path_buf(),
+            offset: None,
+            source: e,
+        })?;
         Self::from_source(path, source, bos_token, eos_token)
     }
 
@@ -59,7 +63,9 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, JinjaError> { Err(JinjaError::new(ErrorKind::InvalidOperation, msg)) });
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+        });
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", python_tojson);
         env.add_template_owned(NAME, source).map_err(|e| template_error(path, &e))?;
@@ -107,7 +113,8 @@ fn template_error(path: &Path, e: &JinjaError) -> RuntimeError {
 
 /// transformers' `strftime_now(format)`: the local time, formatted by C's strftime.
 fn strftime_now(format: String) -> std::result::Result<String, JinjaError> {
-    let fmt = std::ffi::CString::new(format).map_err(|_| JinjaError::new(ErrorKind::InvalidOperation, "strftime_now: NUL in the format"))?;
+    let fmt = std::ffi::CString::new(format)
+        .map_err(|_| JinjaError::new(ErrorKind::InvalidOperation, "strftime_now: NUL in the format"))?;
     let mut buf = vec![0u8; 256];
     // SAFETY: time/localtime_r write into the locals we pass; strftime writes at most buf.len()
     // bytes into buf and returns how many it wrote (0 on overflow), and fmt is NUL-terminated.
@@ -193,7 +200,8 @@ mod tests {
         let t = tmpl("{% if messages[0].role != 'system' %}{{ raise_exception('system first') }}{% endif %}");
         let e = t.render(&[ChatMessage::new("user", "x")], true).unwrap_err().to_string();
         assert!(e.contains("t.jinja") && e.contains("system first"), "{e}");
-        let e = ChatTemplate::from_source(Path::new("bad.jinja"), "{% for %}".into(), "", "").err().unwrap().to_string();
+        let e =
+            ChatTemplate::from_source(Path::new("bad.jinja"), "{% for %}".into(), "", "").err().unwrap().to_string();
         assert!(e.contains("bad.jinja") && e.contains("line 1"), "{e}");
         assert!(tmpl("x").render(&[], true).is_err());
     }

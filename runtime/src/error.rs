@@ -10,7 +10,9 @@ pub enum RuntimeError {
     #[error("{path}: cannot load tokenizer: {message}")]
     Tokenizer { path: PathBuf, message: String },
 
-    #[error("{path}: the tokenizer has {tokenizer_vocab} tokens but the model's embedding has only {model_vocab} rows")]
+    #[error(
+        "{path}: the tokenizer has {tokenizer_vocab} tokens but the model's embedding has only {model_vocab} rows"
+    )]
     VocabMismatch { path: PathBuf, tokenizer_vocab: usize, model_vocab: usize },
 
     #[error("the sequence needs {needed} positions but the context holds {ctx} (prompt of {prompt_tokens} tokens); use a shorter prompt or a larger --ctx")]
@@ -27,7 +29,12 @@ pub enum RuntimeError {
 
     /// A read or open that the OS refused (EIO, ENOENT, ...); `offset` where a read failed.
     #[error("{}: {source}{}", path.display(), offset.map(|o| format!(" (reading at byte offset {o})")).unwrap_or_default())]
-    Io { path: PathBuf, offset: Option<u64>, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        offset: Option<u64>,
+        #[source]
+        source: std::io::Error,
+    },
 
     /// Bytes that came back but are not what the file must hold there (a short file, a bad
     /// checksum found outside `formats`).

@@ -7,9 +7,9 @@
 //! datasets layout), read with the arrow crate.
 
 use crate::error::{Result, RuntimeError};
-use crate::Runner;
 use crate::ops::softmax::log_sum_exp;
 use crate::tokenizer::Tokenizer;
+use crate::Runner;
 use arrow_array::{Array, ListArray, StringArray};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -73,13 +73,21 @@ pub fn hellaswag_file(path: &Path) -> Result<PathBuf> {
         .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
         .collect();
     files.sort();
-    files.into_iter().next().ok_or_else(|| RuntimeError::Input(format!("{}: no .arrow file (run make setup)", path.display())))
+    files
+        .into_iter()
+        .next()
+        .ok_or_else(|| RuntimeError::Input(format!("{}: no .arrow file (run make setup)", path.display())))
 }
 
 pub fn load_hellaswag(path: &Path, limit: Option<usize>) -> Result<Vec<McItem>> {
     let bad = |what: String| RuntimeError::Input(format!("{}: {what}", path.display()));
-    let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), offset: None, source })?;
-    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(f), None).map_err(|e| bad(format!("not an Arrow IPC stream: {e}")))?;
+    let f = std::fs::File::open(path).map_err(|source| RuntimeError::Io {
+        path: path.to_path_buf(),
+        offset: None,
+        source,
+    })?;
+    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::BufReader::new(f), None)
+        .map_err(|e| bad(format!("not an Arrow IPC stream: {e}")))?;
     let mut items = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| bad(format!("corrupt record batch: {e}")))?;
@@ -97,7 +105,10 @@ pub fn load_hellaswag(path: &Path, limit: Option<usize>) -> Result<Vec<McItem>> 
         for r in 0..batch.num_rows() {
             let e = endings.value(r);
             let e = e.as_any().downcast_ref::<StringArray>().ok_or_else(|| bad("endings are not strings".into()))?;
-            let gold: usize = label.value(r).parse().map_err(|_| bad(format!("row {r}: label '{}' is not an index", label.value(r))))?;
+            let gold: usize = label
+                .value(r)
+                .parse()
+                .map_err(|_| bad(format!("row {r}: label '{}' is not an index", label.value(r))))?;
             let choices: Vec<String> = (0..e.len()).map(|i| clean(e.value(i))).collect();
             if gold >= choices.len() {
                 return Err(bad(format!("row {r}: label {gold} but {} endings", choices.len())));
@@ -122,12 +133,20 @@ pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem, ctx: usiz
         .map(|c| {
             // as the harness: encode the whole, take what follows the context's tokens
             let whole = tok.encode(&format!("{} {c}", item.context), true)?;
-            Ok(if whole.len() > ctx_ids.len() && whole[..ctx_ids.len()] == ctx_ids[..] { whole[ctx_ids.len()..].to_vec() } else { tok.encode(&format!(" {c}"), false)? })
+            Ok(if whole.len() > ctx_ids.len() && whole[..ctx_ids.len()] == ctx_ids[..] {
+                whole[ctx_ids.len()..].to_vec()
+            } else {
+                tok.encode(&format!(" {c}"), false)?
+            })
         })
         .collect::<Result<_>>()?;
     let max_cont = conts.iter().map(Vec::len).max().unwrap_or(0);
     if ctx_ids.len() + max_cont > ctx {
-        return Err(RuntimeError::ContextOverflow { needed: ctx_ids.len() + max_cont, ctx, prompt_tokens: ctx_ids.len() });
+        return Err(RuntimeError::ContextOverflow {
+            needed: ctx_ids.len() + max_cont,
+            ctx,
+            prompt_tokens: ctx_ids.len(),
+        });
     }
     let mut cache = model.new_cache(ctx_ids.len() + max_cont)?;
     let vocab = model.vocab_size();
@@ -147,7 +166,15 @@ pub fn score_item(runner: &mut Runner, tok: &Tokenizer, item: &McItem, ctx: usiz
     Ok(out)
 }
 
-pub fn evaluate(runner: &mut Runner, tok: &Tokenizer, task: &str, data: &Path, limit: Option<usize>, ctx: usize, mut on_item: impl FnMut(usize, usize, f64)) -> Result<EvalReport> {
+pub fn evaluate(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    task: &str,
+    data: &Path,
+    limit: Option<usize>,
+    ctx: usize,
+    mut on_item: impl FnMut(usize, usize, f64),
+) -> Result<EvalReport> {
     if task != "hellaswag" {
         return Err(RuntimeError::Input(format!("--task {task}: unknown task (known: hellaswag)")));
     }
@@ -160,7 +187,9 @@ pub fn evaluate(runner: &mut Runner, tok: &Tokenizer, task: &str, data: &Path, l
     let (mut norm_hits, mut raw_hits) = (0usize, 0usize);
     for (i, item) in items.iter().enumerate() {
         let ll = score_item(runner, tok, item, ctx)?;
-        let argmax = |v: Vec<f64>| v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b }).0;
+        let argmax = |v: Vec<f64>| {
+            v.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (j, &x)| if x > b.1 { (j, x) } else { b }).0
+        };
         let norm: Vec<f64> = ll.iter().zip(&item.choices).map(|(l, c)| l / c.chars().count().max(1) as f64).collect();
         norm_hits += (argmax(norm) == item.gold) as usize;
         raw_hits += (argmax(ll) == item.gold) as usize;
@@ -182,7 +211,10 @@ mod tests {
 
     #[test]
     fn harness_cleanup() {
-        assert_eq!(clean(" Making a cake [title] Mix the flour. [step] Stir  well. "), "Making a cake. Mix the flour. Stir well.");
+        assert_eq!(
+            clean(" Making a cake [title] Mix the flour. [step] Stir  well. "),
+            "Making a cake. Mix the flour. Stir well."
+        );
         assert_eq!(capitalize("he IS here"), "He is here");
     }
 }

@@ -108,7 +108,14 @@ impl Session {
     /// Generates after `c.prompt_ids`; `on_text` receives each new piece of text as it is
     /// decoded and may break to cancel. The longest prefix of the prompt that the cache holds is
     /// reused (all but the prompt's last token at most: its logits are needed).
-    pub fn generate(&mut self, runner: &mut Runner, tok: &Tokenizer, c: &Continuation, sampler: &mut Sampler, on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerationReport> {
+    pub fn generate(
+        &mut self,
+        runner: &mut Runner,
+        tok: &Tokenizer,
+        c: &Continuation,
+        sampler: &mut Sampler,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerationReport> {
         let r = self.generate_inner(runner, tok, c, sampler, on_text);
         if r.is_err() {
             // a failed forward pass leaves the cache in an unknown state
@@ -117,7 +124,14 @@ impl Session {
         r
     }
 
-    fn generate_inner(&mut self, runner: &mut Runner, tok: &Tokenizer, c: &Continuation, sampler: &mut Sampler, mut on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerationReport> {
+    fn generate_inner(
+        &mut self,
+        runner: &mut Runner,
+        tok: &Tokenizer,
+        c: &Continuation,
+        sampler: &mut Sampler,
+        mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerationReport> {
         let t_call = std::time::Instant::now();
         let prompt = c.prompt_ids;
         if prompt.is_empty() {
@@ -206,7 +220,14 @@ impl Session {
 }
 
 /// Generates after `prompt` (a fresh cache); `on_text` receives each new piece of text.
-pub fn generate(runner: &mut Runner, tok: &Tokenizer, prompt: &str, opts: &GenerateOptions, sampler: &mut Sampler, mut on_text: impl FnMut(&str)) -> Result<GenerationReport> {
+pub fn generate(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    prompt: &str,
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str),
+) -> Result<GenerationReport> {
     let prompt_ids = tok.encode(prompt, opts.add_special)?;
     // (the session refuses an empty prompt, or one that does not fit opts.ctx with the new tokens)
     let eos = runner.model.config.eos_token_ids();

@@ -56,23 +56,19 @@ impl LayerPredictors {
 
     /// The file at `path`, checked against a model of this shape.
     pub fn load(path: &Path, d_model: usize, n_ff: usize, n_layers: usize) -> Result<Self> {
-        Ok(Self::from_file(LayerPredictorFile::load(
-            path, d_model, n_ff, n_layers,
-        )?))
+        Ok(Self::from_file(LayerPredictorFile::load(path, d_model, n_ff, n_layers)?))
     }
 
     /// The preparation's predictors (artifact `layer_predictors`), covering its sparse layers.
     pub fn of_manifest(manifest_path: &Path, m: &Manifest) -> Result<Self> {
         let path = m.artifact_path_of(manifest_path, ARTIFACT_ROLE).map_err(|_| {
-            RuntimeError::Input(format!("{}: no {ARTIFACT_ROLE} artifact (rerun make prepare to train the per-layer predictors)", manifest_path.display()))
+            RuntimeError::Input(format!(
+                "{}: no {ARTIFACT_ROLE} artifact (rerun make prepare to train the per-layer predictors)",
+                manifest_path.display()
+            ))
         })?;
         let c = &m.model;
-        let p = Self::load(
-            &path,
-            c.hidden_size,
-            c.intermediate_size,
-            c.num_hidden_layers,
-        )?;
+        let p = Self::load(&path, c.hidden_size, c.intermediate_size, c.num_hidden_layers)?;
         if p.spec.input != PredictorInput::Own {
             return Err(RuntimeError::Input(format!(
                 "{}: predictors of the previous layer's input are measured by prep, not run",
@@ -92,9 +88,7 @@ impl LayerPredictors {
 
     /// Drops the predictors of layers below `from`.
     pub fn drop_layers_before(&mut self, from: usize) {
-        let drop = from
-            .saturating_sub(self.spec.first_layer)
-            .min(self.nets.len());
+        let drop = from.saturating_sub(self.spec.first_layer).min(self.nets.len());
         self.nets.drain(..drop);
         self.spec.first_layer += drop;
     }
@@ -105,9 +99,7 @@ impl LayerPredictors {
         let mut z = vec![0f32; n * self.spec.rank];
         matmul_f16(x, n, &net.w1, &mut z);
         for row in z.chunks_exact_mut(self.spec.rank) {
-            row.iter_mut()
-                .zip(&net.b1)
-                .for_each(|(v, b)| *v = (*v + b).max(0.0));
+            row.iter_mut().zip(&net.b1).for_each(|(v, b)| *v = (*v + b).max(0.0));
         }
         matmul_f16(&z, n, &net.w2, out);
         for row in out.chunks_exact_mut(self.spec.n_ff) {
@@ -142,8 +134,7 @@ impl GateRanker {
         let rows = &f.rows[li * f.n_ff * f.row_bytes()..(li + 1) * f.n_ff * f.row_bytes()];
         match f.blocks {
             Some(ty) => {
-                let at = crate::ops::qmatmul::activation_type(ty)
-                    .expect("the loader accepts computed types only");
+                let at = crate::ops::qmatmul::activation_type(ty).expect("the loader accepts computed types only");
                 crate::ops::qmatmul::qmatvec_bytes(
                     ty,
                     rows,
@@ -164,9 +155,7 @@ impl GateRanker {
             }
         }
         let norm = &f.down_norm[li * f.n_ff..(li + 1) * f.n_ff];
-        out.iter_mut()
-            .zip(norm)
-            .for_each(|(v, n)| *v = crate::ops::swiglu::silu(*v).abs() * n);
+        out.iter_mut().zip(norm).for_each(|(v, n)| *v = crate::ops::swiglu::silu(*v).abs() * n);
     }
 
     fn drop_layers_before(&mut self, from: usize) {
@@ -174,8 +163,7 @@ impl GateRanker {
         let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
         f.rows.drain(..drop * f.n_ff * f.row_bytes());
         if f.blocks.is_none() {
-            f.scales
-                .drain(..drop * f.n_ff * f.d_model / formats::scorer::Q4_BLOCK);
+            f.scales.drain(..drop * f.n_ff * f.d_model / formats::scorer::Q4_BLOCK);
         }
         f.down_norm.drain(..drop * f.n_ff);
         f.first_layer += drop;
@@ -203,7 +191,16 @@ impl SketchRanker {
         let scales = &f.scales[li * n_ff * 2 * sb..(li + 1) * n_ff * 2 * sb];
         let norm = &f.down_norm[li * n_ff..(li + 1) * n_ff];
         out.par_iter_mut().enumerate().with_min_len(256).for_each(|(j, o)| {
-            let (g, u) = dot2_sketch_q8(&packed[2 * j * rb..(2 * j + 1) * rb], &scales[2 * j * sb..(2 * j + 1) * sb], &packed[(2 * j + 1) * rb..(2 * j + 2) * rb], &scales[(2 * j + 1) * sb..(2 * j + 2) * sb], f.bits, &x.xq, &x.xs, &xsum);
+            let (g, u) = dot2_sketch_q8(
+                &packed[2 * j * rb..(2 * j + 1) * rb],
+                &scales[2 * j * sb..(2 * j + 1) * sb],
+                &packed[(2 * j + 1) * rb..(2 * j + 2) * rb],
+                &scales[(2 * j + 1) * sb..(2 * j + 2) * sb],
+                f.bits,
+                &x.xq,
+                &x.xs,
+                &xsum,
+            );
             *o = (crate::ops::swiglu::silu(g) * u).abs() * norm[j];
         });
     }
@@ -231,13 +228,13 @@ impl Ranker {
     /// The preparation's predictors, or the gate rows of its scorer file.
     pub fn of_manifest(manifest_path: &Path, m: &Manifest, kind: RankerKind) -> Result<Self> {
         match kind {
-            RankerKind::Predictors => Ok(Ranker::Predictors(LayerPredictors::of_manifest(
-                manifest_path,
-                m,
-            )?)),
+            RankerKind::Predictors => Ok(Ranker::Predictors(LayerPredictors::of_manifest(manifest_path, m)?)),
             RankerKind::Gate => {
                 let a = m.artifacts.iter().find(|a| a.role == "scorer").ok_or_else(|| {
-                    RuntimeError::Input(format!("{}: no scorer artifact, whose gate rows --strategy gate ranks with (rerun make prepare)", manifest_path.display()))
+                    RuntimeError::Input(format!(
+                        "{}: no scorer artifact, whose gate rows --strategy gate ranks with (rerun make prepare)",
+                        manifest_path.display()
+                    ))
                 })?;
                 let c = &m.model;
                 let d0 = m.sparsity.dense_prefix;
@@ -252,11 +249,20 @@ impl Ranker {
             }
             RankerKind::Sketch => {
                 let path = m.artifact_path_of(manifest_path, SKETCH_ROLE).map_err(|_| {
-                    RuntimeError::Input(format!("{}: no {SKETCH_ROLE} artifact, which --strategy sketch ranks with (rerun make prepare)", manifest_path.display()))
+                    RuntimeError::Input(format!(
+                        "{}: no {SKETCH_ROLE} artifact, which --strategy sketch ranks with (rerun make prepare)",
+                        manifest_path.display()
+                    ))
                 })?;
                 let c = &m.model;
                 let d0 = m.sparsity.dense_prefix;
-                let file = formats::sketch::SketchFile::load(&path, d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+                let file = formats::sketch::SketchFile::load(
+                    &path,
+                    d0,
+                    c.num_hidden_layers - d0,
+                    c.intermediate_size,
+                    c.hidden_size,
+                )?;
                 Ok(Ranker::Sketch(SketchRanker { file }))
             }
         }
@@ -316,9 +322,7 @@ pub struct HeldHeat {
 
 impl HeldHeat {
     pub fn new(n_ff: usize) -> Self {
-        HeldHeat {
-            heat: vec![0.0; n_ff],
-        }
+        HeldHeat { heat: vec![0.0; n_ff] }
     }
 
     /// `neurons` were summed with coefficients `h` (the same order).
@@ -330,12 +334,7 @@ impl HeldHeat {
     }
 
     /// The set's missing rows and their slots: the coolest held rows not in the set make room.
-    pub fn plan(
-        &self,
-        map: &mut SlotMap,
-        set: &[u32],
-        tick: u64,
-    ) -> Vec<crate::stream::slots::Load> {
+    pub fn plan(&self, map: &mut SlotMap, set: &[u32], tick: u64) -> Vec<crate::stream::slots::Load> {
         map.plan_by_heat(set, tick, &self.heat)
     }
 }
@@ -347,11 +346,7 @@ pub fn top_k(scores: &[f32], k: usize) -> Vec<u32> {
     if k == 0 {
         return Vec::new();
     }
-    let better = |a: &u32, b: &u32| {
-        scores[*b as usize]
-            .total_cmp(&scores[*a as usize])
-            .then(a.cmp(b))
-    };
+    let better = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, better);
         idx.truncate(k);
@@ -467,15 +462,10 @@ impl LayerPredictedSparsity {
     /// (default: the set; at least the set). Empties the slots.
     pub fn set_shares(&mut self, set_share: f64, slot_share: Option<f64>) {
         self.keep = ((self.n_ff as f64 * set_share).round() as usize).clamp(1, self.n_ff);
-        let slots = slot_share
-            .map_or(self.keep, |c| (self.n_ff as f64 * c).round() as usize)
-            .clamp(self.keep, self.n_ff);
-        self.maps = (0..self.rows.len())
-            .map(|_| SlotMap::new(self.n_ff, slots))
-            .collect();
-        self.heat = (0..self.rows.len())
-            .map(|_| HeldHeat::new(self.n_ff))
-            .collect();
+        let slots =
+            slot_share.map_or(self.keep, |c| (self.n_ff as f64 * c).round() as usize).clamp(self.keep, self.n_ff);
+        self.maps = (0..self.rows.len()).map(|_| SlotMap::new(self.n_ff, slots)).collect();
+        self.heat = (0..self.rows.len()).map(|_| HeldHeat::new(self.n_ff)).collect();
         self.ticks = vec![0; self.rows.len()];
     }
 
@@ -531,11 +521,7 @@ impl MlpHook for LayerPredictedSparsity {
             let map = &mut self.maps[li];
             let loads = self.heat[li].plan(map, &set, self.ticks[li]);
             // the engine's order: rows held before (slot order), then the loaded ones
-            let held: Vec<u32> = map
-                .held_slots(&loads)
-                .iter()
-                .map(|&s| map.neuron_of[s as usize])
-                .collect();
+            let held: Vec<u32> = map.held_slots(&loads).iter().map(|&s| map.neuron_of[s as usize]).collect();
             let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
             // every neuron's h is known already (`exact_h`): only the down rows are summed
             let h_held: Vec<f32> = held.iter().map(|&j| h[j as usize]).collect();
@@ -558,13 +544,7 @@ impl MlpHook for LayerPredictedSparsity {
 
 /// `h[id] = silu(gate_id . x)(up_id . x)` for `ids`, from their records, as `RecordRows::sum`
 /// computes the coefficients.
-fn exact_h<'a>(
-    records: &RecordRows,
-    ids: &[u32],
-    row: impl Fn(u32) -> &'a [u8] + Sync,
-    x: &[f32],
-    h: &mut [f32],
-) {
+fn exact_h<'a>(records: &RecordRows, ids: &[u32], row: impl Fn(u32) -> &'a [u8] + Sync, x: &[f32], h: &mut [f32]) {
     use rayon::prelude::*;
     let coef = records.coefficients(x);
     let vals: Vec<f32> = ids.par_iter().map(|&j| coef.of(row(j))).collect();

@@ -1,9 +1,9 @@
 //! The runtime library: the one forward pass of the project (also used by `prep` for
 //! activation capture), tokenizer, sampling, generation and perplexity.
 
-pub mod error;
 pub mod bench;
 pub mod chat;
+pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod kv_cache;
@@ -55,7 +55,15 @@ pub struct InMemorySettings {
 
 impl Default for InMemorySettings {
     fn default() -> Self {
-        InMemorySettings { selector: stream::SelectorChoice::default(), dense_prefix: stream::DensePrefix::Default, set_scale: 1.0, slot_share: None, head: HeadChoice::Resident, single_token: false, oracle_ranking: false }
+        InMemorySettings {
+            selector: stream::SelectorChoice::default(),
+            dense_prefix: stream::DensePrefix::Default,
+            set_scale: 1.0,
+            slot_share: None,
+            head: HeadChoice::Resident,
+            single_token: false,
+            oracle_ranking: false,
+        }
     }
 }
 
@@ -160,7 +168,12 @@ impl<'a> Runner<'a> {
     /// `logits_from..` as `[n_tokens - logits_from, vocab]`.
     pub fn forward(&mut self, tokens: &[u32], cache: &mut kv_cache::KvCache, logits_from: usize) -> Result<Vec<f32>> {
         match &mut self.mlp {
-            RunnerMlp::Resident(hook) => self.model.forward_observed(tokens, cache, logits_from, hook.as_mut().map(|h| &mut **h as &mut dyn model::MlpHook)),
+            RunnerMlp::Resident(hook) => self.model.forward_observed(
+                tokens,
+                cache,
+                logits_from,
+                hook.as_mut().map(|h| &mut **h as &mut dyn model::MlpHook),
+            ),
             RunnerMlp::Streamed(engine) => {
                 let mut logits = Vec::new();
                 for (t, &tok) in tokens.iter().enumerate() {
@@ -185,23 +198,45 @@ impl<'a> Runner<'a> {
 
 /// The preparation's per-neuron importance (`prep importance`); None, with a note, for a
 /// preparation made before it existed (cut sets are then ranked by membership).
-pub fn load_importance(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<(Option<formats::importance::NeuronImportance>, Option<String>)> {
+pub fn load_importance(
+    manifest_path: &Path,
+    manifest: &formats::manifest::Manifest,
+) -> Result<(Option<formats::importance::NeuronImportance>, Option<String>)> {
     let Some(a) = manifest.artifacts.iter().find(|a| a.role == "importance") else {
-        let note = format!("{} has no importance artifact: cut sets are ranked by membership (rerun make prepare to add it)", manifest_path.display());
+        let note = format!(
+            "{} has no importance artifact: cut sets are ranked by membership (rerun make prepare to add it)",
+            manifest_path.display()
+        );
         return Ok((None, Some(note)));
     };
     let p = manifest.artifact_path(manifest_path, a);
-    Ok((Some(formats::importance::NeuronImportance::load(&p, manifest.model.num_hidden_layers, manifest.model.intermediate_size)?), None))
+    Ok((
+        Some(formats::importance::NeuronImportance::load(
+            &p,
+            manifest.model.num_hidden_layers,
+            manifest.model.intermediate_size,
+        )?),
+        None,
+    ))
 }
 
 /// The prefix a non-streamed sparse run uses: layers below it dense.
-fn in_memory_prefix(path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: stream::DensePrefix) -> Result<usize> {
+fn in_memory_prefix(
+    path: &Path,
+    manifest: &formats::manifest::Manifest,
+    dense_prefix: stream::DensePrefix,
+) -> Result<usize> {
     let (d0, n) = (manifest.sparsity.dense_prefix, manifest.model.num_hidden_layers);
     match dense_prefix {
         stream::DensePrefix::Default => Ok(manifest.sparsity.default_dense_from()),
         stream::DensePrefix::Layer(l) if l >= d0 && l <= n => Ok(l),
-        stream::DensePrefix::Layer(l) => Err(RuntimeError::Input(format!("{}: --dense-prefix {l}: this preparation covers layers {d0}..{n} (the prepared dense prefix on)", path.display()))),
-        stream::DensePrefix::Fit => Err(RuntimeError::Input("--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory".into())),
+        stream::DensePrefix::Layer(l) => Err(RuntimeError::Input(format!(
+            "{}: --dense-prefix {l}: this preparation covers layers {d0}..{n} (the prepared dense prefix on)",
+            path.display()
+        ))),
+        stream::DensePrefix::Fit => Err(RuntimeError::Input(
+            "--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory".into(),
+        )),
     }
 }
 
@@ -231,7 +266,11 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                 "verified the sha256 of {} artifacts ({:.1} MiB) in {seconds:.1} s{}",
                 manifest.artifacts.len(),
                 bytes as f64 / 1048576.0,
-                if stamp_written { "; later runs skip this while they are unchanged" } else { "; the folder is not writable, so every run verifies (--no-verify skips it)" }
+                if stamp_written {
+                    "; later runs skip this while they are unchanged"
+                } else {
+                    "; the folder is not writable, so every run verifies (--no-verify skips it)"
+                }
             )),
         }
     }
@@ -241,12 +280,17 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             let mut engine = stream::StreamingEngine::new(path, &manifest, settings)?;
             notes.append(&mut engine.notes);
             if let Some(f) = &engine.fallback {
-                notes.push(format!("{}: {f}; reading records with pread on the thread pool", engine.records_path.display()));
+                notes.push(format!(
+                    "{}: {f}; reading records with pread on the thread pool",
+                    engine.records_path.display()
+                ));
             }
             let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head)?;
             (model, Some(Sparsity::Stream(Box::new(engine))), HeadChoice::Resident)
         }
-        PreparedMode::Dense { head } => (Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers)?, None, *head),
+        PreparedMode::Dense { head } => {
+            (Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers)?, None, *head)
+        }
         PreparedMode::InMemory(s) => {
             s.validate()?;
             let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
@@ -313,7 +357,11 @@ pub fn prompt_tokens(path: &Path, prompt: &str, add_special: bool) -> Result<usi
 /// A prepared model's folder is not a model directory: point at its manifest.
 fn not_a_prepared_folder(dir: &Path) -> Result<()> {
     if dir.join("manifest.toml").is_file() && !dir.join(formats::model_dir::CONFIG_FILE).is_file() {
-        return Err(RuntimeError::Input(format!("{}: a prepared model's folder, not a model directory: pass {}", dir.display(), dir.join("manifest.toml").display())));
+        return Err(RuntimeError::Input(format!(
+            "{}: a prepared model's folder, not a model directory: pass {}",
+            dir.display(),
+            dir.join("manifest.toml").display()
+        )));
     }
     Ok(())
 }
@@ -324,11 +372,15 @@ pub fn open_model(path: &Path) -> Result<(Model, Tokenizer)> {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
     if path.is_file() {
-        return Err(RuntimeError::Input(format!("{}: expected a model directory (config.json, tokenizer.json, *.safetensors)", path.display())));
+        return Err(RuntimeError::Input(format!(
+            "{}: expected a model directory (config.json, tokenizer.json, *.safetensors)",
+            path.display()
+        )));
     }
     not_a_prepared_folder(path)?;
     let model = Model::load(path)?;
-    let tok = Tokenizer::load(&path.join(formats::model_dir::TOKENIZER_FILE), model.vocab_size(), model.config.bos_token_id)?;
+    let tok =
+        Tokenizer::load(&path.join(formats::model_dir::TOKENIZER_FILE), model.vocab_size(), model.config.bos_token_id)?;
     Ok((model, tok))
 }
 

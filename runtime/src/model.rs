@@ -20,15 +20,15 @@ use std::path::{Path, PathBuf};
 /// One decoder layer. d = hidden_size, q_dim = n_heads*head_dim, kv_dim = n_kv_heads*head_dim,
 /// ff = intermediate_size.
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,     // [d]
-    pub wq: Matrix,              // [q_dim, d]
-    pub wk: Matrix,              // [kv_dim, d]
-    pub wv: Matrix,              // [kv_dim, d]
-    pub bq: Option<Vec<f32>>,    // [q_dim]  (qwen2)
-    pub bk: Option<Vec<f32>>,    // [kv_dim] (qwen2)
-    pub bv: Option<Vec<f32>>,    // [kv_dim] (qwen2)
-    pub wo: Matrix,              // [d, q_dim]
-    pub mlp_norm: Vec<f32>,      // [d]
+    pub attn_norm: Vec<f32>,  // [d]
+    pub wq: Matrix,           // [q_dim, d]
+    pub wk: Matrix,           // [kv_dim, d]
+    pub wv: Matrix,           // [kv_dim, d]
+    pub bq: Option<Vec<f32>>, // [q_dim]  (qwen2)
+    pub bk: Option<Vec<f32>>, // [kv_dim] (qwen2)
+    pub bv: Option<Vec<f32>>, // [kv_dim] (qwen2)
+    pub wo: Matrix,           // [d, q_dim]
+    pub mlp_norm: Vec<f32>,   // [d]
     pub mlp: Mlp,
 }
 
@@ -53,7 +53,9 @@ impl Mlp {
     pub fn resident(&self, layer: usize) -> Result<&DenseMlp> {
         match self {
             Mlp::Resident(w) => Ok(w),
-            Mlp::Streamed => Err(RuntimeError::Input(format!("layer {layer}'s MLP is on storage (records.bin): only the streaming engine runs it"))),
+            Mlp::Streamed => Err(RuntimeError::Input(format!(
+                "layer {layer}'s MLP is on storage (records.bin): only the streaming engine runs it"
+            ))),
         }
     }
 }
@@ -94,9 +96,9 @@ impl HeadChoice {
 }
 
 pub struct ModelWeights {
-    pub embed: Matrix,               // [vocab, d]
+    pub embed: Matrix, // [vocab, d]
     pub layers: Vec<LayerWeights>,
-    pub final_norm: Vec<f32>,        // [d]
+    pub final_norm: Vec<f32>, // [d]
     /// `[vocab, d]`; None when tied to `embed`.
     pub lm_head: Option<Matrix>,
     /// `-X head=q8` (the scorer's default on an f16 preparation): the head in Q8_0 blocks
@@ -186,7 +188,12 @@ impl TensorSource {
         self.check_shape(f, name, &e.logical_shape(), &[rows, cols])?;
         if let Some(ty) = e.ggml {
             if crate::ops::qmatmul::activation_type(ty).is_none() {
-                return Err(FormatError::UnsupportedStoredType { path: f.path.clone(), tensor: name.into(), type_name: ty.name().into() }.into());
+                return Err(FormatError::UnsupportedStoredType {
+                    path: f.path.clone(),
+                    tensor: name.into(),
+                    type_name: ty.name().into(),
+                }
+                .into());
             }
             return Ok(Matrix::Quant(QMatrix::mapped(ty, rows, cols, f.mmap.clone(), e.byte_range.start)));
         }
@@ -200,7 +207,11 @@ impl TensorSource {
         let (f, e) = self.find(name).ok_or_else(|| self.missing(name))?;
         self.check_shape(f, name, &e.logical_shape(), &[len])?;
         if e.ggml.is_some() {
-            return Err(FormatError::Safetensors { path: f.path.clone(), reason: format!("tensor '{name}' is a vector; vectors are stored as F32/F16, not quantized") }.into());
+            return Err(FormatError::Safetensors {
+                path: f.path.clone(),
+                reason: format!("tensor '{name}' is a vector; vectors are stored as F32/F16, not quantized"),
+            }
+            .into());
         }
         Ok(safetensors_io::to_f16_vec(&f.path, name, e.dtype, f.bytes(e))?.iter().map(|v| v.to_f32()).collect())
     }
@@ -231,7 +242,8 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
     if let Some(shape) = rf.shape {
         // version 2: gate and up are the records' blocks; down [d, ff] is rebuilt in f16 from
         // the Q8_0 columns (its rows run across neurons, so the columns cannot stay blocks)
-        let (mut gate, mut up) = (Vec::with_capacity(ff * shape.gate_up_row_bytes()), Vec::with_capacity(ff * shape.gate_up_row_bytes()));
+        let (mut gate, mut up) =
+            (Vec::with_capacity(ff * shape.gate_up_row_bytes()), Vec::with_capacity(ff * shape.gate_up_row_bytes()));
         let mut down = vec![half::f16::ZERO; d * ff];
         let mut col = vec![0f32; d];
         for j in 0..ff {
@@ -261,20 +273,41 @@ fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: u
             down[i * ff + j] = v;
         }
     }
-    Ok(Mlp::Resident(DenseMlp { w_gate: Matrix::F16(F16Matrix::owned(ff, d, gate)), w_up: Matrix::F16(F16Matrix::owned(ff, d, up)), w_down: Matrix::F16(F16Matrix::owned(d, ff, down)) }))
+    Ok(Mlp::Resident(DenseMlp {
+        w_gate: Matrix::F16(F16Matrix::owned(ff, d, gate)),
+        w_up: Matrix::F16(F16Matrix::owned(ff, d, up)),
+        w_down: Matrix::F16(F16Matrix::owned(d, ff, down)),
+    }))
 }
 
 /// The layout of the manifest's version-2 records (None: version 1), an unknown type an error
 /// naming the manifest.
-pub(crate) fn records_shape(manifest_path: &Path, manifest: &formats::manifest::Manifest) -> Result<Option<formats::records::RecordShape>> {
-    manifest.records.shape(manifest.model.hidden_size).map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))
+pub(crate) fn records_shape(
+    manifest_path: &Path,
+    manifest: &formats::manifest::Manifest,
+) -> Result<Option<formats::records::RecordShape>> {
+    manifest
+        .records
+        .shape(manifest.model.hidden_size)
+        .map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))
 }
 
 /// The manifest's records.bin, opened with its version and layout.
-pub(crate) fn records_file(manifest_path: &Path, manifest: &formats::manifest::Manifest, records_path: &Path) -> Result<formats::records::RecordFile> {
+pub(crate) fn records_file(
+    manifest_path: &Path,
+    manifest: &formats::manifest::Manifest,
+    records_path: &Path,
+) -> Result<formats::records::RecordFile> {
     let c = &manifest.model;
     let shape = records_shape(manifest_path, manifest)?;
-    Ok(formats::records::RecordFile::open_v(records_path, c.hidden_size, manifest.records.first_layer, c.num_hidden_layers, c.intermediate_size, shape)?)
+    Ok(formats::records::RecordFile::open_v(
+        records_path,
+        c.hidden_size,
+        manifest.records.first_layer,
+        c.num_hidden_layers,
+        c.intermediate_size,
+        shape,
+    )?)
 }
 
 /// Positions a run may reach at most (the model's max_position_embeddings otherwise).
@@ -296,14 +329,22 @@ impl Model {
     /// blocks (dense_mlp.safetensors) when the preparation has them, and the other sparse
     /// layers' MLPs rebuilt from records.bin (every record's header and CRC checked), whose rows
     /// the streaming engine reads on demand.
-    pub fn load_prepared(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_below: usize) -> Result<Self> {
+    pub fn load_prepared(
+        manifest_path: &Path,
+        manifest: &formats::manifest::Manifest,
+        dense_below: usize,
+    ) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let rf = records_file(manifest_path, manifest, &records_path)?;
         let mut files = vec![MappedSafetensors::open(&resident)?];
         files.extend(dense_mlp_file(manifest_path, manifest)?);
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_below, streamed_from: manifest.model.num_hidden_layers };
+        let sparse = SparseMlps::Prepared {
+            records: &rf,
+            native_below: dense_below,
+            streamed_from: manifest.model.num_hidden_layers,
+        };
         Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)
     }
 
@@ -312,7 +353,12 @@ impl Model {
     /// blocks), or without it rebuilt once from records.bin; the MLP weights of
     /// layers `dense_prefix..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
     /// `head`: with the Q8_0 or 4-bit head, a tied embedding is only read a row per token too.
-    pub fn load_streaming(manifest_path: &Path, manifest: &formats::manifest::Manifest, dense_prefix: usize, head: HeadChoice) -> Result<Self> {
+    pub fn load_streaming(
+        manifest_path: &Path,
+        manifest: &formats::manifest::Manifest,
+        dense_prefix: usize,
+        head: HeadChoice,
+    ) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
@@ -332,7 +378,13 @@ impl Model {
     }
 
     /// `sparse`: where the MLPs of the sparse layers come from.
-    fn assemble(dir: &Path, config_path: &Path, config: ModelConfig, src: TensorSource, sparse: SparseMlps) -> Result<Self> {
+    fn assemble(
+        dir: &Path,
+        config_path: &Path,
+        config: ModelConfig,
+        src: TensorSource,
+        sparse: SparseMlps,
+    ) -> Result<Self> {
         let arch = config.validate(config_path)?;
         let c = &config;
         let (d, ff, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
@@ -349,8 +401,16 @@ impl Model {
                 };
                 let mlp = match sparse {
                     SparseMlps::Prepared { streamed_from, .. } if l >= streamed_from => Mlp::Streamed,
-                    SparseMlps::Prepared { records, native_below, .. } if l >= records.first_layer && !(l < native_below && src.find(&n.gate_proj).is_some()) => mlp_from_records(records, l, d, ff)?,
-                    _ => Mlp::Resident(DenseMlp { w_gate: src.matrix(&n.gate_proj, ff, d)?, w_up: src.matrix(&n.up_proj, ff, d)?, w_down: src.matrix(&n.down_proj, d, ff)? }),
+                    SparseMlps::Prepared { records, native_below, .. }
+                        if l >= records.first_layer && !(l < native_below && src.find(&n.gate_proj).is_some()) =>
+                    {
+                        mlp_from_records(records, l, d, ff)?
+                    }
+                    _ => Mlp::Resident(DenseMlp {
+                        w_gate: src.matrix(&n.gate_proj, ff, d)?,
+                        w_up: src.matrix(&n.up_proj, ff, d)?,
+                        w_down: src.matrix(&n.down_proj, d, ff)?,
+                    }),
                 };
                 Ok(LayerWeights {
                     attn_norm: src.vector(&n.attn_norm, d)?,
@@ -389,7 +449,12 @@ impl Model {
 
     /// Logits from `head` from now on: the preparation's Q8_0 head (role `head_q8`) or 4-bit
     /// head (role `head_compact`), mapped; the resident one is then never read.
-    pub fn use_head(&mut self, manifest_path: &Path, manifest: &formats::manifest::Manifest, head: HeadChoice) -> Result<()> {
+    pub fn use_head(
+        &mut self,
+        manifest_path: &Path,
+        manifest: &formats::manifest::Manifest,
+        head: HeadChoice,
+    ) -> Result<()> {
         let Some(role) = head.artifact_role() else { return Ok(()) };
         let Some(a) = manifest.artifacts.iter().find(|a| a.role == role) else {
             let (what, knob) = head.label();
@@ -398,11 +463,19 @@ impl Model {
         let c = &self.config;
         let path = manifest.artifact_path(manifest_path, a);
         match head {
-            HeadChoice::Q8 => self.weights.head_q8 = Some(formats::head_q8::Q8Head::load(&path, c.vocab_size, c.hidden_size)?),
+            HeadChoice::Q8 => {
+                self.weights.head_q8 = Some(formats::head_q8::Q8Head::load(&path, c.vocab_size, c.hidden_size)?)
+            }
             HeadChoice::Compact => {
                 let (f, ty) = formats::head_compact::open(&path, c.vocab_size, c.hidden_size)?;
                 let e = &f.tensors[model_dir::LM_HEAD];
-                self.weights.lm_head = Some(Matrix::Quant(QMatrix::mapped(ty, c.vocab_size, c.hidden_size, f.mmap.clone(), e.byte_range.start)));
+                self.weights.lm_head = Some(Matrix::Quant(QMatrix::mapped(
+                    ty,
+                    c.vocab_size,
+                    c.hidden_size,
+                    f.mmap.clone(),
+                    e.byte_range.start,
+                )));
             }
             HeadChoice::Resident => unreachable!("no artifact"),
         }
@@ -446,7 +519,12 @@ impl Model {
             let mut logits = Vec::new();
             for (t, &tok) in tokens.iter().enumerate() {
                 let from = if t >= logits_from { 0 } else { 1 };
-                logits.extend(self.forward_observed(&[tok], cache, from, observer.as_mut().map(|o| &mut **o as &mut dyn MlpHook))?);
+                logits.extend(self.forward_observed(
+                    &[tok],
+                    cache,
+                    from,
+                    observer.as_mut().map(|o| &mut **o as &mut dyn MlpHook),
+                )?);
             }
             return Ok(logits);
         }
@@ -552,7 +630,15 @@ impl Model {
     /// Layer `l`'s attention block for `n` tokens at positions `pos0..`: `s.x += o_proj(GQA
     /// attention over the cache of RoPE(q), RoPE(k), v)` of the normed input; appends the
     /// tokens' keys and values to the cache.
-    fn attention_block(&self, l: usize, lw: &LayerWeights, n: usize, pos0: usize, cache: &mut KvCache, s: &mut DecodeState) {
+    fn attention_block(
+        &self,
+        l: usize,
+        lw: &LayerWeights,
+        n: usize,
+        pos0: usize,
+        cache: &mut KvCache,
+        s: &mut DecodeState,
+    ) {
         let c = &self.config;
         let hd = c.head_dim();
         let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
@@ -573,7 +659,11 @@ impl Model {
             }
         }
         for t in 0..n {
-            self.rope.apply_pair(&mut s.q[t * q_dim..(t + 1) * q_dim], &mut s.k[t * kv_dim..(t + 1) * kv_dim], pos0 + t);
+            self.rope.apply_pair(
+                &mut s.q[t * q_dim..(t + 1) * q_dim],
+                &mut s.k[t * kv_dim..(t + 1) * kv_dim],
+                pos0 + t,
+            );
         }
         cache.store(l, pos0, &s.k[..n * kv_dim], &s.v[..n * kv_dim]);
         attention(&s.q, &cache.k[l], &cache.v[l], pos0, &shape, &mut s.att);
@@ -639,7 +729,8 @@ pub struct DecodeState {
 impl DecodeState {
     pub fn new(c: &ModelConfig, n: usize) -> Self {
         let hd = c.head_dim();
-        let (d, ff, q_dim, kv_dim) = (c.hidden_size, c.intermediate_size, c.num_attention_heads * hd, c.n_kv_heads() * hd);
+        let (d, ff, q_dim, kv_dim) =
+            (c.hidden_size, c.intermediate_size, c.num_attention_heads * hd, c.n_kv_heads() * hd);
         DecodeState {
             x: vec![0.0; n * d],
             xn: vec![0.0; n * d],

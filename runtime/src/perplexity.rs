@@ -5,9 +5,9 @@
 //! logits at positions `ctx/2 .. ctx - 1`.
 
 use crate::error::{Result, RuntimeError};
-use crate::Runner;
 use crate::ops::softmax::log_sum_exp;
 use crate::tokenizer::Tokenizer;
+use crate::Runner;
 use serde::Serialize;
 use std::path::Path;
 
@@ -23,15 +23,30 @@ pub struct PerplexityReport {
     pub tokens_per_s: f64,
 }
 
-pub fn perplexity(runner: &mut Runner, tok: &Tokenizer, text_path: &Path, ctx: usize, max_chunks: Option<usize>, mut on_chunk: impl FnMut(usize, usize, f64)) -> Result<PerplexityReport> {
+pub fn perplexity(
+    runner: &mut Runner,
+    tok: &Tokenizer,
+    text_path: &Path,
+    ctx: usize,
+    max_chunks: Option<usize>,
+    mut on_chunk: impl FnMut(usize, usize, f64),
+) -> Result<PerplexityReport> {
     let model = runner.model;
-    let text = std::fs::read_to_string(text_path).map_err(|source| RuntimeError::Io { path: text_path.to_path_buf(), offset: None, source })?;
+    let text = std::fs::read_to_string(text_path).map_err(|source| RuntimeError::Io {
+        path: text_path.to_path_buf(),
+        offset: None,
+        source,
+    })?;
     let tokens = tok.encode(&text, true)?;
     if ctx < 4 {
         return Err(RuntimeError::Input(format!("--ctx {ctx} is too small")));
     }
     if tokens.len() < 2 * ctx {
-        return Err(RuntimeError::TextTooShort { path: text_path.to_path_buf(), tokens: tokens.len(), needed: 2 * ctx });
+        return Err(RuntimeError::TextTooShort {
+            path: text_path.to_path_buf(),
+            tokens: tokens.len(),
+            needed: 2 * ctx,
+        });
     }
     let n_chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;

@@ -82,7 +82,14 @@ pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, rule: &str) -> u64 
 /// The prediction for a streamed run whose engine (plan, slots, selector) is `e`;
 /// `embed_row_bytes`: one row of the stored embedding. `reuse`: the measured share of needed
 /// rows already held, if known.
-pub fn predict(e: &StreamingEngine, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Reuse) -> Prediction {
+pub fn predict(
+    e: &StreamingEngine,
+    model_name: &str,
+    n_ff: usize,
+    embed_row_bytes: u64,
+    device: &DeviceFile,
+    reuse: Reuse,
+) -> Prediction {
     predict_plan(&e.plan, &e.rule(), e.read_span_bytes, model_name, n_ff, embed_row_bytes, device, reuse)
 }
 
@@ -99,7 +106,16 @@ pub enum Reuse<'a> {
 
 /// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
 #[allow(clippy::too_many_arguments)]
-pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: usize, model_name: &str, n_ff: usize, embed_row_bytes: u64, device: &DeviceFile, reuse: Reuse) -> Prediction {
+pub fn predict_plan(
+    p: &crate::stream::MemoryPlan,
+    rule: &str,
+    read_span_bytes: usize,
+    model_name: &str,
+    n_ff: usize,
+    embed_row_bytes: u64,
+    device: &DeviceFile,
+    reuse: Reuse,
+) -> Prediction {
     // the scorer, sketch, gate and layers rank at the layer (A2); the shared predictor after
     // layer 0 (A1)
     let in_layer = matches!(rule, "scorer" | "sketch" | "gate" | "layers");
@@ -111,7 +127,13 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     let mean_set = p.set_sizes.iter().sum::<usize>() as f64 / n_sparse.max(1) as f64;
     let (set_share, slot_share) = (mean_set / n_ff as f64, mean_slots / n_ff as f64);
     let tabled = match reuse {
-        Reuse::Table(t) => t.at(rule, set_share, slot_share).map(|r| (r, t.tokens, if rule == "scorer" { format!(", resident bonus {}", t.scorer_resident_bonus) } else { String::new() })),
+        Reuse::Table(t) => t.at(rule, set_share, slot_share).map(|r| {
+            (
+                r,
+                t.tokens,
+                if rule == "scorer" { format!(", resident bonus {}", t.scorer_resident_bonus) } else { String::new() },
+            )
+        }),
         _ => None,
     };
     let (reuse, reuse_source) = match (reuse, tabled) {
@@ -125,7 +147,10 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
     // this plan touches; else the bytes over the device's decode rate
     let measured = device.models.iter().find(|m| m.model == model_name && m.selector == rule);
     let (compute_s, compute_source) = match measured {
-        Some(m) => (m.compute_s_per_token * a3 as f64 / m.memory_bytes_per_token, "measured on the device (probe-storage --manifest)"),
+        Some(m) => (
+            m.compute_s_per_token * a3 as f64 / m.memory_bytes_per_token,
+            "measured on the device (probe-storage --manifest)",
+        ),
         None => (a3 as f64 / device.decode_bytes_per_s, "A3 bytes / decode_bytes_per_s"),
     };
     let per_layer_s = compute_s / n_layers as f64;
@@ -147,7 +172,8 @@ pub fn predict_plan(p: &crate::stream::MemoryPlan, rule: &str, read_span_bytes: 
         // the layer's MLP is its second half; the held rows' sum is the window an A2 read has
         let mlp_start = (layer as f64 + 0.5) * per_layer_s;
         let held_sum_s = k as f64 * reuse * p.slot_row_bytes as f64 / device.decode_bytes_per_s;
-        let (release, deadline) = if in_layer { (mlp_start, mlp_start + held_sum_s) } else { (per_layer_s, mlp_start + held_sum_s) };
+        let (release, deadline) =
+            if in_layer { (mlp_start, mlp_start + held_sum_s) } else { (per_layer_s, mlp_start + held_sum_s) };
         transfers.push(Transfer { release_s: release, deadline_s: deadline, service_s: service });
     }
     let exposed = exposed_with_stalls_s(&transfers);
@@ -196,8 +222,15 @@ impl LlamaCppFile {
     /// From a GGUF's header and tensor table.
     pub fn open(path: &std::path::Path) -> crate::Result<Self> {
         let g = formats::gguf::GgufFile::open(path)?;
-        let file_bytes = std::fs::metadata(path).map_err(|e| crate::RuntimeError::Io { path: path.to_path_buf(), offset: None, source: e })?.len();
-        let embed = g.tensor("token_embd.weight").ok_or_else(|| crate::RuntimeError::Input(format!("{}: no token_embd.weight: not a llama.cpp language model", path.display())))?;
+        let file_bytes = std::fs::metadata(path)
+            .map_err(|e| crate::RuntimeError::Io { path: path.to_path_buf(), offset: None, source: e })?
+            .len();
+        let embed = g.tensor("token_embd.weight").ok_or_else(|| {
+            crate::RuntimeError::Input(format!(
+                "{}: no token_embd.weight: not a llama.cpp language model",
+                path.display()
+            ))
+        })?;
         let n_vocab = embed.ne.get(1).copied().unwrap_or(0);
         Ok(Self::new(file_bytes, embed.n_bytes, g.tensor("output.weight").is_some(), n_vocab))
     }
@@ -261,12 +294,22 @@ pub struct LlamaCppPrediction {
     pub predicted_tok_per_s: f64,
 }
 
-pub fn predict_llama_cpp(file: &LlamaCppFile, kv_cache_bytes: u64, budget_bytes: Option<u64>, device: &DeviceFile) -> LlamaCppPrediction {
+pub fn predict_llama_cpp(
+    file: &LlamaCppFile,
+    kv_cache_bytes: u64,
+    budget_bytes: Option<u64>,
+    device: &DeviceFile,
+) -> LlamaCppPrediction {
     let w = file.per_token_bytes;
     let room = budget_bytes.map(|b| b.saturating_sub(kv_cache_bytes + file.process_bytes()));
     let excess = room.map_or(0, |r| w.saturating_sub(r));
-    let reread = if excess == 0 { 0 } else { (w as f64 * (LLAMA_CPP_REREAD_COEFFICIENT * (excess as f64 / w as f64).sqrt()).min(1.0)).round() as u64 };
-    let compute = w as f64 / device.llama_cpp_decode_bytes_per_s.unwrap_or(device.decode_bytes_per_s) + device.llama_cpp_token_overhead_s;
+    let reread = if excess == 0 {
+        0
+    } else {
+        (w as f64 * (LLAMA_CPP_REREAD_COEFFICIENT * (excess as f64 / w as f64).sqrt()).min(1.0)).round() as u64
+    };
+    let compute = w as f64 / device.llama_cpp_decode_bytes_per_s.unwrap_or(device.decode_bytes_per_s)
+        + device.llama_cpp_token_overhead_s;
     let rate = device.fault_read_bytes_per_s();
     let io = reread as f64 / rate;
     LlamaCppPrediction {
@@ -319,13 +362,25 @@ pub fn known_shape(name: &str) -> Option<KnownShape> {
             name: "mistral-7b",
             config: cfg(32000, 10000.0, 32768),
             tokenizer_bytes: 1_800_000,
-            ggufs: vec![("F16", gb(14.48)), ("Q8_0", gb(7.70)), ("Q4_K_M", gb(4.37)), ("Q3_K_M", gb(3.52)), ("Q2_K", gb(3.08))],
+            ggufs: vec![
+                ("F16", gb(14.48)),
+                ("Q8_0", gb(7.70)),
+                ("Q4_K_M", gb(4.37)),
+                ("Q3_K_M", gb(3.52)),
+                ("Q2_K", gb(3.08)),
+            ],
         }),
         "llama-3-8b" => Some(KnownShape {
             name: "llama-3-8b",
             config: cfg(128256, 500000.0, 8192),
             tokenizer_bytes: 9_100_000,
-            ggufs: vec![("F16", gb(16.07)), ("Q8_0", gb(8.54)), ("Q4_K_M", gb(4.92)), ("Q3_K_M", gb(4.02)), ("Q2_K", gb(3.18))],
+            ggufs: vec![
+                ("F16", gb(16.07)),
+                ("Q8_0", gb(8.54)),
+                ("Q4_K_M", gb(4.92)),
+                ("Q3_K_M", gb(4.02)),
+                ("Q2_K", gb(3.18)),
+            ],
         }),
         _ => None,
     }
@@ -334,7 +389,10 @@ pub fn known_shape(name: &str) -> Option<KnownShape> {
 /// The plan of a known shape under `settings` as `--strategy auto` would run it: every layer
 /// dense where the whole model fits (the rule "dense"), else the scorer (every layer after
 /// layer 0 sparse, as `fit` sizes it); the bytes one read takes, and an embedding row's.
-pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> crate::Result<(crate::stream::MemoryPlan, &'static str, usize, u64)> {
+pub fn shape_plan(
+    k: &KnownShape,
+    settings: &crate::stream::StreamSettings,
+) -> crate::Result<(crate::stream::MemoryPlan, &'static str, usize, u64)> {
     use formats::ggml_quants::GgmlType;
     let c = &k.config;
     let (d, n_ff, layers, vocab) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size);
@@ -368,12 +426,21 @@ pub fn shape_plan(k: &KnownShape, settings: &crate::stream::StreamSettings) -> c
                 .collect(),
         ),
     };
-    let dense_settings = crate::stream::StreamSettings { selector: crate::stream::SelectorChoice::Dense, head: crate::model::HeadChoice::Resident, ..settings.clone() };
+    let dense_settings = crate::stream::StreamSettings {
+        selector: crate::stream::SelectorChoice::Dense,
+        head: crate::model::HeadChoice::Resident,
+        ..settings.clone()
+    };
     let dense = crate::select::dense::DenseSelector { n_layers: layers };
     let dense_footprint = crate::stream::budget::Sizing::of(&dense);
-    let dense_sizing = crate::stream::budget::Sizing { footprint: &dense_footprint, slot_row: crate::select::SetSelector::slot_row(&dense) };
+    let dense_sizing = crate::stream::budget::Sizing {
+        footprint: &dense_footprint,
+        slot_row: crate::select::SetSelector::slot_row(&dense),
+    };
     match crate::stream::MemoryPlan::for_settings(&inputs, &dense_sizing, &dense_settings) {
-        Ok(plan) if settings.mem_budget_bytes.is_some() => return Ok((plan, "dense", shape.record_bytes(), embed / vocab as u64)),
+        Ok(plan) if settings.mem_budget_bytes.is_some() => {
+            return Ok((plan, "dense", shape.record_bytes(), embed / vocab as u64))
+        }
         Ok(_) | Err(crate::RuntimeError::BudgetTooSmall { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -406,7 +473,10 @@ mod tests {
             memory_bandwidth_bytes_per_s: 1e10,
             decode_bytes_per_s: 1e9,
             // page faults: 128 KiB at depth 4 (2 threads), 0.5 GB/s
-            reads: vec![ReadRate { block_bytes: 131072, queue_depth: 1, iops: 1000.0 }, ReadRate { block_bytes: 131072, queue_depth: 4, iops: 5e8 / 131072.0 }],
+            reads: vec![
+                ReadRate { block_bytes: 131072, queue_depth: 1, iops: 1000.0 },
+                ReadRate { block_bytes: 131072, queue_depth: 4, iops: 5e8 / 131072.0 },
+            ],
             ..Default::default()
         }
     }
@@ -451,9 +521,23 @@ mod tests {
         };
         let md = vec![("general.architecture".to_string(), GgufValue::String("llama".into()))];
         let tied = dir.join("tied.gguf");
-        write_gguf(&tied, &md, &[f32_tensor("token_embd.weight", vec![32, 8]), f32_tensor("blk.0.ffn_up.weight", vec![32, 64])]).unwrap();
+        write_gguf(
+            &tied,
+            &md,
+            &[f32_tensor("token_embd.weight", vec![32, 8]), f32_tensor("blk.0.ffn_up.weight", vec![32, 64])],
+        )
+        .unwrap();
         let untied = dir.join("untied.gguf");
-        write_gguf(&untied, &md, &[f32_tensor("token_embd.weight", vec![32, 8]), f32_tensor("blk.0.ffn_up.weight", vec![32, 64]), f32_tensor("output.weight", vec![32, 8])]).unwrap();
+        write_gguf(
+            &untied,
+            &md,
+            &[
+                f32_tensor("token_embd.weight", vec![32, 8]),
+                f32_tensor("blk.0.ffn_up.weight", vec![32, 64]),
+                f32_tensor("output.weight", vec![32, 8]),
+            ],
+        )
+        .unwrap();
         let t = LlamaCppFile::open(&tied).unwrap();
         assert_eq!((t.per_token_bytes, t.n_vocab), (t.file_bytes, 8), "tied: the embedding is the head, read whole");
         let u = LlamaCppFile::open(&untied).unwrap();

@@ -31,10 +31,10 @@ pub struct Predictor {
     input: F16Matrix,       // [h, d + e]
     input_b: Vec<f32>,      // [h]
     blocks: Vec<Block>,
-    norm_w: Vec<f32>,       // [h]
-    norm_b: Vec<f32>,       // [h]
-    heads: F16Matrix,       // [S * K, h]
-    heads_b: Vec<f32>,      // [S * K]
+    norm_w: Vec<f32>,  // [h]
+    norm_b: Vec<f32>,  // [h]
+    heads: F16Matrix,  // [S * K, h]
+    heads_b: Vec<f32>, // [S * K]
 }
 
 fn add_bias(x: &mut [f32], b: &[f32]) {
@@ -49,14 +49,28 @@ impl Predictor {
         let spec = PredictorSpec::from_metadata(path, f.metadata.as_ref())?;
         let shapes: std::collections::HashMap<String, Vec<usize>> = spec.tensors().into_iter().collect();
         let get = |name: &str| -> Result<Vec<half::f16>> {
-            let e = f.tensors.get(name).ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.into() })?;
+            let e = f
+                .tensors
+                .get(name)
+                .ok_or_else(|| FormatError::MissingTensor { path: path.to_path_buf(), tensor: name.into() })?;
             if e.shape != shapes[name] {
-                return Err(FormatError::ShapeMismatch { path: path.to_path_buf(), tensor: name.into(), expected: shapes[name].clone(), actual: e.shape.clone() }.into());
+                return Err(FormatError::ShapeMismatch {
+                    path: path.to_path_buf(),
+                    tensor: name.into(),
+                    expected: shapes[name].clone(),
+                    actual: e.shape.clone(),
+                }
+                .into());
             }
             let v = safetensors_io::to_f16_vec(path, name, e.dtype, f.bytes(e))?;
             // a NaN or infinite weight poisons every set it ranks: refused, naming where it is
             if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(FormatError::Corrupt { path: path.to_path_buf(), offset: (e.byte_range.start + i * (f.bytes(e).len() / v.len())) as u64, what: format!("tensor '{name}': value {} at index {i} is not finite", v[i]) }.into());
+                return Err(FormatError::Corrupt {
+                    path: path.to_path_buf(),
+                    offset: (e.byte_range.start + i * (f.bytes(e).len() / v.len())) as u64,
+                    what: format!("tensor '{name}': value {} at index {i} is not finite", v[i]),
+                }
+                .into());
             }
             Ok(v)
         };
@@ -95,7 +109,10 @@ impl Predictor {
     /// per-token logits cover only the heads it uses.
     pub fn drop_heads_before(&mut self, layer: usize) {
         let s = &mut self.spec;
-        assert!(layer >= s.first_layer && layer <= s.first_layer + s.n_sparse_layers, "layer {layer} outside the predictor's heads");
+        assert!(
+            layer >= s.first_layer && layer <= s.first_layer + s.n_sparse_layers,
+            "layer {layer} outside the predictor's heads"
+        );
         let skip_rows = (layer - s.first_layer) * s.k;
         let h = self.heads.cols;
         self.heads = F16Matrix::owned(self.heads.rows - skip_rows, h, self.heads.as_slice()[skip_rows * h..].to_vec());
@@ -220,7 +237,9 @@ impl std::str::FromStr for SetRule {
                 .strip_prefix("soft")
                 .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
                 .map(|candidates| SetRule::Soft { candidates })
-                .ok_or_else(|| format!("set rule '{s}': expected top1, soft, softN (N candidates), static, oracle or scorer")),
+                .ok_or_else(|| {
+                    format!("set rule '{s}': expected top1, soft, softN (N candidates), static, oracle or scorer")
+                }),
         }
     }
 }
@@ -251,7 +270,12 @@ fn for_each_neuron(row: &[u8], mut f: impl FnMut(usize)) {
 
 /// The `size` best of `candidates` (all of them when there are no more), best first by
 /// `better`, as a bitset of `width` bytes.
-fn best_as_bitset(mut candidates: Vec<usize>, size: usize, width: usize, mut better: impl FnMut(&usize, &usize) -> std::cmp::Ordering) -> Vec<u8> {
+fn best_as_bitset(
+    mut candidates: Vec<usize>,
+    size: usize,
+    width: usize,
+    mut better: impl FnMut(&usize, &usize) -> std::cmp::Ordering,
+) -> Vec<u8> {
     if candidates.len() > size {
         candidates.select_nth_unstable_by(size - 1, &mut better);
         candidates.truncate(size);
@@ -305,7 +329,11 @@ impl NeuronPrior {
     }
 
     /// One prior per sparse layer: `sets[i]` is layer `first + i`'s centroid sets.
-    pub fn for_layers(sets: &[CentroidSet], first: usize, importance: Option<&formats::importance::NeuronImportance>) -> Vec<Self> {
+    pub fn for_layers(
+        sets: &[CentroidSet],
+        first: usize,
+        importance: Option<&formats::importance::NeuronImportance>,
+    ) -> Vec<Self> {
         sets.iter().enumerate().map(|(i, set)| NeuronPrior::new(set, importance.map(|w| w.layer(first + i)))).collect()
     }
 }
@@ -346,7 +374,13 @@ pub fn scaled_set_sizes(k_max: &[usize], scale: f64) -> Vec<usize> {
 /// (argmax centroid, bitset of the predicted set of at most `size` neurons) for one head's
 /// logits `[K]`; `prior` weighs the soft rule's expected membership and ranks the neurons that
 /// top1's cut and static keep.
-pub fn predicted_set(head: &[f32], set: &CentroidSet, prior: &NeuronPrior, size: usize, rule: SetRule) -> (u32, Vec<u8>) {
+pub fn predicted_set(
+    head: &[f32],
+    set: &CentroidSet,
+    prior: &NeuronPrior,
+    size: usize,
+    rule: SetRule,
+) -> (u32, Vec<u8>) {
     let argmax = crate::sampler::argmax(head);
     let better = |a: &usize, b: &usize| prior.better(a, b);
     let bits = match rule {
@@ -449,14 +483,25 @@ pub struct PredictedSparsity {
 
 impl PredictedSparsity {
     /// `importance`: the preparation's, if it has one (ranks cut sets, weighs the soft rule).
-    pub fn new(predictor: Predictor, centroids: &CentroidTable, thresholds: Thresholds, importance: Option<&formats::importance::NeuronImportance>) -> Result<Self> {
+    pub fn new(
+        predictor: Predictor,
+        centroids: &CentroidTable,
+        thresholds: Thresholds,
+        importance: Option<&formats::importance::NeuronImportance>,
+    ) -> Result<Self> {
         let s = predictor.spec.clone();
         if thresholds.mask_kind != formats::thresholds::MaskKind::Product {
-            return Err(crate::RuntimeError::Input("the predictor supports product masks only (gate-up: not built yet)".into()));
+            return Err(crate::RuntimeError::Input(
+                "the predictor supports product masks only (gate-up: not built yet)".into(),
+            ));
         }
         let layer0 = centroids.layer(0)?.clone();
-        let sparse = (0..s.n_sparse_layers).map(|i| centroids.layer(s.first_layer + i).cloned()).collect::<std::result::Result<Vec<_>, _>>()?;
-        let stats = (0..s.n_sparse_layers).map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() }).collect();
+        let sparse = (0..s.n_sparse_layers)
+            .map(|i| centroids.layer(s.first_layer + i).cloned())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let stats = (0..s.n_sparse_layers)
+            .map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() })
+            .collect();
         let k_max: Vec<usize> = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
         let priors = NeuronPrior::for_layers(&sparse, s.first_layer, importance);
         Ok(PredictedSparsity {
@@ -524,7 +569,13 @@ impl MlpHook for PredictedSparsity {
         let mut mask = vec![0u8; self.layer0.width];
         self.c0 = (0..n)
             .map(|t| {
-                product_mask(&self.thresholds, 0, &gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff], &mut mask);
+                product_mask(
+                    &self.thresholds,
+                    0,
+                    &gate_silu[t * n_ff..(t + 1) * n_ff],
+                    &up[t * n_ff..(t + 1) * n_ff],
+                    &mut mask,
+                );
                 self.layer0.best_cover(&mask)
             })
             .collect();
@@ -562,7 +613,10 @@ impl MlpHook for PredictedSparsity {
             if self.rule == SetRule::Oracle {
                 let (g, u) = (&gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
                 let magnitude = |j: &usize| (g[*j] * u[*j]).abs();
-                self.current[t * n_sparse + si].1 = best_as_bitset((0..n_ff).collect(), self.set_sizes[si], set.width, |a, b| magnitude(b).total_cmp(&magnitude(a)));
+                self.current[t * n_sparse + si].1 =
+                    best_as_bitset((0..n_ff).collect(), self.set_sizes[si], set.width, |a, b| {
+                        magnitude(b).total_cmp(&magnitude(a))
+                    });
             }
             let (c, ref bits) = self.current[t * n_sparse + si];
             let c = c as usize;
@@ -572,7 +626,8 @@ impl MlpHook for PredictedSparsity {
             if self.measure {
                 product_mask(&self.thresholds, layer, g, u, &mut mask);
                 st.true_active += mask.iter().map(|b| b.count_ones() as u64).sum::<u64>();
-                st.true_active_predicted += mask.iter().zip(bits).map(|(a, b)| (a & b).count_ones() as u64).sum::<u64>();
+                st.true_active_predicted +=
+                    mask.iter().zip(bits).map(|(a, b)| (a & b).count_ones() as u64).sum::<u64>();
                 st.top1_hits += (set.best_cover(&mask) as usize == c) as u64;
             }
             for (j, gj) in g.iter_mut().enumerate() {
@@ -608,7 +663,11 @@ mod tests {
     #[test]
     fn smaller_sets_keep_the_most_common_neurons() {
         // 3 centroids of 4 neurons over 16; neuron 2 is in all three, 1 and 3 in two, 0 in one
-        let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b0000_0110, 0b1000_0001, 0b0000_1100, 0b0000_1010] };
+        let set = CentroidSet {
+            k: 3,
+            width: 2,
+            bits: vec![0b0000_1111, 0, 0b0000_0110, 0b1000_0001, 0b0000_1100, 0b0000_1010],
+        };
         let m = NeuronPrior::new(&set, None);
         assert_eq!(&m.membership[..4], &[1, 2, 3, 2]);
         assert_eq!(scaled_set_sizes(&[4, 10, 1], 0.5), vec![2, 5, 1]);

@@ -70,13 +70,29 @@ impl<'a> ReuseSimulation<'a> {
     }
 
     /// `scorer`: the preparation's scorer file, whose layers (`first_layer..`) are simulated.
-    pub fn new(chooser: Chooser<'a>, scorer: &'a GateUpScorer, set_shares: &[f64], slot_shares: &[f64], warmup_tokens: usize) -> Self {
+    pub fn new(
+        chooser: Chooser<'a>,
+        scorer: &'a GateUpScorer,
+        set_shares: &[f64],
+        slot_shares: &[f64],
+        warmup_tokens: usize,
+    ) -> Self {
         let n_ff = scorer.file.n_ff;
         let rows = |share: f64| ((n_ff as f64 * share).round() as usize).clamp(1, n_ff);
         let set_sizes: Vec<usize> = set_shares.iter().map(|&s| rows(s)).collect();
         let capacities = set_sizes.iter().map(|&k| slot_shares.iter().map(|&c| rows(c).max(k)).collect()).collect();
         let counts = vec![vec![(0, 0); slot_shares.len()]; set_shares.len()];
-        let mut sim = ReuseSimulation { chooser, scorer, set_sizes, capacities, layers: Vec::new(), xn: Vec::new(), warmup_tokens: warmup_tokens as u64, counts, tokens_counted: 0 };
+        let mut sim = ReuseSimulation {
+            chooser,
+            scorer,
+            set_sizes,
+            capacities,
+            layers: Vec::new(),
+            xn: Vec::new(),
+            warmup_tokens: warmup_tokens as u64,
+            counts,
+            tokens_counted: 0,
+        };
         sim.new_sequence();
         sim
     }
@@ -86,10 +102,19 @@ impl<'a> ReuseSimulation<'a> {
         let f = &self.scorer.file;
         self.layers = (0..f.n_layers)
             .map(|_| LayerSim {
-                maps: self.capacities.iter().map(|caps| caps.iter().map(|&c| SlotMap::new(f.n_ff, c)).collect()).collect(),
+                maps: self
+                    .capacities
+                    .iter()
+                    .map(|caps| caps.iter().map(|&c| SlotMap::new(f.n_ff, c)).collect())
+                    .collect(),
                 eviction: match self.chooser {
                     Chooser::Scorer(..) => Eviction::Scored(LayerScoring::new(f.n_ff)),
-                    Chooser::Ranked(_) => Eviction::Held(self.capacities.iter().map(|caps| caps.iter().map(|_| HeldHeat::new(f.n_ff)).collect()).collect()),
+                    Chooser::Ranked(_) => Eviction::Held(
+                        self.capacities
+                            .iter()
+                            .map(|caps| caps.iter().map(|_| HeldHeat::new(f.n_ff)).collect())
+                            .collect(),
+                    ),
                 },
                 tick: 0,
             })
@@ -98,7 +123,10 @@ impl<'a> ReuseSimulation<'a> {
 
     /// `[set][slot]` share of the needed rows already held.
     pub fn reuse(&self) -> Vec<Vec<f64>> {
-        self.counts.iter().map(|r| r.iter().map(|&(needed, missing)| 1.0 - missing as f64 / needed.max(1) as f64).collect()).collect()
+        self.counts
+            .iter()
+            .map(|r| r.iter().map(|&(needed, missing)| 1.0 - missing as f64 / needed.max(1) as f64).collect())
+            .collect()
     }
 }
 
@@ -128,7 +156,9 @@ impl MlpHook for ReuseSimulation<'_> {
             // None: each map chooses its own, below
             let shared_sets: Option<Vec<Vec<u32>>> = match &self.chooser {
                 Chooser::Scorer(_, bonus) if *bonus != 1.0 => None,
-                Chooser::Scorer(s, _) => Some(self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect()),
+                Chooser::Scorer(s, _) => {
+                    Some(self.set_sizes.iter().map(|&k| s.keep(layer, &h, k, &sim.maps[0][0].slot_of, 1.0)).collect())
+                }
                 Chooser::Ranked(r) => {
                     r.scores(layer, &self.xn[t * d..(t + 1) * d], 1, &mut scores);
                     Some(self.set_sizes.iter().map(|&k| top_k(&scores, k)).collect())

@@ -51,8 +51,13 @@ pub fn edf(transfers: &[Transfer]) -> (f64, Vec<usize>) {
     let mut lateness = 0f64;
     while order.len() < n {
         // the released, unfinished transfer due first; if none, jump to the next release
-        let ready = (0..n).filter(|&j| !done[j] && transfers[j].release_s <= now).min_by(|&a, &b| transfers[a].deadline_s.total_cmp(&transfers[b].deadline_s));
-        let next_release = (0..n).filter(|&j| !done[j] && transfers[j].release_s > now).map(|j| transfers[j].release_s).fold(f64::INFINITY, f64::min);
+        let ready = (0..n)
+            .filter(|&j| !done[j] && transfers[j].release_s <= now)
+            .min_by(|&a, &b| transfers[a].deadline_s.total_cmp(&transfers[b].deadline_s));
+        let next_release = (0..n)
+            .filter(|&j| !done[j] && transfers[j].release_s > now)
+            .map(|j| transfers[j].release_s)
+            .fold(f64::INFINITY, f64::min);
         let Some(j) = ready else {
             now = next_release;
             continue;
@@ -144,7 +149,12 @@ mod tests {
         assert!((exposed_s(&ts) - 0.3).abs() < 1e-12);
         // all released together (A1): the same as the window deficit
         let ts = [t(1.0, 2.0, 0.8), t(1.0, 3.0, 0.8), t(1.0, 3.2, 0.9)];
-        assert!((exposed_with_stalls_s(&ts) - exposed_s(&ts)).abs() < 1e-12, "{} vs {}", exposed_with_stalls_s(&ts), exposed_s(&ts));
+        assert!(
+            (exposed_with_stalls_s(&ts) - exposed_s(&ts)).abs() < 1e-12,
+            "{} vs {}",
+            exposed_with_stalls_s(&ts),
+            exposed_s(&ts)
+        );
         // hidden when every read fits its window
         let ts: Vec<Transfer> = (0..3).map(|l| t(l as f64 + 0.5, l as f64 + 0.7, 0.1)).collect();
         assert_eq!(exposed_with_stalls_s(&ts), 0.0);

@@ -63,8 +63,14 @@ mod tests {
     fn greedy_and_seeded() {
         let logits = [0.1f32, 3.0, 2.9, -1.0];
         assert_eq!(Sampler::new(0.0, 1.0, 0).sample(&logits), 1);
-        let a: Vec<u32> = { let mut s = Sampler::new(1.0, 0.9, 42); (0..20).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(1.0, 0.9, 42); (0..20).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(1.0, 0.9, 42);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(1.0, 0.9, 42);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
         assert!(a.iter().all(|&t| t == 1 || t == 2), "top-p 0.9 keeps only the two likely tokens: {a:?}");
     }

@@ -41,7 +41,13 @@ impl GateUpScorer {
         };
         let c = &m.model;
         let d0 = m.sparsity.dense_prefix;
-        let file = GateUpScorerFile::load(&m.artifact_path(manifest_path, a), d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+        let file = GateUpScorerFile::load(
+            &m.artifact_path(manifest_path, a),
+            d0,
+            c.num_hidden_layers - d0,
+            c.intermediate_size,
+            c.hidden_size,
+        )?;
         Ok(GateUpScorer { file })
     }
 
@@ -84,7 +90,13 @@ impl GateUpScorer {
         let (rb, sb) = (f.d_model / 2, f.d_model / formats::scorer::Q4_BLOCK);
         let rows = 2 * from..2 * (from + h.len()); // gate_j, up_j per neuron
         let mut gu = vec![0f32; 2 * h.len()]; // [n, 2]
-        matvec_q4(&f.layer_q4(layer)[rows.start * rb..rows.end * rb], &f.layer_scales(layer)[rows.start * sb..rows.end * sb], f.d_model, x, &mut gu);
+        matvec_q4(
+            &f.layer_q4(layer)[rows.start * rb..rows.end * rb],
+            &f.layer_scales(layer)[rows.start * sb..rows.end * sb],
+            f.d_model,
+            x,
+            &mut gu,
+        );
         swiglu_pairs(&gu, h);
     }
 
@@ -118,7 +130,11 @@ fn swiglu_pairs(gu: &[f32], h: &mut [f32]) {
 
 /// Every record's down row (`row(layer, neuron)`), concatenated per layer in neuron order; the
 /// layers are read in parallel.
-fn down_rows_per_layer<T: Clone + Send>(layers: std::ops::Range<usize>, n_ff: usize, row: impl Fn(usize, usize) -> Result<Vec<T>> + Sync) -> Result<Vec<Vec<T>>> {
+fn down_rows_per_layer<T: Clone + Send>(
+    layers: std::ops::Range<usize>,
+    n_ff: usize,
+    row: impl Fn(usize, usize) -> Result<Vec<T>> + Sync,
+) -> Result<Vec<Vec<T>>> {
     layers.into_par_iter().map(|l| Ok((0..n_ff).map(|j| row(l, j)).collect::<Result<Vec<_>>>()?.concat())).collect()
 }
 
@@ -136,7 +152,9 @@ pub const HEAT_DECAY: f32 = 0.8;
 
 /// Per sparse layer, a moving average of each neuron's score `|h_j| x ||down_j||`.
 pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
-    heat.iter_mut().zip(h.iter().zip(down_norm)).for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
+    heat.iter_mut()
+        .zip(h.iter().zip(down_norm))
+        .for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
 }
 
 /// What [`score_and_plan`] carries from token to token for one sparse layer: `[n_ff]` moving
@@ -157,7 +175,17 @@ impl LayerScoring {
 /// missing slots (those of the coolest rows). Returns the kept neurons (ascending) and their
 /// loads (sorted by neuron).
 #[allow(clippy::too_many_arguments)]
-pub fn score_and_plan(scorer: &GateUpScorer, layer: usize, xn: &[f32], k: usize, resident_bonus: f32, map: &mut SlotMap, state: &mut LayerScoring, tick: u64, h: &mut [f32]) -> (Vec<u32>, Vec<Load>) {
+pub fn score_and_plan(
+    scorer: &GateUpScorer,
+    layer: usize,
+    xn: &[f32],
+    k: usize,
+    resident_bonus: f32,
+    map: &mut SlotMap,
+    state: &mut LayerScoring,
+    tick: u64,
+    h: &mut [f32],
+) -> (Vec<u32>, Vec<Load>) {
     let norm = scorer.file.layer_down_norm(layer);
     scorer.activations(layer, xn, h);
     let kept = scorer.keep(layer, h, k, &map.slot_of, resident_bonus);
@@ -218,9 +246,27 @@ impl ScoredSparsity {
         let n = layers.len();
         let down_t = match shape {
             None => DownRows::F16(down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read(l, j)?.down_t))?),
-            Some(sh) => DownRows::Blocks(sh, down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read_blocks(l, j)?.down))?),
+            Some(sh) => DownRows::Blocks(
+                sh,
+                down_rows_per_layer(layers, c.intermediate_size, |l, j| Ok(rf.read_blocks(l, j)?.down))?,
+            ),
         };
-        let mut s = ScoredSparsity { scorer, down_t, dense_prefix: m.sparsity.default_dense_from(), keep: 0, resident_bonus: SCORER_RESIDENT_BONUS, slots: 0, resident: Vec::with_capacity(n), scoring: Vec::new(), ticks: vec![0; n], tokens: 0, kept: 0, loaded: 0, needed: 0, single_token: false };
+        let mut s = ScoredSparsity {
+            scorer,
+            down_t,
+            dense_prefix: m.sparsity.default_dense_from(),
+            keep: 0,
+            resident_bonus: SCORER_RESIDENT_BONUS,
+            slots: 0,
+            resident: Vec::with_capacity(n),
+            scoring: Vec::new(),
+            ticks: vec![0; n],
+            tokens: 0,
+            kept: 0,
+            loaded: 0,
+            needed: 0,
+            single_token: false,
+        };
         s.set_keep_share(1.0);
         Ok(s)
     }
@@ -269,7 +315,17 @@ impl MlpHook for ScoredSparsity {
         let mut h = vec![0f32; n_ff];
         for (x, o) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             self.ticks[li] += 1;
-            let (needed, loads) = score_and_plan(&self.scorer, layer, x, self.keep, self.resident_bonus, &mut self.resident[li], &mut self.scoring[li], self.ticks[li], &mut h);
+            let (needed, loads) = score_and_plan(
+                &self.scorer,
+                layer,
+                x,
+                self.keep,
+                self.resident_bonus,
+                &mut self.resident[li],
+                &mut self.scoring[li],
+                self.ticks[li],
+                &mut h,
+            );
             self.loaded += loads.len() as u64;
             self.needed += needed.len() as u64;
             // every row in memory counts: those held before (slot order), then the loaded ones

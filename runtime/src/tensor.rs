@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 enum F16Data {
     /// Bytes `byte_offset .. byte_offset + rows*cols*2` of a mapped file (2-byte aligned).
-    Mapped { map: Arc<Mmap>, byte_offset: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        byte_offset: usize,
+    },
     Owned(Vec<f16>),
 }
 
@@ -86,7 +89,12 @@ impl QMatrix {
         let data = if (map.as_ptr() as usize + byte_offset).is_multiple_of(2) {
             BlockData::Mapped { map, byte_offset }
         } else {
-            BlockData::Owned(map[byte_offset..byte_offset + n_bytes].chunks_exact(2).map(|b| u16::from_ne_bytes([b[0], b[1]])).collect())
+            BlockData::Owned(
+                map[byte_offset..byte_offset + n_bytes]
+                    .chunks_exact(2)
+                    .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                    .collect(),
+            )
         };
         QMatrix { ty, rows, cols, row_bytes, data }
     }

@@ -22,7 +22,11 @@ impl Tokenizer {
         let n = inner.get_vocab_size(true);
         let max_id = inner.get_vocab(true).values().copied().max().unwrap_or(0) as usize;
         if n > model_vocab || max_id >= model_vocab {
-            return Err(RuntimeError::VocabMismatch { path: path.to_path_buf(), tokenizer_vocab: n.max(max_id + 1), model_vocab });
+            return Err(RuntimeError::VocabMismatch {
+                path: path.to_path_buf(),
+                tokenizer_vocab: n.max(max_id + 1),
+                model_vocab,
+            });
         }
         let probe = inner
             .encode("a", true)
@@ -53,7 +57,11 @@ impl Tokenizer {
     /// The id of a special added token (`<|im_end|>`, `</s>`), None when the vocabulary has no
     /// such special token.
     pub fn special_token_id(&self, text: &str) -> Option<u32> {
-        self.inner.get_added_tokens_decoder().into_iter().find(|(_, t)| t.special && t.content == text).map(|(id, _)| id)
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, t)| t.special && t.content == text)
+            .map(|(id, _)| id)
     }
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {

@@ -91,7 +91,14 @@ fn make_file(c: &Cli) -> Result<()> {
         for n in 0..c.neurons {
             let o = rng.gen_range(0..61) * c.d_model;
             let rows = &pool[o..o + 3 * c.d_model];
-            encode_record(layer as u32, n as u32, &rows[..c.d_model], &rows[c.d_model..2 * c.d_model], &rows[2 * c.d_model..], &mut rec);
+            encode_record(
+                layer as u32,
+                n as u32,
+                &rows[..c.d_model],
+                &rows[c.d_model..2 * c.d_model],
+                &rows[2 * c.d_model..],
+                &mut rec,
+            );
             w.write_all(&rec)?;
         }
         pb.inc(1);
@@ -103,7 +110,12 @@ fn make_file(c: &Cli) -> Result<()> {
 }
 
 fn drop_caches() -> bool {
-    std::process::Command::new("sh").arg("-c").arg("sync; echo 3 > /proc/sys/vm/drop_caches").status().map(|s| s.success()).unwrap_or(false)
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg("sync; echo 3 > /proc/sys/vm/drop_caches")
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 /// Per layer, per token: the active set (K_max neurons, `reuse` of them kept from the last token).
@@ -155,9 +167,24 @@ struct EngineRun {
     first_token_ms: f64,
 }
 
-fn run_engine(c: &Cli, sets: &[Vec<Vec<u32>>], max_gap: usize, registered: bool, qd: usize, variant: &str) -> Result<EngineRun> {
+fn run_engine(
+    c: &Cli,
+    sets: &[Vec<Vec<u32>>],
+    max_gap: usize,
+    registered: bool,
+    qd: usize,
+    variant: &str,
+) -> Result<EngineRun> {
     let rb = record_bytes(c.d_model);
-    let mut reader = RecordReader::open(&c.file, &ReaderOptions { queue_depth: qd, force_pread: false, staging_bytes: c.staging_mib << 20, register_staging: registered })?;
+    let mut reader = RecordReader::open(
+        &c.file,
+        &ReaderOptions {
+            queue_depth: qd,
+            force_pread: false,
+            staging_bytes: c.staging_mib << 20,
+            register_staging: registered,
+        },
+    )?;
     if let Some(f) = &reader.fallback {
         bail!("{}: {f}: the benchmark needs io_uring and O_DIRECT", c.file.display());
     }
@@ -166,7 +193,8 @@ fn run_engine(c: &Cli, sets: &[Vec<Vec<u32>>], max_gap: usize, registered: bool,
     // reused by every layer (the copy costs the same; the contents are not read back)
     let mut slots = AlignedBuf::new(c.k_max * rb);
     let max_records = (1 << 20) / rb;
-    let (mut steady_ms, mut steady_bytes, mut steady_needed, mut steady_req, mut first_ms) = (0.0, 0u64, 0u64, 0u64, 0.0);
+    let (mut steady_ms, mut steady_bytes, mut steady_needed, mut steady_req, mut first_ms) =
+        (0.0, 0u64, 0u64, 0u64, 0.0);
     drop_caches();
     for (t, token) in sets.iter().enumerate() {
         let t0 = Instant::now();
@@ -181,7 +209,14 @@ fn run_engine(c: &Cli, sets: &[Vec<Vec<u32>>], max_gap: usize, registered: bool,
                 let mut batch = Vec::new();
                 let mut used = 0;
                 while g < groups.len() && used + groups[g].count * rb <= reader.staging_len() {
-                    batch.push((g, Run { offset: record_offset(0, c.neurons, rb, l, groups[g].first as usize), bytes: groups[g].count * rb, staging_offset: used }));
+                    batch.push((
+                        g,
+                        Run {
+                            offset: record_offset(0, c.neurons, rb, l, groups[g].first as usize),
+                            bytes: groups[g].count * rb,
+                            staging_offset: used,
+                        },
+                    ));
                     used += groups[g].count * rb;
                     g += 1;
                 }
@@ -239,9 +274,19 @@ fn run_fio(c: &Cli, bs: usize, qd: usize) -> Result<FioRun> {
     drop_caches();
     let out = std::process::Command::new("fio")
         .args([
-            "--name=bench-io", &format!("--filename={}", c.file.display()), "--rw=randread", &format!("--bs={bs}"), "--direct=1",
-            "--ioengine=io_uring", &format!("--iodepth={qd}"), &format!("--runtime={}", c.fio_seconds), "--time_based", "--output-format=json",
-            "--numjobs=1", "--norandommap", "--randrepeat=0",
+            "--name=bench-io",
+            &format!("--filename={}", c.file.display()),
+            "--rw=randread",
+            &format!("--bs={bs}"),
+            "--direct=1",
+            "--ioengine=io_uring",
+            &format!("--iodepth={qd}"),
+            &format!("--runtime={}", c.fio_seconds),
+            "--time_based",
+            "--output-format=json",
+            "--numjobs=1",
+            "--norandommap",
+            "--randrepeat=0",
         ])
         .output()
         .context("running fio (Debian package fio; `make bench-io` installs it)")?;
@@ -250,7 +295,12 @@ fn run_fio(c: &Cli, bs: usize, qd: usize) -> Result<FioRun> {
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON output")?;
     let r = &v["jobs"][0]["read"];
-    Ok(FioRun { block_bytes: bs, queue_depth: qd, read_gb_per_s: r["bw_bytes"].as_f64().unwrap_or(0.0) / 1e9, iops: r["iops"].as_f64().unwrap_or(0.0) })
+    Ok(FioRun {
+        block_bytes: bs,
+        queue_depth: qd,
+        read_gb_per_s: r["bw_bytes"].as_f64().unwrap_or(0.0) / 1e9,
+        iops: r["iops"].as_f64().unwrap_or(0.0),
+    })
 }
 
 fn main() -> Result<()> {
@@ -277,7 +327,10 @@ fn main() -> Result<()> {
     }
     let base = &runs[0];
     let fio_ms = base.bytes_needed_per_token / (fio.read_gb_per_s * 1e9) * 1e3;
-    println!("fio randread {} B, QD {}: {:.2} GB/s ({:.0} IOPS); 1 MiB QD 64: {:.2} GB/s", rb, c.queue_depth, fio.read_gb_per_s, fio.iops, fio_large.read_gb_per_s);
+    println!(
+        "fio randread {} B, QD {}: {:.2} GB/s ({:.0} IOPS); 1 MiB QD 64: {:.2} GB/s",
+        rb, c.queue_depth, fio.read_gb_per_s, fio.iops, fio_large.read_gb_per_s
+    );
     println!("{:<46} {:>9} {:>9} {:>12} {:>10}", "path", "GB/s", "x fio", "ms/token", "x fio ms");
     for r in &runs {
         println!(
@@ -289,7 +342,10 @@ fn main() -> Result<()> {
             fio_ms / r.io_ms_per_token
         );
     }
-    println!("fio at the same request size would move one token's delta ({:.1} MB) in {fio_ms:.1} ms", base.bytes_needed_per_token / 1e6);
+    println!(
+        "fio at the same request size would move one token's delta ({:.1} MB) in {fio_ms:.1} ms",
+        base.bytes_needed_per_token / 1e6
+    );
     let json = serde_json::json!({
         "shape": {"layers": c.layers, "neurons": c.neurons, "d_model": c.d_model, "record_bytes": rb, "file_bytes": c.layers * c.neurons * rb},
         "workload": {"k_max": c.k_max, "reuse": c.reuse, "tokens": c.tokens, "slots_per_layer": c.k_max},

@@ -67,7 +67,9 @@ fn main() {
     let mut rows = Vec::new();
     let mut report = |name: &str, (s, bytes): (f64, usize), own: Option<f64>| {
         let line = match own {
-            Some(o) => format!("{name}: candle {:.1} GB/s, ours {:.1} GB/s ({:.1}x)", gbs(bytes, s), gbs(bytes, o), s / o),
+            Some(o) => {
+                format!("{name}: candle {:.1} GB/s, ours {:.1} GB/s ({:.1}x)", gbs(bytes, s), gbs(bytes, o), s / o)
+            }
             None => format!("{name}: candle {:.1} GB/s", gbs(bytes, s)),
         };
         println!("{line}");
@@ -101,7 +103,13 @@ fn main() {
         let t = Instant::now();
         pool.install(|| {
             for _ in 0..REPS {
-                down_sum::down_sum_blocks(ty, &ids, |k, _| coef[k], |id| &blocks[id as usize * rb..(id as usize + 1) * rb], &mut out);
+                down_sum::down_sum_blocks(
+                    ty,
+                    &ids,
+                    |k, _| coef[k],
+                    |id| &blocks[id as usize * rb..(id as usize + 1) * rb],
+                    &mut out,
+                );
             }
         });
         let sec = t.elapsed().as_secs_f64() / REPS as f64;
@@ -109,11 +117,19 @@ fn main() {
         if ty == GgmlType::Q8_0 {
             q8_s = sec;
         }
-        println!("down sum {}: {:.2} ms per {ROWS} rows ({:.1} GB/s of rows, {:.2}x Q8_0's time, {rb} bytes a row)", ty.name(), sec * 1e3, gbs(blocks.len(), sec), sec / q8_s);
+        println!(
+            "down sum {}: {:.2} ms per {ROWS} rows ({:.1} GB/s of rows, {:.2}x Q8_0's time, {rb} bytes a row)",
+            ty.name(),
+            sec * 1e3,
+            gbs(blocks.len(), sec),
+            sec / q8_s
+        );
         down.push(serde_json::json!({"type": ty.name(), "ms": sec * 1e3, "row_bytes": rb, "time_vs_q8_0": sec / q8_s}));
     }
-    let out = serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows, "down_sum": down});
+    let out =
+        serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows, "down_sum": down});
     std::fs::create_dir_all("bench/results").ok();
-    std::fs::write("bench/results/kernels.json", serde_json::to_string_pretty(&out).unwrap()).expect("write bench/results/kernels.json");
+    std::fs::write("bench/results/kernels.json", serde_json::to_string_pretty(&out).unwrap())
+        .expect("write bench/results/kernels.json");
     println!("-> bench/results/kernels.json");
 }

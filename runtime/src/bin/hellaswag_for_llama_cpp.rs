@@ -13,7 +13,8 @@ fn main() -> Result<()> {
     let [data, n, out] = args.as_slice() else {
         bail!("usage: hellaswag-for-llama-cpp <arrow file or dir> <N> <out.txt>");
     };
-    let n: usize = n.parse().ok().filter(|&n| n > 0).with_context(|| format!("'{n}': expected a positive item count"))?;
+    let n: usize =
+        n.parse().ok().filter(|&n| n > 0).with_context(|| format!("'{n}': expected a positive item count"))?;
     let file = runtime::eval::hellaswag_file(&PathBuf::from(data))?;
     let items = runtime::eval::load_hellaswag(&file, Some(n))?;
     if items.len() < n {
@@ -24,10 +25,15 @@ fn main() -> Result<()> {
         if it.choices.len() != 4 {
             bail!("{}: item {i} has {} endings; llama.cpp's format takes 4", file.display(), it.choices.len());
         }
-        let lines = std::iter::once(it.context.clone()).chain(std::iter::once(it.gold.to_string())).chain(it.choices.iter().cloned());
+        let lines = std::iter::once(it.context.clone())
+            .chain(std::iter::once(it.gold.to_string()))
+            .chain(it.choices.iter().cloned());
         for l in lines {
             if l.contains('\n') {
-                bail!("{}: item {i} has a line break inside a field; llama.cpp's format is one field per line", file.display());
+                bail!(
+                    "{}: item {i} has a line break inside a field; llama.cpp's format is one field per line",
+                    file.display()
+                );
             }
             text.push_str(&l);
             text.push('\n');

@@ -121,19 +121,46 @@ impl Experiment {
                 anyhow::bail!("--experiment {key} given twice");
             }
             let bad = |what: &str| anyhow::anyhow!("--experiment {item}: expected {what}");
-            let positive = |what: &str| -> Result<usize> { value.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| bad(what)) };
+            let positive = |what: &str| -> Result<usize> {
+                value.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| bad(what))
+            };
             match key {
-                "set-rule" => e.set_rule = Some(value.parse().map_err(|m: String| anyhow::anyhow!("--experiment {item}: {m}"))?),
-                "neuron-rank" => e.neuron_rank = Some(<NeuronRank as clap::ValueEnum>::from_str(value, false).map_err(|_| bad("importance or membership"))?),
-                "resident-bonus" => e.resident_bonus = Some(value.parse::<f32>().ok().filter(|v| v.is_finite() && *v >= 1.0).ok_or_else(|| bad("a factor >= 1"))?),
-                "slot-share" => e.slot_share = Some(value.parse::<f64>().ok().filter(|v| *v > 0.0 && *v <= 1.0).ok_or_else(|| bad("a share of n_ff in (0, 1]"))?),
+                "set-rule" => {
+                    e.set_rule = Some(value.parse().map_err(|m: String| anyhow::anyhow!("--experiment {item}: {m}"))?)
+                }
+                "neuron-rank" => {
+                    e.neuron_rank = Some(
+                        <NeuronRank as clap::ValueEnum>::from_str(value, false)
+                            .map_err(|_| bad("importance or membership"))?,
+                    )
+                }
+                "resident-bonus" => {
+                    e.resident_bonus = Some(
+                        value
+                            .parse::<f32>()
+                            .ok()
+                            .filter(|v| v.is_finite() && *v >= 1.0)
+                            .ok_or_else(|| bad("a factor >= 1"))?,
+                    )
+                }
+                "slot-share" => {
+                    e.slot_share = Some(
+                        value
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|v| *v > 0.0 && *v <= 1.0)
+                            .ok_or_else(|| bad("a share of n_ff in (0, 1]"))?,
+                    )
+                }
                 "single-token" if value.is_empty() => e.single_token = true,
-                "head" => e.head = Some(match value {
-                    "q8" => runtime::HeadChoice::Q8,
-                    "compact" => runtime::HeadChoice::Compact,
-                    "resident" | "f16" => runtime::HeadChoice::Resident,
-                    _ => return Err(bad("q8, compact or resident")),
-                }),
+                "head" => {
+                    e.head = Some(match value {
+                        "q8" => runtime::HeadChoice::Q8,
+                        "compact" => runtime::HeadChoice::Compact,
+                        "resident" | "f16" => runtime::HeadChoice::Resident,
+                        _ => return Err(bad("q8, compact or resident")),
+                    })
+                }
                 "pread" if value.is_empty() => e.pread = true,
                 "max-run-bytes" => e.max_run_bytes = Some(positive("a positive byte count")?),
                 "queue-depth" => e.queue_depth = Some(positive("a depth in 1..=4096")?),
@@ -173,7 +200,14 @@ impl ModeArgs {
             // a model directory runs dense in memory: a streaming flag would silently do nothing
             // (--dense-prefix also says where oracle masks start)
             let prefix = self.dense_prefix.is_some() && x.oracle_thresholds.is_none();
-            let streaming = self.mem_budget.is_some() || self.in_memory || prefix || self.set_scale.is_some() || matches!(self.strategy, Strategy::Predictor | Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch);
+            let streaming = self.mem_budget.is_some()
+                || self.in_memory
+                || prefix
+                || self.set_scale.is_some()
+                || matches!(
+                    self.strategy,
+                    Strategy::Predictor | Strategy::Scorer | Strategy::Layers | Strategy::Gate | Strategy::Sketch
+                );
             if streaming && model.is_dir() {
                 anyhow::bail!("{}: a model directory runs dense, in memory; --mem-budget, --in-memory, --strategy, --dense-prefix and --set-scale need a prepared model's manifest.toml (make prepare)", model.display());
             }
@@ -198,7 +232,13 @@ impl ModeArgs {
             if self.in_memory || self.dense_prefix.is_some() || self.set_scale.is_some() {
                 anyhow::bail!("--strategy dense runs every layer dense with every row held: it takes no --in-memory, --dense-prefix or --set-scale");
             }
-            if x.set_rule.is_some() || x.neuron_rank.is_some() || x.resident_bonus.is_some() || x.slot_share.is_some() || x.single_token || x.oracle_thresholds.is_some() {
+            if x.set_rule.is_some()
+                || x.neuron_rank.is_some()
+                || x.resident_bonus.is_some()
+                || x.slot_share.is_some()
+                || x.single_token
+                || x.oracle_thresholds.is_some()
+            {
                 anyhow::bail!("--experiment set-rule, neuron-rank, resident-bonus, slot-share, single-token and oracle-thresholds choose sparse sets: --strategy dense has none");
             }
             if self.mem_budget.is_none() && !self.engine {
@@ -219,7 +259,9 @@ impl ModeArgs {
             anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
         }
         let selector = if scorer {
-            SelectorChoice::Scorer { resident_bonus: x.resident_bonus.unwrap_or(runtime::scorer::SCORER_RESIDENT_BONUS) }
+            SelectorChoice::Scorer {
+                resident_bonus: x.resident_bonus.unwrap_or(runtime::scorer::SCORER_RESIDENT_BONUS),
+            }
         } else if strategy == Strategy::Gate {
             SelectorChoice::Gate
         } else if strategy == Strategy::Sketch {
@@ -229,7 +271,10 @@ impl ModeArgs {
         } else if layers {
             SelectorChoice::Layers
         } else {
-            SelectorChoice::Predictor { rule: x.set_rule.unwrap_or_default(), neuron_rank: x.neuron_rank.unwrap_or_default() }
+            SelectorChoice::Predictor {
+                rule: x.set_rule.unwrap_or_default(),
+                neuron_rank: x.neuron_rank.unwrap_or_default(),
+            }
         };
         let set_scale = self.set_scale.unwrap_or(if scorer || layers { SCORER_SET_SCALE } else { 1.0 });
         // each strategy's default head (runtime::stream::auto::default_head), unless -X head= says
@@ -242,8 +287,20 @@ impl ModeArgs {
                 anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
-            let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Layer(manifest.sparsity.dense_prefix) } else { DensePrefix::Default });
-            let s = runtime::InMemorySettings { selector, dense_prefix, set_scale, slot_share: x.slot_share, head, single_token: x.single_token, oracle_ranking: layer_oracle };
+            let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers {
+                DensePrefix::Layer(manifest.sparsity.dense_prefix)
+            } else {
+                DensePrefix::Default
+            });
+            let s = runtime::InMemorySettings {
+                selector,
+                dense_prefix,
+                set_scale,
+                slot_share: x.slot_share,
+                head,
+                single_token: x.single_token,
+                oracle_ranking: layer_oracle,
+            };
             return Ok((PreparedMode::InMemory(s), x, notes));
         }
         if x.set_rule == Some(SetRule::Oracle) {
@@ -263,13 +320,17 @@ impl ModeArgs {
         if let Some(q) = x.queue_depth {
             io.queue_depth = q;
         }
-        let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
-        let mut s = StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head, io, record_sets: false };
+        let dense_prefix =
+            self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
+        let mut s =
+            StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head, io, record_sets: false };
         if self.strategy == Strategy::Auto && mem_budget_bytes.is_some() && (scorer || layers) {
             if let Some((choice, head, note)) = runtime::stream::auto::choose(model, &manifest, &s, x.head)? {
                 s.selector = match choice {
                     SelectorChoice::Scorer { .. } => selector,
-                    _ if x.resident_bonus.is_some() => anyhow::bail!("--experiment resident-bonus is the scorer's, and {}", note.unwrap_or_default()),
+                    _ if x.resident_bonus.is_some() => {
+                        anyhow::bail!("--experiment resident-bonus is the scorer's, and {}", note.unwrap_or_default())
+                    }
                     c => c,
                 };
                 s.head = head;
@@ -593,7 +654,9 @@ fn pool_threads(threads: Option<usize>) -> std::result::Result<usize, String> {
     match threads {
         None => Ok(0),
         Some(0) => Err("--threads 0: expected at least 1".into()),
-        Some(t) if t > 4 * cores => Err(format!("--threads {t}: this machine has {cores} cores (at most {} threads)", 4 * cores)),
+        Some(t) if t > 4 * cores => {
+            Err(format!("--threads {t}: this machine has {cores} cores (at most {} threads)", 4 * cores))
+        }
         Some(t) => Ok(t),
     }
 }
@@ -611,7 +674,13 @@ fn main() {
     }
     let no_experiment = Vec::new();
     let experiment = match &cli.command {
-        Command::Run { mode, .. } | Command::Perplexity { mode, .. } | Command::Eval { mode, .. } | Command::Bench { mode, .. } | Command::Chat { mode, .. } | Command::Serve { mode, .. } | Command::Plan { mode, .. } => &mode.experiment,
+        Command::Run { mode, .. }
+        | Command::Perplexity { mode, .. }
+        | Command::Eval { mode, .. }
+        | Command::Bench { mode, .. }
+        | Command::Chat { mode, .. }
+        | Command::Serve { mode, .. }
+        | Command::Plan { mode, .. } => &mode.experiment,
         Command::ProbeStorage { .. } => &no_experiment,
     };
     if experiment.iter().any(|x| x == "help") {
@@ -619,7 +688,13 @@ fn main() {
         return;
     }
     let threads = match &cli.command {
-        Command::Run { threads, .. } | Command::Perplexity { threads, .. } | Command::Eval { threads, .. } | Command::Bench { threads, .. } | Command::Chat { threads, .. } | Command::Serve { threads, .. } | Command::ProbeStorage { threads, .. } => *threads,
+        Command::Run { threads, .. }
+        | Command::Perplexity { threads, .. }
+        | Command::Eval { threads, .. }
+        | Command::Bench { threads, .. }
+        | Command::Chat { threads, .. }
+        | Command::Serve { threads, .. }
+        | Command::ProbeStorage { threads, .. } => *threads,
         Command::Plan { .. } => None,
     };
     let n = match pool_threads(threads) {
@@ -657,7 +732,8 @@ fn run(cli: Cli) -> Result<()> {
             let prompt = match chat {
                 false => prompt,
                 true => {
-                    let t = runtime::chat_template_at(&model)?.ok_or_else(|| anyhow::anyhow!("{}", no_template(&model)))?;
+                    let t =
+                        runtime::chat_template_at(&model)?.ok_or_else(|| anyhow::anyhow!("{}", no_template(&model)))?;
                     t.render(&[runtime::chat::ChatMessage::new("user", &prompt)], true)?
                 }
             };
@@ -704,7 +780,12 @@ fn run(cli: Cli) -> Result<()> {
                     }
                     let t = formats::thresholds::Thresholds::load(p)?;
                     if t.n_layers() != opened.model.config.num_hidden_layers {
-                        anyhow::bail!("{}: thresholds for {} layers, the model has {}", p.display(), t.n_layers(), opened.model.config.num_hidden_layers);
+                        anyhow::bail!(
+                            "{}: thresholds for {} layers, the model has {}",
+                            p.display(),
+                            t.n_layers(),
+                            opened.model.config.num_hidden_layers
+                        );
                     }
                     let prefix = match mode.dense_prefix {
                         None => 0,
@@ -739,7 +820,11 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 eprintln!();
                 if let Some(o) = &oracle {
-                    println!("oracle sparsity: {:.3} of sparse-layer neurons kept (layers >= {})", o.density(), o.dense_prefix);
+                    println!(
+                        "oracle sparsity: {:.3} of sparse-layer neurons kept (layers >= {})",
+                        o.density(),
+                        o.dense_prefix
+                    );
                 }
                 print_sparsity(opened.sparsity.as_mut(), n_ff);
                 println!(
@@ -767,7 +852,10 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 eprintln!();
                 print_sparsity(opened.sparsity.as_mut(), n_ff);
-                println!("{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s", r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds);
+                println!(
+                    "{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s",
+                    r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds
+                );
             }
         }
         Command::Chat { model, system, n, temp, top_p, seed, ctx, mode, threads: _ } => {
@@ -776,7 +864,8 @@ fn run(cli: Cli) -> Result<()> {
                 anyhow::bail!("-n 0: nothing to generate");
             }
             let (mut opened, _) = open(&model, &mode, ctx)?;
-            let template = runtime::chat_template(&model, &opened)?.ok_or_else(|| anyhow::anyhow!("{}", no_template(&model)))?;
+            let template =
+                runtime::chat_template(&model, &opened)?.ok_or_else(|| anyhow::anyhow!("{}", no_template(&model)))?;
             chat(&mut opened, &template, system, n, ctx, Sampler::new(temp, top_p, seed))?;
         }
         Command::Serve { model, host, port, api_key, queue, ctx, mode, threads: _ } => {
@@ -798,15 +887,24 @@ fn run(cli: Cli) -> Result<()> {
                 Some(m) => m.model_name.clone(),
                 None => model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()),
             };
-            let config = runtime::serve::ServeConfig { addr: std::net::SocketAddr::new(host, port), queue_capacity: queue, api_key, model_name };
+            let config = runtime::serve::ServeConfig {
+                addr: std::net::SocketAddr::new(host, port),
+                queue_capacity: queue,
+                api_key,
+                model_name,
+            };
             runtime::serve::serve(opened, template, no_template(&model), ctx, config, |addr| {
-                eprintln!("listening on http://{addr} (OpenAI API at http://{addr}/v1; context {ctx} tokens, queue {queue})");
+                eprintln!(
+                    "listening on http://{addr} (OpenAI API at http://{addr}/v1; context {ctx} tokens, queue {queue})"
+                );
             })?;
         }
         Command::Plan { manifest, shape, device, reuse, gguf, ctx, mode, json } => match (manifest, shape) {
             (Some(m), None) => plan(&m, device, reuse, &gguf, ctx, &mode, json)?,
             (None, Some(s)) => plan_shape(&s, device, reuse, ctx, &mode, json)?,
-            _ => anyhow::bail!("runtime plan needs a manifest.toml or --shape {}", runtime::plan::KNOWN_SHAPES.join("|")),
+            _ => {
+                anyhow::bail!("runtime plan needs a manifest.toml or --shape {}", runtime::plan::KNOWN_SHAPES.join("|"))
+            }
         },
         Command::ProbeStorage { file, model, manifest, block_bytes, queue_depths, seconds, out, name, threads: _ } => {
             probe_storage(file, model, &manifest, &block_bytes, &queue_depths, seconds, &out, name)?;
@@ -829,7 +927,9 @@ fn run(cli: Cli) -> Result<()> {
             let (mut opened, _) = open(&manifest, &mode, ctx)?;
             let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
             if prompt_tokens + n > ctx {
-                return Err(runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into());
+                return Err(
+                    runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into()
+                );
             }
             let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
             let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a streamed mode") };
@@ -837,7 +937,10 @@ fn run(cli: Cli) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
-                println!("decode {:.2} tok/s ({} tokens after a {}-token prompt; prefill {:.1} tok/s)", r.decode_tok_per_s, r.generated_tokens, r.prompt_tokens, r.prefill_tok_per_s);
+                println!(
+                    "decode {:.2} tok/s ({} tokens after a {}-token prompt; prefill {:.1} tok/s)",
+                    r.decode_tok_per_s, r.generated_tokens, r.prompt_tokens, r.prefill_tok_per_s
+                );
                 println!(
                     "per token: {:.1} KiB read in {:.1} requests, {:.0} of {:.0} rows read (reuse {:.3}); I/O wait {:.2} ms, compute {:.2} ms, predictor {:.2} ms",
                     r.bytes_read_per_token / 1024.0, r.requests_per_token, r.rows_read_per_token, r.rows_needed_per_token, r.reuse_ratio,
@@ -845,8 +948,12 @@ fn run(cli: Cli) -> Result<()> {
                 );
                 println!(
                     "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); {}",
-                    r.read_bandwidth_bytes_per_s / 1048576.0, r.io_path, r.peak_rss_bytes as f64 / 1048576.0,
-                    r.planned_bytes as f64 / 1048576.0, r.minimum_budget_bytes as f64 / 1048576.0, operating_point(&r.set_rule, r.dense_prefix, r.set_scale)
+                    r.read_bandwidth_bytes_per_s / 1048576.0,
+                    r.io_path,
+                    r.peak_rss_bytes as f64 / 1048576.0,
+                    r.planned_bytes as f64 / 1048576.0,
+                    r.minimum_budget_bytes as f64 / 1048576.0,
+                    operating_point(&r.set_rule, r.dense_prefix, r.set_scale)
                 );
             }
         }
@@ -859,7 +966,10 @@ fn run(cli: Cli) -> Result<()> {
 fn operating_point(rule: &str, dense_prefix: usize, set_scale: f64) -> String {
     match rule {
         "dense" => "every layer dense".into(),
-        _ => format!("layers {dense_prefix}.. sparse, {rule} sets of {set_scale:.2} x {}", if matches!(rule, "scorer" | "sketch" | "gate" | "layers") { "n_ff" } else { "K_max" }),
+        _ => format!(
+            "layers {dense_prefix}.. sparse, {rule} sets of {set_scale:.2} x {}",
+            if matches!(rule, "scorer" | "sketch" | "gate" | "layers") { "n_ff" } else { "K_max" }
+        ),
     }
 }
 
@@ -879,7 +989,14 @@ fn no_template(model: &Path) -> String {
 
 /// The terminal chat: one line per user message; the session keeps the conversation's KV cache,
 /// so each turn computes only its new tokens.
-fn chat(opened: &mut runtime::Opened, template: &runtime::chat::ChatTemplate, system: Option<String>, n: usize, ctx: usize, mut sampler: Sampler) -> Result<()> {
+fn chat(
+    opened: &mut runtime::Opened,
+    template: &runtime::chat::ChatTemplate,
+    system: Option<String>,
+    n: usize,
+    ctx: usize,
+    mut sampler: Sampler,
+) -> Result<()> {
     use runtime::chat::ChatMessage;
     use runtime::generate::{Continuation, Session};
     use std::io::{BufRead, IsTerminal};
@@ -916,10 +1033,19 @@ fn chat(opened: &mut runtime::Opened, template: &runtime::chat::ChatTemplate, sy
         let ids = tok.encode(&prompt, false)?;
         if ids.len() >= ctx {
             messages.pop();
-            eprintln!("the conversation is {} tokens and the context holds {ctx} (--ctx): /reset to start over", ids.len());
+            eprintln!(
+                "the conversation is {} tokens and the context holds {ctx} (--ctx): /reset to start over",
+                ids.len()
+            );
             continue;
         }
-        let c = Continuation { prompt_ids: &ids, max_new_tokens: n.min(ctx - ids.len()), end_ids: &end_ids, mask: &[], stop: &[] };
+        let c = Continuation {
+            prompt_ids: &ids,
+            max_new_tokens: n.min(ctx - ids.len()),
+            end_ids: &end_ids,
+            mask: &[],
+            stop: &[],
+        };
         let mut stdout = std::io::stdout();
         let r = session.generate(&mut runner, tok, &c, &mut sampler, |piece| {
             let _ = stdout.write_all(piece.as_bytes());
@@ -941,7 +1067,16 @@ fn chat(opened: &mut runtime::Opened, template: &runtime::chat::ChatTemplate, sy
 }
 
 #[allow(clippy::too_many_arguments)]
-fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[PathBuf], block_bytes: &[u64], depths: &[u32], seconds: f64, out: &Path, name: Option<String>) -> Result<()> {
+fn probe_storage(
+    file: Option<PathBuf>,
+    model: Option<PathBuf>,
+    manifests: &[PathBuf],
+    block_bytes: &[u64],
+    depths: &[u32],
+    seconds: f64,
+    out: &Path,
+    name: Option<String>,
+) -> Result<()> {
     use formats::device::{DeviceFile, ReadRate};
     if !(seconds > 0.0 && seconds.is_finite()) {
         anyhow::bail!("--seconds {seconds}: expected a positive duration");
@@ -954,7 +1089,9 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
     let path = file.unwrap_or_else(|| PathBuf::from("probe-storage.bin"));
     if scratch {
         eprintln!("writing a 1 GiB scratch file {} ...", path.display());
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?);
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+        );
         let mut x = 0x2545f4914f6cdd1du64;
         let mut chunk = vec![0u8; 1 << 20];
         for _ in 0..1024 {
@@ -972,11 +1109,18 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
     let mut reads = Vec::new();
     let result = (|| -> Result<()> {
         let warmed = runtime::probe::warm(&path, 4 << 30)?;
-        eprintln!("read {:.0} MiB of {} once first (a virtual disk serves what its host has cached faster)", warmed as f64 / 1048576.0, path.display());
+        eprintln!(
+            "read {:.0} MiB of {} once first (a virtual disk serves what its host has cached faster)",
+            warmed as f64 / 1048576.0,
+            path.display()
+        );
         for &b in block_bytes {
             for &q in depths {
                 let iops = runtime::probe::read_iops(&path, b, q, seconds, b ^ q as u64)?;
-                eprintln!("reads of {b} B at queue depth {q}: {iops:.0} IOPS, {:.1} MiB/s", iops * b as f64 / 1048576.0);
+                eprintln!(
+                    "reads of {b} B at queue depth {q}: {iops:.0} IOPS, {:.1} MiB/s",
+                    iops * b as f64 / 1048576.0
+                );
                 reads.push(ReadRate { block_bytes: b, queue_depth: q, iops: iops.round() });
             }
         }
@@ -991,7 +1135,11 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
     let (decode, how) = match &model {
         Some(m) => {
             let (bytes_per_s, tok_per_s) = runtime::probe::decode_bytes_per_s(m, 16)?;
-            eprintln!("dense decode of {}: {tok_per_s:.1} tok/s, {:.1} GB/s of weights", m.display(), bytes_per_s / 1e9);
+            eprintln!(
+                "dense decode of {}: {tok_per_s:.1} tok/s, {:.1} GB/s of weights",
+                m.display(),
+                bytes_per_s / 1e9
+            );
             (bytes_per_s, format!("decode_bytes_per_s from the dense decode of {} ({tok_per_s:.1} tok/s)", m.display()))
         }
         None => (bw * 0.5, "decode_bytes_per_s estimated as half the memory bandwidth (no --model given)".to_string()),
@@ -1003,27 +1151,55 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
         // each strategy --strategy auto may run: its compute differs (the whole-record ones
         // compute every held row's h from its record)
         // (dense first: every preparation runs it, auto's choice where the whole model fits)
-        let strategies: Vec<Strategy> = [(Strategy::Dense, "records"), (Strategy::Scorer, "scorer"), (Strategy::Sketch, runtime::layer_predictor::SKETCH_ROLE), (Strategy::Gate, "scorer"), (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE)]
-            .into_iter()
-            .filter(|(_, role)| has(role))
-            .map(|(s, _)| s)
-            .collect();
+        let strategies: Vec<Strategy> = [
+            (Strategy::Dense, "records"),
+            (Strategy::Scorer, "scorer"),
+            (Strategy::Sketch, runtime::layer_predictor::SKETCH_ROLE),
+            (Strategy::Gate, "scorer"),
+            (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE),
+        ]
+        .into_iter()
+        .filter(|(_, role)| has(role))
+        .map(|(s, _)| s)
+        .collect();
         for strategy in if strategies.len() == 1 { vec![Strategy::Dense, Strategy::Predictor] } else { strategies } {
             // every row held (compute alone), then at 5% over the minimum (what each row read
             // costs the compute thread: landing it in its slot, beyond the read itself)
             let bench_at = |budget: Option<u64>| -> Result<(runtime::bench::BenchReport, u64, f64, String)> {
-                let mode = ModeArgs { mem_budget: budget.map(|b| b.to_string()), strategy, engine: true, ..Default::default() };
+                let mode = ModeArgs {
+                    mem_budget: budget.map(|b| b.to_string()),
+                    strategy,
+                    engine: true,
+                    ..Default::default()
+                };
                 let (pm, _, _) = mode.mode(m, 512)?;
                 let mut opened = runtime::open_with(m, &pm, false)?;
                 let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
-                let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a manifest streams by default") };
-                let r = runtime::bench::bench(model, tokenizer, engine, "The history of the printing press begins in the fifteenth century, when", 24)?;
-                Ok((r, engine.plan.minimum_bytes, runtime::plan::memory_bytes_per_token(&engine.plan, &engine.rule()) as f64, engine.rule().to_string()))
+                let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else {
+                    unreachable!("a manifest streams by default")
+                };
+                let r = runtime::bench::bench(
+                    model,
+                    tokenizer,
+                    engine,
+                    "The history of the printing press begins in the fifteenth century, when",
+                    24,
+                )?;
+                Ok((
+                    r,
+                    engine.plan.minimum_bytes,
+                    runtime::plan::memory_bytes_per_token(&engine.plan, &engine.rule()) as f64,
+                    engine.rule().to_string(),
+                ))
             };
             let (all, minimum, memory_bytes, selector) = bench_at(None)?;
             let compute_s = (1.0 / all.decode_tok_per_s - all.io_wait_ms_per_token / 1e3).max(1e-6);
             // (a dense run reads no row)
-            let (tight, ..) = if strategy == Strategy::Dense { (all.clone(), 0, 0.0, String::new()) } else { bench_at(Some(minimum + minimum / 20))? };
+            let (tight, ..) = if strategy == Strategy::Dense {
+                (all.clone(), 0, 0.0, String::new())
+            } else {
+                bench_at(Some(minimum + minimum / 20))?
+            };
             let tight_compute_s = 1.0 / tight.decode_tok_per_s - tight.io_wait_ms_per_token / 1e3;
             let landed_row_s = ((tight_compute_s - compute_s) / tight.rows_read_per_token.max(1.0)).max(0.0);
             eprintln!(
@@ -1036,12 +1212,23 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
                 tight.rows_read_per_token,
                 landed_row_s * 1e6
             );
-            models.push(formats::device::ModelCompute { model: mf.model_name.clone(), selector, compute_s_per_token: compute_s, memory_bytes_per_token: memory_bytes, landed_row_s });
+            models.push(formats::device::ModelCompute {
+                model: mf.model_name.clone(),
+                selector,
+                compute_s_per_token: compute_s,
+                memory_bytes_per_token: memory_bytes,
+                landed_row_s,
+            });
         }
     }
     let d = DeviceFile {
         name: name.unwrap_or_else(|| "this machine".into()),
-        source: format!("measured by runtime probe-storage on {} with {} pool threads; reads from {}; {how}", std::env::consts::ARCH, rayon::current_num_threads(), path.display()),
+        source: format!(
+            "measured by runtime probe-storage on {} with {} pool threads; reads from {}; {how}",
+            std::env::consts::ARCH,
+            rayon::current_num_threads(),
+            path.display()
+        ),
         threads: rayon::current_num_threads(),
         memory_bandwidth_bytes_per_s: bw.round(),
         decode_bytes_per_s: decode.round(),
@@ -1057,16 +1244,32 @@ fn probe_storage(file: Option<PathBuf>, model: Option<PathBuf>, manifests: &[Pat
 fn load_device(device: Option<PathBuf>) -> Result<(PathBuf, formats::device::DeviceFile)> {
     let device_path = device.unwrap_or_else(|| PathBuf::from("devices/this-machine.toml"));
     if !device_path.is_file() {
-        anyhow::bail!("{}: no device file (runtime probe-storage measures this machine into one; devices/ ships some)", device_path.display());
+        anyhow::bail!(
+            "{}: no device file (runtime probe-storage measures this machine into one; devices/ ships some)",
+            device_path.display()
+        );
     }
     let dev = formats::device::DeviceFile::load(&device_path)?;
     Ok((device_path, dev))
 }
 
 /// A known shape on a device: one budget, or the frontier over fractions of its F16 size.
-fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
-    let k = runtime::plan::known_shape(name).ok_or_else(|| anyhow::anyhow!("--shape {name}: expected one of {}", runtime::plan::KNOWN_SHAPES.join(", ")))?;
-    if mode.in_memory || mode.dense_prefix.is_some() || mode.set_scale.is_some() || !matches!(mode.strategy, Strategy::Auto | Strategy::Scorer) || !mode.experiment.is_empty() {
+fn plan_shape(
+    name: &str,
+    device: Option<PathBuf>,
+    reuse: Option<f64>,
+    ctx: usize,
+    mode: &ModeArgs,
+    json: bool,
+) -> Result<()> {
+    let k = runtime::plan::known_shape(name)
+        .ok_or_else(|| anyhow::anyhow!("--shape {name}: expected one of {}", runtime::plan::KNOWN_SHAPES.join(", ")))?;
+    if mode.in_memory
+        || mode.dense_prefix.is_some()
+        || mode.set_scale.is_some()
+        || !matches!(mode.strategy, Strategy::Auto | Strategy::Scorer)
+        || !mode.experiment.is_empty()
+    {
         anyhow::bail!("--shape plans what auto runs (dense where the model fits, else the scorer at --dense-prefix fit with sets of 0.25 x n_ff): it takes only --mem-budget");
     }
     let (device_path, dev) = load_device(device)?;
@@ -1078,14 +1281,43 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
     let kv = runtime::stream::budget::kv_cache_bytes(&k.config, ctx);
     let mut rows = Vec::new();
     for b in budgets {
-        let settings = StreamSettings { mem_budget_bytes: b, ctx, dense_prefix: DensePrefix::Fit, set_scale: SCORER_SET_SCALE, selector: SelectorChoice::Scorer { resident_bonus: runtime::scorer::SCORER_RESIDENT_BONUS }, ..Default::default() };
+        let settings = StreamSettings {
+            mem_budget_bytes: b,
+            ctx,
+            dense_prefix: DensePrefix::Fit,
+            set_scale: SCORER_SET_SCALE,
+            selector: SelectorChoice::Scorer { resident_bonus: runtime::scorer::SCORER_RESIDENT_BONUS },
+            ..Default::default()
+        };
         let ours = match runtime::plan::shape_plan(&k, &settings) {
-            Ok((p, rule, span, embed_row)) => Ok(runtime::plan::predict_plan(&p, rule, span, k.name, k.config.intermediate_size, embed_row, &dev, reuse.map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Given))),
+            Ok((p, rule, span, embed_row)) => Ok(runtime::plan::predict_plan(
+                &p,
+                rule,
+                span,
+                k.name,
+                k.config.intermediate_size,
+                embed_row,
+                &dev,
+                reuse.map_or(runtime::plan::Reuse::Assumed, runtime::plan::Reuse::Given),
+            )),
             Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(minimum),
             Err(e) => return Err(e.into()),
         };
-        let llama: Vec<(&str, runtime::plan::LlamaCppPrediction)> =
-            k.ggufs.iter().map(|(q, bytes)| (*q, runtime::plan::predict_llama_cpp(&runtime::plan::LlamaCppFile::of_shape(&k.config, q, *bytes), kv, b, &dev))).collect();
+        let llama: Vec<(&str, runtime::plan::LlamaCppPrediction)> = k
+            .ggufs
+            .iter()
+            .map(|(q, bytes)| {
+                (
+                    *q,
+                    runtime::plan::predict_llama_cpp(
+                        &runtime::plan::LlamaCppFile::of_shape(&k.config, q, *bytes),
+                        kv,
+                        b,
+                        &dev,
+                    ),
+                )
+            })
+            .collect();
         rows.push((b, ours, llama));
     }
     if json {
@@ -1104,7 +1336,12 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
     }
     println!("{} on {} ({}), predicted decode tok/s; ctx {ctx}; ours: auto on a native Q4_K_M preparation (dense where it fits, else the scorer)", k.name, dev.name, device_path.display());
     let quants: Vec<&str> = k.ggufs.iter().map(|g| g.0).collect();
-    println!("{:>18} | {:>22} | {}", "budget", "ours", quants.iter().map(|q| format!("{q:>14}")).collect::<Vec<_>>().join(" "));
+    println!(
+        "{:>18} | {:>22} | {}",
+        "budget",
+        "ours",
+        quants.iter().map(|q| format!("{q:>14}")).collect::<Vec<_>>().join(" ")
+    );
     for (b, ours, llama) in &rows {
         let b = b.unwrap_or(0);
         let ours = match ours {
@@ -1112,14 +1349,30 @@ fn plan_shape(name: &str, device: Option<PathBuf>, reuse: Option<f64>, ctx: usiz
             Ok(p) => format!("{:.2} (reuse {:.2})", p.predicted_tok_per_s, p.reuse),
             Err(m) => format!("needs {:.1} GB", *m as f64 / 1e9),
         };
-        let ll: Vec<String> = llama.iter().map(|(_, l)| format!("{:>13.2}{}", l.predicted_tok_per_s, if l.fits { " " } else { "*" })).collect();
-        println!("{:>8.2} GB ({:>3.0}%) | {ours:>22} | {}", b as f64 / 1e9, 100.0 * b as f64 / f16 as f64, ll.join(" "));
+        let ll: Vec<String> = llama
+            .iter()
+            .map(|(_, l)| format!("{:>13.2}{}", l.predicted_tok_per_s, if l.fits { " " } else { "*" }))
+            .collect();
+        println!(
+            "{:>8.2} GB ({:>3.0}%) | {ours:>22} | {}",
+            b as f64 / 1e9,
+            100.0 * b as f64 / f16 as f64,
+            ll.join(" ")
+        );
     }
     println!("(* the GGUF does not fit: llama.cpp re-reads what the page cache cannot hold. Reuse is the floor held / n_ff unless --reuse is given.)");
     Ok(())
 }
 
-fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[PathBuf], ctx: usize, mode: &ModeArgs, json: bool) -> Result<()> {
+fn plan(
+    manifest: &Path,
+    device: Option<PathBuf>,
+    reuse: Option<f64>,
+    ggufs: &[PathBuf],
+    ctx: usize,
+    mode: &ModeArgs,
+    json: bool,
+) -> Result<()> {
     if !manifest.is_file() {
         anyhow::bail!("{}: runtime plan needs a prepared model's manifest.toml", manifest.display());
     }
@@ -1133,7 +1386,15 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let mut llama = Vec::new();
     for g in ggufs {
         let file = runtime::plan::LlamaCppFile::open(g)?;
-        llama.push((g.display().to_string(), runtime::plan::predict_llama_cpp(&file, runtime::stream::budget::kv_cache_bytes(&mf.model, ctx), budget, &dev)));
+        llama.push((
+            g.display().to_string(),
+            runtime::plan::predict_llama_cpp(
+                &file,
+                runtime::stream::budget::kv_cache_bytes(&mf.model, ctx),
+                budget,
+                &dev,
+            ),
+        ));
     }
     let llama_json = || llama.iter().map(|(g, l)| serde_json::json!({"gguf": g, "prediction": l})).collect::<Vec<_>>();
     let mib = |b: u64| b as f64 / 1048576.0;
@@ -1142,7 +1403,11 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
             println!(
                 "llama.cpp on {g} ({:.0} MiB): {} -> predicted {:.2} tok/s",
                 mib(l.file_bytes),
-                if l.fits { "fits".to_string() } else { format!("re-reads {:.0} MiB per token", mib(l.reread_bytes_per_token)) },
+                if l.fits {
+                    "fits".to_string()
+                } else {
+                    format!("re-reads {:.0} MiB per token", mib(l.reread_bytes_per_token))
+                },
                 l.predicted_tok_per_s
             );
         }
@@ -1158,10 +1423,19 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let (settings, notes, engine, head_asked) = match opened {
         Ok(o) => o,
         // below our minimum, llama.cpp's predictions are still the answer asked for
-        Err(e) if !llama.is_empty() && matches!(e.downcast_ref::<runtime::RuntimeError>(), Some(runtime::RuntimeError::BudgetTooSmall { .. })) => {
+        Err(e)
+            if !llama.is_empty()
+                && matches!(
+                    e.downcast_ref::<runtime::RuntimeError>(),
+                    Some(runtime::RuntimeError::BudgetTooSmall { .. })
+                ) =>
+        {
             let why = formats::error::display_chain(e.as_ref());
             if json {
-                println!("{}", serde_json::json!({"device": dev.name, "ours": null, "ours_refused": why, "llama_cpp": llama_json()}));
+                println!(
+                    "{}",
+                    serde_json::json!({"device": dev.name, "ours": null, "ours_refused": why, "llama_cpp": llama_json()})
+                );
             } else {
                 println!("device: {} ({})\nours: refused: {why}", dev.name, device_path.display());
                 print_llama();
@@ -1182,24 +1456,36 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     let known = reuse.map_or(prepared, runtime::plan::Reuse::Given);
     let p = runtime::plan::predict(&engine, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, known);
     // --strategy auto: every candidate at this budget, with its predicted rate
-    let candidates: Vec<(String, bool, std::result::Result<runtime::plan::Prediction, String>)> = if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
-        let cands = runtime::stream::auto::candidates(manifest, &mf, &settings, head_asked)?;
-        let runs = runtime::stream::auto::chosen(&cands);
-        cands
-            .into_iter()
-            .enumerate()
-            .map(|(i, cand)| {
-                let r = match &cand.plan {
-                    Ok(plan) => Ok(runtime::plan::predict_plan(plan, cand.name, cand.read_span_bytes, &mf.model_name, c.intermediate_size, embed_row_bytes, &dev, prepared)),
-                    Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => Err(format!("needs {:.1} MiB", *minimum as f64 / 1048576.0)),
-                    Err(e) => Err(e.to_string()),
-                };
-                (cand.label(), runs == Some(i), r)
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let candidates: Vec<(String, bool, std::result::Result<runtime::plan::Prediction, String>)> =
+        if mode.strategy == Strategy::Auto && settings.mem_budget_bytes.is_some() {
+            let cands = runtime::stream::auto::candidates(manifest, &mf, &settings, head_asked)?;
+            let runs = runtime::stream::auto::chosen(&cands);
+            cands
+                .into_iter()
+                .enumerate()
+                .map(|(i, cand)| {
+                    let r = match &cand.plan {
+                        Ok(plan) => Ok(runtime::plan::predict_plan(
+                            plan,
+                            cand.name,
+                            cand.read_span_bytes,
+                            &mf.model_name,
+                            c.intermediate_size,
+                            embed_row_bytes,
+                            &dev,
+                            prepared,
+                        )),
+                        Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => {
+                            Err(format!("needs {:.1} MiB", *minimum as f64 / 1048576.0))
+                        }
+                        Err(e) => Err(e.to_string()),
+                    };
+                    (cand.label(), runs == Some(i), r)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
     if json {
         let cands: Vec<serde_json::Value> = candidates
             .iter()
@@ -1230,7 +1516,15 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
         mib(b.a2_storage),
         mib(b.a3_memory)
     );
-    println!("reuse {:.3} ({}); {:.0} requests of {} B per token at queue depth <= {}, {:.1} us each", p.reuse, p.reuse_source, p.requests_per_token, p.read_bytes, p.queue_depth, p.request_s * 1e6);
+    println!(
+        "reuse {:.3} ({}); {:.0} requests of {} B per token at queue depth <= {}, {:.1} us each",
+        p.reuse,
+        p.reuse_source,
+        p.requests_per_token,
+        p.read_bytes,
+        p.queue_depth,
+        p.request_s * 1e6
+    );
     println!(
         "per token: compute {:.2} ms ({}), I/O {:.2} ms of which exposed {:.2} ms (windowed roofline) -> predicted {:.2} tok/s",
         p.compute_s_per_token * 1e3,
@@ -1242,11 +1536,15 @@ fn plan(manifest: &Path, device: Option<PathBuf>, reuse: Option<f64>, ggufs: &[P
     for (name, runs, r) in &candidates {
         let chosen = if *runs { "  <- runs (the best quality that fits)" } else { "" };
         match r {
-            Ok(c) => println!("auto candidate {name}: plan {:.1} MiB (minimum {:.1} MiB), predicted {:.2} tok/s{chosen}", mib(c.planned_bytes), mib(c.minimum_bytes), c.predicted_tok_per_s),
+            Ok(c) => println!(
+                "auto candidate {name}: plan {:.1} MiB (minimum {:.1} MiB), predicted {:.2} tok/s{chosen}",
+                mib(c.planned_bytes),
+                mib(c.minimum_bytes),
+                c.predicted_tok_per_s
+            ),
             Err(why) => println!("auto candidate {name}: {why}"),
         }
     }
     print_llama();
     Ok(())
 }
-

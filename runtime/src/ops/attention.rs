@@ -39,7 +39,7 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
             let qrow = |t: usize| &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
             let qs = [qrow(t0), qrow(t0 + 1.min(nt - 1)), qrow(t0 + 2.min(nt - 1)), qrow(t0 + 3.min(nt - 1))];
             let n_keys = pos0 + t0 + nt; // keys visible to the last token of the block
-            // scores: [TOKENS_PER_TASK, n_keys]
+                                         // scores: [TOKENS_PER_TASK, n_keys]
             let mut scores = vec![0f32; TOKENS_PER_TASK * n_keys];
             let mut k = vec![0f32; hd];
             for p in 0..n_keys {
@@ -91,7 +91,10 @@ mod tests {
                 let kvh = h / (s.n_heads / s.n_kv_heads);
                 let qh = &q[t * q_dim + h * hd..][..hd];
                 let mut sc: Vec<f32> = (0..=pos0 + t)
-                    .map(|p| qh.iter().zip(&k[p * kv_dim + kvh * hd..][..hd]).map(|(a, b)| a * b.to_f32()).sum::<f32>() / (hd as f32).sqrt())
+                    .map(|p| {
+                        qh.iter().zip(&k[p * kv_dim + kvh * hd..][..hd]).map(|(a, b)| a * b.to_f32()).sum::<f32>()
+                            / (hd as f32).sqrt()
+                    })
                     .collect();
                 softmax(&mut sc);
                 for (p, w) in sc.iter().enumerate() {

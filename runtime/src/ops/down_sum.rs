@@ -14,18 +14,33 @@ pub const DOWN_SUM_CHUNK: usize = 64;
 /// chunk of [`DOWN_SUM_CHUNK`] on a rayon task, the chunks' sums then added in chunk order, so
 /// the result does not depend on how the pool split the work (a reduce tree would: its
 /// rounding flips marginal neurons from run to run). `coef` gets the index into `ids` and the id.
-pub fn down_sum<'a>(ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [f16] + Sync, out: &mut [f32]) {
+pub fn down_sum<'a>(
+    ids: &[u32],
+    coef: impl Fn(usize, u32) -> f32 + Sync,
+    row: impl Fn(u32) -> &'a [f16] + Sync,
+    out: &mut [f32],
+) {
     chunked_sum(ids, |k, id, acc| axpy_f16(coef(k, id), row(id), acc), out)
 }
 
 /// [`down_sum`] over rows of GGML blocks of type `ty` (version-2 records' down rows: Q8_0,
 /// Q5_0 or Q4_K, the types `RecordShape::check` admits), in the same chunk order.
-pub fn down_sum_blocks<'a>(ty: GgmlType, ids: &[u32], coef: impl Fn(usize, u32) -> f32 + Sync, row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
+pub fn down_sum_blocks<'a>(
+    ty: GgmlType,
+    ids: &[u32],
+    coef: impl Fn(usize, u32) -> f32 + Sync,
+    row: impl Fn(u32) -> &'a [u8] + Sync,
+    out: &mut [f32],
+) {
     // one monomorphized loop per type, so each block's dequantizer inlines
     match ty {
         GgmlType::Q8_0 => chunked_sum(ids, |k, id, acc| axpy_q8_0(coef(k, id), row(id), acc), out),
         GgmlType::Q4K => chunked_sum(ids, |k, id, acc| axpy_q4_k(coef(k, id), row(id), acc), out),
-        GgmlType::Q5_0 => chunked_sum(ids, |k, id, acc| axpy_blocks::<32, 22>(ggml_quants::dequant_block_q5_0, coef(k, id), row(id), acc), out),
+        GgmlType::Q5_0 => chunked_sum(
+            ids,
+            |k, id, acc| axpy_blocks::<32, 22>(ggml_quants::dequant_block_q5_0, coef(k, id), row(id), acc),
+            out,
+        ),
         other => unreachable!("down rows of {}: RecordShape::check admits only Q8_0, Q5_0 and Q4_K", other.name()),
     }
 }
@@ -33,7 +48,12 @@ pub fn down_sum_blocks<'a>(ty: GgmlType, ids: &[u32], coef: impl Fn(usize, u32) 
 /// `y += a x row`, `row` blocks of `BE` values in `BB` bytes: each block dequantized on the
 /// stack by `dequant`, then one vector axpy.
 #[inline]
-pub fn axpy_blocks<const BE: usize, const BB: usize>(dequant: impl Fn(&[u8], &mut [f32]), a: f32, row: &[u8], y: &mut [f32]) {
+pub fn axpy_blocks<const BE: usize, const BB: usize>(
+    dequant: impl Fn(&[u8], &mut [f32]),
+    a: f32,
+    row: &[u8],
+    y: &mut [f32],
+) {
     debug_assert_eq!(row.len(), y.len() / BE * BB);
     let mut buf = [0f32; BE];
     for (b, ys) in row.chunks_exact(BB).zip(y.chunks_exact_mut(BE)) {
@@ -77,7 +97,9 @@ mod tests {
     #[test]
     fn the_same_sum_however_the_pool_splits() {
         use half::f16;
-        let rows: Vec<Vec<f16>> = (0..1000).map(|j| (0..16).map(|i| f16::from_f32(((j * 7 + i * 13) % 29) as f32 * 0.37 - 5.0)).collect()).collect();
+        let rows: Vec<Vec<f16>> = (0..1000)
+            .map(|j| (0..16).map(|i| f16::from_f32(((j * 7 + i * 13) % 29) as f32 * 0.37 - 5.0)).collect())
+            .collect();
         let ids: Vec<u32> = (0..1000).collect();
         let coef = |i: usize, _| (i as f32 * 0.013).sin();
         let sum = |threads: usize| {
@@ -100,7 +122,9 @@ mod tests {
     fn block_rows_sum_as_their_dequantized_values() {
         use formats::ggml_quants::{dequantize, quantize, GgmlType, QUANTIZABLE};
         let d = 512;
-        let rows_f32: Vec<Vec<f32>> = (0..150).map(|j| (0..d).map(|i| (((i * 31 + j * 17) % 101) as f32 / 50.0 - 1.0) * (1.0 + (j % 7) as f32)).collect()).collect();
+        let rows_f32: Vec<Vec<f32>> = (0..150)
+            .map(|j| (0..d).map(|i| (((i * 31 + j * 17) % 101) as f32 / 50.0 - 1.0) * (1.0 + (j % 7) as f32)).collect())
+            .collect();
         let ids: Vec<u32> = (0..150).rev().step_by(2).collect();
         let coef = |i: usize, id: u32| ((i as f32) * 0.37 + id as f32 * 0.01).cos();
         for ty in QUANTIZABLE {
@@ -125,7 +149,8 @@ mod tests {
     fn sums_every_row_times_its_coefficient() {
         use half::f16;
         // 130 rows of width 3: row j = [j, 1, -j]; coefficient 0.5 for even indices, 2 for odd
-        let rows: Vec<Vec<f16>> = (0..130).map(|j| vec![f16::from_f32(j as f32), f16::ONE, f16::from_f32(-(j as f32))]).collect();
+        let rows: Vec<Vec<f16>> =
+            (0..130).map(|j| vec![f16::from_f32(j as f32), f16::ONE, f16::from_f32(-(j as f32))]).collect();
         let ids: Vec<u32> = (0..130).rev().collect();
         let coef = |i: usize, _id: u32| if i.is_multiple_of(2) { 0.5 } else { 2.0 };
         let mut out = [0f32; 3];

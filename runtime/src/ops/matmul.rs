@@ -42,7 +42,8 @@ pub fn matvec_many(x: &[f32], ws: &[&Matrix], outs: &mut [&mut [f32]]) {
     if let Some(f16s) = ws.iter().map(|w| w.as_f16()).collect::<Option<Vec<_>>>() {
         return matvec_many_f16(x, &f16s, outs);
     }
-    let quants: Option<Vec<&QMatrix>> = ws.iter().map(|w| if let Matrix::Quant(q) = w { Some(q) } else { None }).collect();
+    let quants: Option<Vec<&QMatrix>> =
+        ws.iter().map(|w| if let Matrix::Quant(q) = w { Some(q) } else { None }).collect();
     match quants {
         Some(qs) => {
             let mut acts: Vec<(ActivationType, QActivation)> = Vec::new();
@@ -52,7 +53,8 @@ pub fn matvec_many(x: &[f32], ws: &[&Matrix], outs: &mut [&mut [f32]]) {
                     acts.push((at, QActivation::quantize(at, x)));
                 }
             }
-            let xs: Vec<&QActivation> = qs.iter().map(|q| &acts.iter().find(|(a, _)| *a == activation_of(q)).unwrap().1).collect();
+            let xs: Vec<&QActivation> =
+                qs.iter().map(|q| &acts.iter().find(|(a, _)| *a == activation_of(q)).unwrap().1).collect();
             qmatmul::qmatvec_many(&qs, &xs, outs);
         }
         None => ws.iter().zip(outs.iter_mut()).for_each(|(w, o)| matmul(x, 1, w, o)),
@@ -137,7 +139,11 @@ pub fn matvec_many_f16(x: &[f32], ws: &[&F16Matrix], outs: &mut [&mut [f32]]) {
 /// Several matrix-vector products as one list of tasks: (matrix, block of its output, the
 /// block's first row), `rows_per_task` rows each; `rows(m)` is matrix m's row count, which its
 /// output must have.
-pub(crate) fn row_block_tasks<'a>(outs: &'a mut [&mut [f32]], rows: impl Fn(usize) -> usize, rows_per_task: usize) -> Vec<(usize, &'a mut [f32], usize)> {
+pub(crate) fn row_block_tasks<'a>(
+    outs: &'a mut [&mut [f32]],
+    rows: impl Fn(usize) -> usize,
+    rows_per_task: usize,
+) -> Vec<(usize, &'a mut [f32], usize)> {
     let mut tasks = Vec::new();
     for (m, out) in outs.iter_mut().enumerate() {
         assert_eq!(out.len(), rows(m));

@@ -43,7 +43,11 @@ pub struct BlockQ8K {
 
 pub const QK_K: usize = 256;
 
-const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34 && std::mem::size_of::<BlockQ8_1>() == 36 && std::mem::size_of::<BlockQ8K>() == 292);
+const _: () = assert!(
+    std::mem::size_of::<BlockQ8_0>() == 34
+        && std::mem::size_of::<BlockQ8_1>() == 36
+        && std::mem::size_of::<BlockQ8K>() == 292
+);
 
 /// llama.cpp's quantize_row_q8_K: scale -127 / (the value of largest magnitude), round half to
 /// even (its `nearest_int`), at most 127.
@@ -161,7 +165,10 @@ pub fn dot_q4_1_q8_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
         // SAFETY: NEON is part of the aarch64 baseline; sizes checked above.
         unsafe { neon::dot_q4_1_q8_1(row, x) }
     }
-    #[cfg(not(any(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), target_arch = "aarch64")))]
+    #[cfg(not(any(
+        all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"),
+        target_arch = "aarch64"
+    )))]
     dot_q4_1_q8_1_portable(row, x)
 }
 
@@ -178,7 +185,10 @@ pub fn dot4_q4_1_q8_1(row: &[u8], xs: [&[BlockQ8_1]; 4]) -> [f32; 4] {
         // SAFETY: as in dot_q4_1_q8_1.
         unsafe { neon::dot4_q4_1_q8_1(row, xs) }
     }
-    #[cfg(not(any(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), target_arch = "aarch64")))]
+    #[cfg(not(any(
+        all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"),
+        target_arch = "aarch64"
+    )))]
     xs.map(|x| dot_q4_1_q8_1_portable(row, x))
 }
 
@@ -194,7 +204,10 @@ pub fn dot_q5_0_q8_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
         // SAFETY: as in dot_q4_1_q8_1.
         unsafe { neon::dot_q5_0_q8_0(row, x) }
     }
-    #[cfg(not(any(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), target_arch = "aarch64")))]
+    #[cfg(not(any(
+        all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"),
+        target_arch = "aarch64"
+    )))]
     dot_q5_0_q8_0_portable(row, x)
 }
 
@@ -218,7 +231,10 @@ mod x86 {
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     fn bit_bytes(bits: u32) -> __m256i {
         // byte j of lane group j/8 holds bits 8(j/8)..; OR with all-but-bit-(j%8) masks, then test for all ones
-        let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+        );
         let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
         _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
     }
@@ -275,7 +291,8 @@ mod x86 {
             let d = f16_at(b, 0);
             let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
             // q - 16 as a signed byte: the nibble, with 0xF0 where the 5th bit is clear
-            let q = _mm256_or_si256(nibbles(&b[6..]), _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xF0_u8 as i8)));
+            let q =
+                _mm256_or_si256(nibbles(&b[6..]), _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xF0_u8 as i8)));
             // SAFETY: y.qs is 32 bytes; unaligned load.
             let qy = unsafe { _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i) };
             // |q| x (y with q's sign): unsigned x signed for maddubs
@@ -399,7 +416,10 @@ mod tests {
         let x: Vec<f32> = random_bytes(blocks * QK, 3).iter().map(|&v| v as f32 / 128.0 - 1.0).collect();
         let (x0, x1) = (quantize_q8_0(&x), quantize_q8_1(&x));
         let xq: Vec<f32> = x0.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d.to_f32())).collect();
-        for (ty, bpb, scales) in [(formats::ggml_quants::GgmlType::Q4_1, Q4_1_BYTES, 2), (formats::ggml_quants::GgmlType::Q5_0, Q5_0_BYTES, 1)] {
+        for (ty, bpb, scales) in [
+            (formats::ggml_quants::GgmlType::Q4_1, Q4_1_BYTES, 2),
+            (formats::ggml_quants::GgmlType::Q5_0, Q5_0_BYTES, 1),
+        ] {
             let row = random_blocks(blocks, bpb, scales, 9);
             let (fast, slow) = match ty {
                 formats::ggml_quants::GgmlType::Q4_1 => (dot_q4_1_q8_1(&row, &x1), dot_q4_1_q8_1_portable(&row, &x1)),
@@ -411,7 +431,11 @@ mod tests {
             let scale: f32 = w.iter().zip(&xq).map(|(a, b)| (a * b).abs()).sum();
             assert!((fast - slow).abs() <= 1e-5 * scale, "{}: simd {fast} vs portable {slow}", ty.name());
             if ty == formats::ggml_quants::GgmlType::Q4_1 {
-                assert_eq!(dot4_q4_1_q8_1(&row, [&x1, &x1, &x1, &x1]), [fast; 4], "the 4-token kernel is the 1-token one");
+                assert_eq!(
+                    dot4_q4_1_q8_1(&row, [&x1, &x1, &x1, &x1]),
+                    [fast; 4],
+                    "the 4-token kernel is the 1-token one"
+                );
             }
             // Q8_1's s is rounded to f16: the offset term m x s carries that rounding
             assert!((slow - exact).abs() <= 2e-3 * scale, "{}: {slow} vs dequantized {exact}", ty.name());

@@ -10,8 +10,8 @@
 //! Q8_0/Q8_1 activation blocks are ours (`ops::qdot`), quantized as llama.cpp's x86 build does.
 //! x: `[n_tokens, cols]` f32, w: `[rows, cols]` blocks, out: `[n_tokens, rows]` f32.
 
-use crate::tensor::QMatrix;
 use crate::ops::qdot::{self, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use crate::tensor::QMatrix;
 use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, GgmlType as Blocks};
 use formats::ggml_quants::GgmlType;
 use rayon::prelude::*;
@@ -48,7 +48,6 @@ pub fn activation_type(ty: GgmlType) -> Option<ActivationType> {
     }
 }
 
-
 impl QActivation {
     /// `x` `[cols]` (a multiple of the type's block) quantized as llama.cpp does.
     pub fn quantize(at: ActivationType, x: &[f32]) -> Self {
@@ -74,7 +73,11 @@ impl QActivation {
 /// `bytes` (whole blocks) as blocks of `T`.
 fn blocks<T: Blocks>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len().is_multiple_of(size) && (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()), "a row of {} bytes is not whole, aligned {size}-byte blocks", bytes.len());
+    assert!(
+        bytes.len().is_multiple_of(size) && (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
+        "a row of {} bytes is not whole, aligned {size}-byte blocks",
+        bytes.len()
+    );
     // SAFETY: candle's block structs are #[repr(C)] plain data (f16 scales, u8/i8 arrays), valid
     // for any bit pattern, with ggml's sizes (asserted in candle); the length and alignment
     // are checked above and the slice borrows `bytes`.
@@ -83,7 +86,10 @@ fn blocks<T: Blocks>(bytes: &[u8]) -> &[T] {
 
 /// Our Q8_0 activation blocks as candle's (the same #[repr(C)] layout, 34 bytes).
 fn as_candle_q8_0(a: &[BlockQ8_0]) -> &[ck::BlockQ8_0] {
-    const _: () = assert!(std::mem::size_of::<ck::BlockQ8_0>() == std::mem::size_of::<BlockQ8_0>() && std::mem::align_of::<ck::BlockQ8_0>() == std::mem::align_of::<BlockQ8_0>());
+    const _: () = assert!(
+        std::mem::size_of::<ck::BlockQ8_0>() == std::mem::size_of::<BlockQ8_0>()
+            && std::mem::align_of::<ck::BlockQ8_0>() == std::mem::align_of::<BlockQ8_0>()
+    );
     // SAFETY: both are #[repr(C)] { d: f16, qs: [i8; 32] } (sizes and alignments asserted);
     // the slice borrows `a`.
     unsafe { std::slice::from_raw_parts(a.as_ptr() as *const ck::BlockQ8_0, a.len()) }
@@ -91,7 +97,10 @@ fn as_candle_q8_0(a: &[BlockQ8_0]) -> &[ck::BlockQ8_0] {
 
 /// Our Q8_K activation blocks as candle's (the same #[repr(C)] layout, 292 bytes).
 fn as_candle_q8_k(a: &[BlockQ8K]) -> &[ck::BlockQ8K] {
-    const _: () = assert!(std::mem::size_of::<ck::BlockQ8K>() == std::mem::size_of::<BlockQ8K>() && std::mem::align_of::<ck::BlockQ8K>() == std::mem::align_of::<BlockQ8K>());
+    const _: () = assert!(
+        std::mem::size_of::<ck::BlockQ8K>() == std::mem::size_of::<BlockQ8K>()
+            && std::mem::align_of::<ck::BlockQ8K>() == std::mem::align_of::<BlockQ8K>()
+    );
     // SAFETY: both are #[repr(C)] { d: f32, qs: [i8; 256], bsums: [i16; 16] } (sizes and
     // alignments asserted); the slice borrows `a`.
     unsafe { std::slice::from_raw_parts(a.as_ptr() as *const ck::BlockQ8K, a.len()) }
@@ -129,13 +138,17 @@ pub fn qmatvec(w: &QMatrix, x: &QActivation, out: &mut [f32]) {
 pub fn qmatvec_bytes(ty: GgmlType, rows: &[u8], cols: usize, x: &QActivation, out: &mut [f32]) {
     let row_bytes = cols / ty.block_elements() * ty.block_bytes();
     assert_eq!(rows.len(), out.len() * row_bytes);
-    out.par_chunks_mut(DECODE_ROWS_PER_TASK).enumerate().for_each(|(b, dst)| matvec_rows(ty, rows, row_bytes, cols, x, b * DECODE_ROWS_PER_TASK, dst));
+    out.par_chunks_mut(DECODE_ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(b, dst)| matvec_rows(ty, rows, row_bytes, cols, x, b * DECODE_ROWS_PER_TASK, dst));
 }
 
 /// Several matrices against the same quantized `x` in one parallel pass (q/k/v, gate/up).
 pub fn qmatvec_many(ws: &[&QMatrix], xs: &[&QActivation], outs: &mut [&mut [f32]]) {
     let tasks = crate::ops::matmul::row_block_tasks(outs, |m| ws[m].rows, DECODE_ROWS_PER_TASK);
-    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_rows(ws[m].ty, ws[m].as_bytes(), ws[m].row_bytes, ws[m].cols, xs[m], r0, dst));
+    tasks
+        .into_par_iter()
+        .for_each(|(m, dst, r0)| matvec_rows(ws[m].ty, ws[m].as_bytes(), ws[m].row_bytes, ws[m].cols, xs[m], r0, dst));
 }
 
 /// The block type's activation rows for `x` `[n_tokens, cols]`.
@@ -164,7 +177,7 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
             let r0 = b * ROWS_PER_TASK;
             let n_rows = ROWS_PER_TASK.min(n_out - r0);
             let mut tile = vec![0f32; n_tokens * n_rows]; // [n_tokens, n_rows]
-            // tokens in groups, so a group's activations stay in cache across the rows
+                                                          // tokens in groups, so a group's activations stay in cache across the rows
             for t0 in (0..n_tokens).step_by(TOKENS_PER_GROUP) {
                 let group = &xs[t0..(t0 + TOKENS_PER_GROUP).min(n_tokens)];
                 for r in 0..n_rows {
@@ -254,7 +267,15 @@ mod tests {
         let (rows, cols) = (4, 1024);
         let w = random(rows * cols, 5);
         let x: Vec<f32> = random(cols, 13).iter().map(|v| v * 3.0).collect();
-        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ] {
             let m = quantized(ty, &w, rows, cols);
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let xd = xa.dequantize();
@@ -266,7 +287,11 @@ mod tests {
                 let got = dot_row(ty, m.row(r), cols, &xa) as f64;
                 // Q4_1's offset term uses Q8_1's s, rounded to f16 (as llama.cpp's)
                 let tol = if ty == GgmlType::Q4_1 { 2e-3 } else { 2e-5 };
-                assert!((got - exact).abs() <= tol * size, "{}: row {r}: {got} vs {exact} (sum |w x| {size})", ty.name());
+                assert!(
+                    (got - exact).abs() <= tol * size,
+                    "{}: row {r}: {got} vs {exact} (sum |w x| {size})",
+                    ty.name()
+                );
             }
         }
     }
@@ -276,7 +301,15 @@ mod tests {
         let (rows, cols) = (8, 512);
         let w = random(rows * cols, 7);
         let x = random(cols, 11);
-        for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ] {
             let m = quantized(ty, &w, rows, cols);
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let mut out = vec![0f32; rows];
@@ -290,7 +323,12 @@ mod tests {
                 let want: f32 = wr.iter().zip(&x).map(|(a, b)| a * b).sum();
                 let scale = (wr.iter().map(|v| v * v).sum::<f32>() * x.iter().map(|v| v * v).sum::<f32>()).sqrt();
                 // 8-bit activations: |err| <= ~|w||x| / 127 per block, far less summed at random
-                assert!((out[r] - want).abs() <= 0.01 * scale, "{}: row {r}: {} vs {want} (|w||x| {scale})", ty.name(), out[r]);
+                assert!(
+                    (out[r] - want).abs() <= 0.01 * scale,
+                    "{}: row {r}: {} vs {want} (|w||x| {scale})",
+                    ty.name(),
+                    out[r]
+                );
                 assert_eq!(out[r], out2[r], "{}: matvec and matmul differ", ty.name());
                 assert_eq!(out2[rows + r], out2[r]);
             }

@@ -4,8 +4,8 @@
 //! against an activation vector quantized to int8 per block of 32 (one f32 scale): integer dot
 //! products per block, f32 across blocks.
 
-use formats::scorer::{Q4_BLOCK, Q4_BLOCK_BYTES};
 use crate::ops::simd::{dot2_q4_q8, dot2_q4_q8_pairs, dot_q8_q8};
+use formats::scorer::{Q4_BLOCK, Q4_BLOCK_BYTES};
 use half::f16;
 use rayon::prelude::*;
 
@@ -38,7 +38,9 @@ impl Q8Vector {
             xp.reserve(xq.len());
             for pair in xq.chunks_exact(2 * Q4_BLOCK) {
                 let half = Q4_BLOCK / 2;
-                for part in [&pair[..half], &pair[Q4_BLOCK..Q4_BLOCK + half], &pair[half..Q4_BLOCK], &pair[Q4_BLOCK + half..]] {
+                for part in
+                    [&pair[..half], &pair[Q4_BLOCK..Q4_BLOCK + half], &pair[half..Q4_BLOCK], &pair[Q4_BLOCK + half..]]
+                {
                     xp.extend_from_slice(part);
                 }
             }
@@ -51,7 +53,9 @@ impl Q8Vector {
 #[inline]
 pub fn dot_q4_q8(packed: &[u8], scales: &[f16], x: &Q8Vector) -> f32 {
     let mut sum = 0f32;
-    for (((p, &s), xq), &xs) in packed.chunks_exact(Q4_BLOCK_BYTES).zip(scales).zip(x.xq.chunks_exact(Q4_BLOCK)).zip(&x.xs) {
+    for (((p, &s), xq), &xs) in
+        packed.chunks_exact(Q4_BLOCK_BYTES).zip(scales).zip(x.xq.chunks_exact(Q4_BLOCK)).zip(&x.xs)
+    {
         let p: &[u8; Q4_BLOCK_BYTES] = p.try_into().unwrap();
         let xq: &[i8; Q4_BLOCK] = xq.try_into().unwrap();
         let mut acc = 0i32;
@@ -69,7 +73,12 @@ pub fn dot_q4_q8(packed: &[u8], scales: &[f16], x: &Q8Vector) -> f32 {
 /// the AVX2 kernel of `ops::simd` where compiled, else [`dot_q4_q8`]).
 pub fn matvec_q4(packed: &[u8], scales: &[f16], d: usize, x: &Q8Vector, out: &mut [f32]) {
     let (rb, sb) = (d / 2, d / Q4_BLOCK);
-    assert!(packed.len() == out.len() * rb && scales.len() == out.len() * sb && x.xq.len() == d && out.len().is_multiple_of(2));
+    assert!(
+        packed.len() == out.len() * rb
+            && scales.len() == out.len() * sb
+            && x.xq.len() == d
+            && out.len().is_multiple_of(2)
+    );
     out.par_chunks_mut(256).enumerate().for_each(|(c, o)| {
         for (i, v) in o.chunks_exact_mut(2).enumerate() {
             let r = c * 256 + 2 * i;
@@ -121,7 +130,11 @@ mod tests {
         let mut q = vec![0i8; rows * d];
         let mut s = vec![f16::ZERO; rows * d / 32];
         for r in 0..rows {
-            formats::head_q8::quantize_q8_row(&w[r * d..(r + 1) * d], &mut q[r * d..(r + 1) * d], &mut s[r * 2..(r + 1) * 2]);
+            formats::head_q8::quantize_q8_row(
+                &w[r * d..(r + 1) * d],
+                &mut q[r * d..(r + 1) * d],
+                &mut s[r * 2..(r + 1) * 2],
+            );
         }
         let xq = Q8Vector::quantize(&x);
         let mut out = vec![0f32; rows];
@@ -150,7 +163,11 @@ mod tests {
         let mut packed = vec![0u8; rows * d / 2];
         let mut scales = vec![f16::ZERO; rows * d / 32];
         for r in 0..rows {
-            quantize_q4_row(&w[r * d..(r + 1) * d], &mut packed[r * d / 2..(r + 1) * d / 2], &mut scales[r * d / 32..(r + 1) * d / 32]);
+            quantize_q4_row(
+                &w[r * d..(r + 1) * d],
+                &mut packed[r * d / 2..(r + 1) * d / 2],
+                &mut scales[r * d / 32..(r + 1) * d / 32],
+            );
         }
         let mut out = vec![0f32; rows];
         let xq = Q8Vector::quantize(&x);
@@ -161,14 +178,19 @@ mod tests {
             if let Some((a, b)) = dot2_q4_q8(p, s, p, s, &xq.xq, &xq.xs) {
                 assert!((a - portable).abs() <= 1e-4 * portable.abs().max(1.0) && a == b, "{a} {b} {portable}");
             }
-            let (r1, s1) = (&packed[(rows - 1 - r) * d / 2..(rows - r) * d / 2], &scales[(rows - 1 - r) * d / 32..(rows - r) * d / 32]);
+            let (r1, s1) = (
+                &packed[(rows - 1 - r) * d / 2..(rows - r) * d / 2],
+                &scales[(rows - 1 - r) * d / 32..(rows - r) * d / 32],
+            );
             match dot2_q4_q8_pairs(p, s, r1, s1, &xq.xp, &xq.xs, &xq.xsum8) {
                 Some((a, b)) => {
                     let other = dot_q4_q8(r1, s1, &xq);
                     assert!((a - portable).abs() <= 1e-4 * portable.abs().max(1.0), "d {d}: {a} vs {portable}");
                     assert!((b - other).abs() <= 1e-4 * other.abs().max(1.0), "d {d}: {b} vs {other}");
                 }
-                None => assert!(d / 32 % 2 == 1 || cfg!(not(target_feature = "avx2")), "d {d}: the pair kernel should run"),
+                None => {
+                    assert!(d / 32 % 2 == 1 || cfg!(not(target_feature = "avx2")), "d {d}: the pair kernel should run")
+                }
             }
         }
         matvec_q4(&packed, &scales, d, &Q8Vector::quantize(&x), &mut out);

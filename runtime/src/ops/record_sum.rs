@@ -50,8 +50,7 @@ impl RecordRows {
             RecordRows::Blocks { shape } => Coefficients::Blocks {
                 shape,
                 x: QActivation::quantize(
-                    activation_type(shape.gate_up)
-                        .expect("record shapes are checked to have a block kernel"),
+                    activation_type(shape.gate_up).expect("record shapes are checked to have a block kernel"),
                     xn,
                 ),
             },
@@ -60,20 +59,10 @@ impl RecordRows {
 
     /// `out` `[d]` = `sum_i silu(gate_i . xn) (up_i . xn) down_i` over `ids`, `row(id)` the
     /// id's [`RecordRows::row_bytes`] bytes; returns each id's coefficient (in `ids`' order).
-    pub fn sum<'a>(
-        &self,
-        ids: &[u32],
-        row: impl Fn(u32) -> &'a [u8] + Sync,
-        xn: &[f32],
-        out: &mut [f32],
-    ) -> Vec<f32> {
+    pub fn sum<'a>(&self, ids: &[u32], row: impl Fn(u32) -> &'a [u8] + Sync, xn: &[f32], out: &mut [f32]) -> Vec<f32> {
         use rayon::prelude::*;
         let c = self.coefficients(xn);
-        let coefs: Vec<f32> = ids
-            .par_iter()
-            .with_min_len(64)
-            .map(|&id| c.of(row(id)))
-            .collect();
+        let coefs: Vec<f32> = ids.par_iter().with_min_len(64).map(|&id| c.of(row(id))).collect();
         self.down_sum(ids, &coefs, row, out);
         coefs
     }
@@ -83,8 +72,12 @@ impl RecordRows {
     pub fn down_sum<'a>(&self, ids: &[u32], coefs: &[f32], row: impl Fn(u32) -> &'a [u8] + Sync, out: &mut [f32]) {
         let coef = |k: usize, _| coefs[k];
         match *self {
-            RecordRows::F16 { d_model: d } => down_sum(ids, coef, |id| &bytemuck::cast_slice::<u8, f16>(row(id))[2 * d..], out),
-            RecordRows::Blocks { shape } => down_sum_blocks(shape.down, ids, coef, |id| &row(id)[2 * shape.gate_up_row_bytes()..], out),
+            RecordRows::F16 { d_model: d } => {
+                down_sum(ids, coef, |id| &bytemuck::cast_slice::<u8, f16>(row(id))[2 * d..], out)
+            }
+            RecordRows::Blocks { shape } => {
+                down_sum_blocks(shape.down, ids, coef, |id| &row(id)[2 * shape.gate_up_row_bytes()..], out)
+            }
         }
     }
 }
@@ -107,8 +100,7 @@ impl Coefficients<'_> {
             }
             Coefficients::Blocks { shape, x } => {
                 let (gb, d) = (shape.gate_up_row_bytes(), shape.d_model);
-                silu(dot_row(shape.gate_up, &row[..gb], d, x))
-                    * dot_row(shape.gate_up, &row[gb..2 * gb], d, x)
+                silu(dot_row(shape.gate_up, &row[..gb], d, x)) * dot_row(shape.gate_up, &row[gb..2 * gb], d, x)
             }
         }
     }

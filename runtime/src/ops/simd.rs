@@ -140,7 +140,10 @@ fn q4_k_group_factors(a: f32, b: &[u8]) -> [(f32, f32); 8] {
     })
 }
 
-#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"), allow(dead_code))]
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"),
+    allow(dead_code)
+)]
 fn portable_axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
     for (b, ys) in row.chunks_exact(144).zip(y.chunks_exact_mut(256)) {
         let f = q4_k_group_factors(a, b);
@@ -162,7 +165,13 @@ fn portable_axpy_q4_k(a: f32, row: &[u8], y: &mut [f32]) {
 pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32]) -> Option<(f32, f32)> {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
     {
-        assert!(p0.len() == p1.len() && p0.len() * 2 == xq.len() && s0.len() == xs.len() && s1.len() == xs.len() && xq.len().is_multiple_of(32));
+        assert!(
+            p0.len() == p1.len()
+                && p0.len() * 2 == xq.len()
+                && s0.len() == xs.len()
+                && s1.len() == xs.len()
+                && xq.len().is_multiple_of(32)
+        );
         // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
         // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them; the
         // lengths are checked above, and every load stays inside them.
@@ -180,13 +189,27 @@ pub fn dot2_q4_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &
 /// the 8 they are offset by comes off once per row (`sum_b scale_b x xsum8[b]`), two blocks per
 /// 256-bit step. `None` where the x86-64-v3 kernel is not compiled or the block count is odd.
 #[inline]
-pub fn dot2_q4_q8_pairs(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xp: &[i8], xs: &[f32], xsum8: &[f32]) -> Option<(f32, f32)> {
+pub fn dot2_q4_q8_pairs(
+    p0: &[u8],
+    s0: &[f16],
+    p1: &[u8],
+    s1: &[f16],
+    xp: &[i8],
+    xs: &[f32],
+    xsum8: &[f32],
+) -> Option<(f32, f32)> {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
     {
         if !xs.len().is_multiple_of(2) || xp.len() != xs.len() * 32 {
             return None;
         }
-        assert!(p0.len() == xs.len() * 16 && p1.len() == p0.len() && s0.len() == xs.len() && s1.len() == xs.len() && xsum8.len() == xs.len());
+        assert!(
+            p0.len() == xs.len() * 16
+                && p1.len() == p0.len()
+                && s0.len() == xs.len()
+                && s1.len() == xs.len()
+                && xsum8.len() == xs.len()
+        );
         // SAFETY: compiled only with AVX2, FMA and F16C enabled for the whole build (x86-64-v3);
         // the lengths are checked above and every load stays inside them.
         Some(unsafe { x86::dot2_q4_q8_pairs(p0, s0, p1, s1, xp, xs, xsum8) })
@@ -222,11 +245,26 @@ pub fn dot_q8_q8(q: &[i8], s: &[f16], xq: &[i8], xs: &[f32]) -> Option<f32> {
 /// the 1.5 they are offset by comes off once per row. `None` where the x86-64-v3 kernel is not
 /// compiled.
 #[inline]
-pub fn dot2_sketch2_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32], xsum: &[i32]) -> Option<(f32, f32)> {
+pub fn dot2_sketch2_q8(
+    p0: &[u8],
+    s0: &[f16],
+    p1: &[u8],
+    s1: &[f16],
+    xq: &[i8],
+    xs: &[f32],
+    xsum: &[i32],
+) -> Option<(f32, f32)> {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
     {
         let n = xs.len();
-        assert!(xq.len() == n * 32 && s0.len() == n && s1.len() == n && xsum.len() == n && p0.len() == n.div_ceil(4) * 32 && p1.len() == p0.len());
+        assert!(
+            xq.len() == n * 32
+                && s0.len() == n
+                && s1.len() == n
+                && xsum.len() == n
+                && p0.len() == n.div_ceil(4) * 32
+                && p1.len() == p0.len()
+        );
         // SAFETY: compiled only with AVX2, FMA and F16C enabled for the whole build (x86-64-v3);
         // the lengths are checked above and every load stays inside them.
         Some(unsafe { x86::dot2_sketch2_q8(p0, s0, p1, s1, xq, xs, xsum) })
@@ -330,7 +368,12 @@ mod x86 {
         let mut acc = [_mm256_setzero_ps(); 2];
         for b in 0..xs.len() {
             // SAFETY: q and xq hold xs.len() blocks of 32 (checked by the caller); unaligned loads.
-            let (w, x) = unsafe { (_mm256_loadu_si256(q.as_ptr().add(b * 32) as *const __m256i), _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i)) };
+            let (w, x) = unsafe {
+                (
+                    _mm256_loadu_si256(q.as_ptr().add(b * 32) as *const __m256i),
+                    _mm256_loadu_si256(xq.as_ptr().add(b * 32) as *const __m256i),
+                )
+            };
             acc[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(s[b].to_f32() * xs[b]), block_dot(w, x), acc[b & 1]);
         }
         hsum(_mm256_add_ps(acc[0], acc[1]))
@@ -372,7 +415,12 @@ mod x86 {
     fn scales8(s: &[f16], xs: &[f32], b: usize) -> __m256 {
         if b + 8 <= xs.len() {
             // SAFETY: b + 8 <= xs.len() = s.len(); unaligned loads.
-            unsafe { _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(b) as *const __m128i)), _mm256_loadu_ps(xs.as_ptr().add(b))) }
+            unsafe {
+                _mm256_mul_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().add(b) as *const __m128i)),
+                    _mm256_loadu_ps(xs.as_ptr().add(b)),
+                )
+            }
         } else {
             let mut c = [0f32; 8];
             c.iter_mut().zip(s[b..].iter().zip(&xs[b..])).for_each(|(o, (w, x))| *o = w.to_f32() * x);
@@ -392,7 +440,15 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
-    pub fn dot2_q4_q8_pairs(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xp: &[i8], xs: &[f32], xsum8: &[f32]) -> (f32, f32) {
+    pub fn dot2_q4_q8_pairs(
+        p0: &[u8],
+        s0: &[f16],
+        p1: &[u8],
+        s1: &[f16],
+        xp: &[i8],
+        xs: &[f32],
+        xsum8: &[f32],
+    ) -> (f32, f32) {
         let n = xs.len();
         let nib = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
@@ -409,7 +465,16 @@ mod x86 {
             let pairs = (n - b).min(8) / 2;
             for p in 0..pairs {
                 let bb = b + 2 * p;
-                let idx = _mm256_setr_epi32(2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1, 2 * p as i32 + 1);
+                let idx = _mm256_setr_epi32(
+                    2 * p as i32,
+                    2 * p as i32,
+                    2 * p as i32,
+                    2 * p as i32,
+                    2 * p as i32 + 1,
+                    2 * p as i32 + 1,
+                    2 * p as i32 + 1,
+                    2 * p as i32 + 1,
+                );
                 // SAFETY: blocks bb, bb + 1 < n: xp holds n x 32 bytes, p0/p1 n x 16 (checked by
                 // the caller); unaligned loads.
                 let (xlo, xhi, q0, q1) = unsafe {
@@ -435,7 +500,15 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
-    pub fn dot2_sketch2_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], xq: &[i8], xs: &[f32], xsum: &[i32]) -> (f32, f32) {
+    pub fn dot2_sketch2_q8(
+        p0: &[u8],
+        s0: &[f16],
+        p1: &[u8],
+        s1: &[f16],
+        xq: &[i8],
+        xs: &[f32],
+        xsum: &[i32],
+    ) -> (f32, f32) {
         let n = xs.len();
         // combined block scales (weight x activation), converted eight at a time
         let (mut c0, mut c1) = ([0f32; 128], [0f32; 128]);
@@ -457,7 +530,12 @@ mod x86 {
         for g in 0..n.div_ceil(4) {
             // SAFETY: group g < n.div_ceil(4): p0/p1 hold that many groups of 32 bytes (checked
             // by the caller); unaligned loads.
-            let (q0, q1) = unsafe { (_mm256_loadu_si256(p0.as_ptr().add(g * 32) as *const __m256i), _mm256_loadu_si256(p1.as_ptr().add(g * 32) as *const __m256i)) };
+            let (q0, q1) = unsafe {
+                (
+                    _mm256_loadu_si256(p0.as_ptr().add(g * 32) as *const __m256i),
+                    _mm256_loadu_si256(p1.as_ptr().add(g * 32) as *const __m256i),
+                )
+            };
             for j in 0..(n - 4 * g).min(4) {
                 let b = 4 * g + j;
                 // SAFETY: block b < n: xq holds n x 32 bytes; unaligned load.
@@ -503,7 +581,8 @@ mod x86 {
     pub fn dot_f16_f32(w: &[f16], x: &[f32]) -> f32 {
         let n = w.len().min(x.len());
         let (w, x) = (&w[..n], &x[..n]); // equal lengths let the compiler drop per-load bounds checks
-        let (mut a0, mut a1, mut a2, mut a3) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut a0, mut a1, mut a2, mut a3) =
+            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
         while i + 32 <= n {
             a0 = _mm256_fmadd_ps(load_f16x8(w, i), load_f32x8(x, i), a0);
@@ -528,7 +607,8 @@ mod x86 {
     pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
         let n = x.len().min(w0.len()).min(w1.len());
         let (w0, w1, x) = (&w0[..n], &w1[..n], &x[..n]);
-        let (mut a0, mut a1, mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut a0, mut a1, mut b0, mut b1) =
+            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
         // Rows are contiguous: the rows this call's successors read start `2n` and `3n` values
         // on. Prefetching them hides DRAM latency that the hardware prefetcher leaves exposed.
@@ -711,7 +791,9 @@ mod tests {
         use formats::ggml_quants::{dequantize, quantize, GgmlType};
         let d = 1536;
         for j in 0..40 {
-            let x: Vec<f32> = (0..d).map(|i| ((((i * 31 + j * 17) % 101) as f32 / 50.0 - 1.0) * (1.0 + (i / 37 % 9) as f32)).powi(3)).collect();
+            let x: Vec<f32> = (0..d)
+                .map(|i| ((((i * 31 + j * 17) % 101) as f32 / 50.0 - 1.0) * (1.0 + (i / 37 % 9) as f32)).powi(3))
+                .collect();
             let a = ((j as f32) * 0.37).sin() * 3.0;
             let y0: Vec<f32> = (0..d).map(|i| ((i * 7 + j) % 23) as f32 / 7.0 - 1.5).collect();
             let q4 = quantize(GgmlType::Q4K, &x).unwrap();
@@ -722,7 +804,11 @@ mod tests {
             let mut deq = vec![0f32; d];
             dequantize(GgmlType::Q4K, &q4, &mut deq);
             for ((f, y), v) in fast.iter().zip(&y0).zip(&deq) {
-                assert!((f - (y + a * v)).abs() <= 1e-4 * (1.0 + (a * v).abs() + y.abs()), "row {j}: {f} vs {}", y + a * v);
+                assert!(
+                    (f - (y + a * v)).abs() <= 1e-4 * (1.0 + (a * v).abs() + y.abs()),
+                    "row {j}: {f} vs {}",
+                    y + a * v
+                );
             }
         }
     }

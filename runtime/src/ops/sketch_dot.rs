@@ -13,9 +13,12 @@ pub fn dot_sketch_q8(packed: &[u8], scales: &[f16], bits: u32, xq: &[i8], xs: &[
     let c2 = mask as i32; // 2c
     let per_group = 8 / bits as usize;
     let mut sum = 0f32;
-    for (b, ((&s, x), (&sx, &xs_b))) in scales.iter().zip(xq.chunks_exact(SKETCH_BLOCK)).zip(xs.iter().zip(xsum)).enumerate() {
+    for (b, ((&s, x), (&sx, &xs_b))) in
+        scales.iter().zip(xq.chunks_exact(SKETCH_BLOCK)).zip(xs.iter().zip(xsum)).enumerate()
+    {
         let (g, j) = (b / per_group, b % per_group);
-        let bytes: &[u8; SKETCH_GROUP_BYTES] = packed[g * SKETCH_GROUP_BYTES..(g + 1) * SKETCH_GROUP_BYTES].try_into().unwrap();
+        let bytes: &[u8; SKETCH_GROUP_BYTES] =
+            packed[g * SKETCH_GROUP_BYTES..(g + 1) * SKETCH_GROUP_BYTES].try_into().unwrap();
         let shift = bits as usize * j;
         let mut acc = 0i32;
         for i in 0..SKETCH_BLOCK {
@@ -31,7 +34,16 @@ pub fn dot_sketch_q8(packed: &[u8], scales: &[f16], bits: u32, xq: &[i8], xs: &[
 /// else [`dot_sketch_q8`] twice.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-pub fn dot2_sketch_q8(p0: &[u8], s0: &[f16], p1: &[u8], s1: &[f16], bits: u32, xq: &[i8], xs: &[f32], xsum: &[i32]) -> (f32, f32) {
+pub fn dot2_sketch_q8(
+    p0: &[u8],
+    s0: &[f16],
+    p1: &[u8],
+    s1: &[f16],
+    bits: u32,
+    xq: &[i8],
+    xs: &[f32],
+    xsum: &[i32],
+) -> (f32, f32) {
     (bits == 2)
         .then(|| crate::ops::simd::dot2_sketch2_q8(p0, s0, p1, s1, xq, xs, xsum))
         .flatten()
@@ -63,7 +75,8 @@ mod tests {
             let mut back = vec![0f32; d];
             dequantize_sketch_row(&packed, &scales, bits, &mut back);
             // the integer kernel equals the dequantized row against the dequantized activation
-            let xd: Vec<f64> = xq_v.xq.iter().enumerate().map(|(i, &q)| q as f64 * xq_v.xs[i / SKETCH_BLOCK] as f64).collect();
+            let xd: Vec<f64> =
+                xq_v.xq.iter().enumerate().map(|(i, &q)| q as f64 * xq_v.xs[i / SKETCH_BLOCK] as f64).collect();
             let want: f64 = back.iter().zip(&xd).map(|(&w, &v)| w as f64 * v).sum();
             let got = dot_sketch_q8(&packed, &scales, bits, &xq_v.xq, &xq_v.xs, &xsum) as f64;
             let bound = 1e-5 * back.iter().zip(&xd).map(|(&w, &v)| (w as f64 * v).abs()).sum::<f64>();

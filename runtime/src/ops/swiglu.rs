@@ -6,7 +6,6 @@ pub fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
-
 /// `gate[i] <- silu(gate[i])` in place.
 pub fn silu_in_place(gate: &mut [f32]) {
     for g in gate.iter_mut() {

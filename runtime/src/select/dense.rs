@@ -24,7 +24,15 @@ impl SetSelector for DenseSelector {
 
     /// Nothing beyond the dense layers, which the plan counts as its prefix (every layer).
     fn footprint(&self, _first_layer: usize) -> Footprint {
-        Footprint { predictor_bytes: 0, centroid_bytes: 0, scorer_bytes: 0, full_sets: Vec::new(), set_unit: "n_ff", min_set_scale: 1.0, fit_tries_prefixes: false }
+        Footprint {
+            predictor_bytes: 0,
+            centroid_bytes: 0,
+            scorer_bytes: 0,
+            full_sets: Vec::new(),
+            set_unit: "n_ff",
+            min_set_scale: 1.0,
+            fit_tries_prefixes: false,
+        }
     }
 
     fn keep_layers_from(&mut self, first_layer: usize) {

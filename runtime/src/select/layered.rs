@@ -30,9 +30,7 @@ impl LayeredSelector {
         let ranker = Ranker::of_manifest(manifest_path, m, kind)?;
         let c = &m.model;
         let first = m.records.first_layer;
-        let heat = (first..c.num_hidden_layers)
-            .map(|_| HeldHeat::new(c.intermediate_size))
-            .collect();
+        let heat = (first..c.num_hidden_layers).map(|_| HeldHeat::new(c.intermediate_size)).collect();
         Ok(LayeredSelector {
             ranker,
             first_layer: first,
@@ -68,9 +66,7 @@ impl SetSelector for LayeredSelector {
 
     fn keep_layers_from(&mut self, first_layer: usize) {
         self.ranker.drop_layers_before(first_layer);
-        let drop = first_layer
-            .saturating_sub(self.first_layer)
-            .min(self.heat.len());
+        let drop = first_layer.saturating_sub(self.first_layer).min(self.heat.len());
         self.heat.drain(..drop);
         self.first_layer = first_layer.max(self.first_layer);
     }

@@ -154,7 +154,16 @@ pub trait SetSelector: Send {
     fn observe_coefficients(&mut self, _si: usize, _neurons: &[u32], _h: &[f32]) {}
 
     #[allow(clippy::too_many_arguments)]
-    fn choose_at_layer(&mut self, _si: usize, _layer: usize, _xn: &[f32], _k: usize, _map: &mut SlotMap, _tick: u64, _h: &mut [f32]) -> Option<LayerChoice> {
+    fn choose_at_layer(
+        &mut self,
+        _si: usize,
+        _layer: usize,
+        _xn: &[f32],
+        _k: usize,
+        _map: &mut SlotMap,
+        _tick: u64,
+        _h: &mut [f32],
+    ) -> Option<LayerChoice> {
         None
     }
 }

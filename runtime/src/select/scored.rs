@@ -26,7 +26,6 @@ impl ScoredSelector {
         let scoring = (0..scorer.file.n_layers).map(|_| LayerScoring::new(scorer.file.n_ff)).collect();
         Ok(ScoredSelector { scorer, scoring, resident_bonus })
     }
-
 }
 
 impl SetSelector for ScoredSelector {
@@ -49,7 +48,13 @@ impl SetSelector for ScoredSelector {
     fn footprint(&self, first_layer: usize) -> Footprint {
         let f = &self.scorer.file;
         let first = first_layer.max(f.first_layer);
-        Footprint::per_layer(first, f.first_layer + f.n_layers, f.n_ff, (f.n_bytes() / f.n_layers.max(1)) as u64, super::HeldAs::Scorer)
+        Footprint::per_layer(
+            first,
+            f.first_layer + f.n_layers,
+            f.n_ff,
+            (f.n_bytes() / f.n_layers.max(1)) as u64,
+            super::HeldAs::Scorer,
+        )
     }
 
     fn keep_layers_from(&mut self, first_layer: usize) {
@@ -58,8 +63,18 @@ impl SetSelector for ScoredSelector {
         self.scoring.drain(..drop);
     }
 
-    fn choose_at_layer(&mut self, si: usize, layer: usize, xn: &[f32], k: usize, map: &mut SlotMap, tick: u64, h: &mut [f32]) -> Option<LayerChoice> {
-        let (set, loads) = score_and_plan(&self.scorer, layer, xn, k, self.resident_bonus, map, &mut self.scoring[si], tick, h);
+    fn choose_at_layer(
+        &mut self,
+        si: usize,
+        layer: usize,
+        xn: &[f32],
+        k: usize,
+        map: &mut SlotMap,
+        tick: u64,
+        h: &mut [f32],
+    ) -> Option<LayerChoice> {
+        let (set, loads) =
+            score_and_plan(&self.scorer, layer, xn, k, self.resident_bonus, map, &mut self.scoring[si], tick, h);
         Some(LayerChoice { set, loads })
     }
 }

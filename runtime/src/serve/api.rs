@@ -20,7 +20,14 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, kind: "invalid_request_error", message: message.into(), param: param.map(str::to_string), code: None, retry_after_s: None }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: param.map(str::to_string),
+            code: None,
+            retry_after_s: None,
+        }
     }
 
     pub fn with_code(mut self, code: &'static str) -> Self {
@@ -139,7 +146,9 @@ fn positive_int(f: &Fields, name: &str) -> Result<Option<usize>, ApiError> {
 /// Parameters this server does not implement: refused when they would change the answer, so a
 /// client never gets output computed other than it asked.
 fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
-    let unsupported = |name: &str, why: &str| Err(ApiError::invalid(format!("'{name}' is not supported by this server ({why})"), Some(name)));
+    let unsupported = |name: &str, why: &str| {
+        Err(ApiError::invalid(format!("'{name}' is not supported by this server ({why})"), Some(name)))
+    };
     if let Some(n) = field(f, "n") {
         if n.as_u64() != Some(1) {
             return unsupported("n", "one choice per request");
@@ -196,7 +205,12 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
         "system" | "user" | "assistant" | "tool" => role,
         // OpenAI's newer name for system instructions
         "developer" => "system",
-        r => return Err(ApiError::invalid(format!("'{param}.role' is '{r}': expected system, user, assistant or tool"), Some(&format!("{param}.role")))),
+        r => {
+            return Err(ApiError::invalid(
+                format!("'{param}.role' is '{r}': expected system, user, assistant or tool"),
+                Some(&format!("{param}.role")),
+            ))
+        }
     };
     let content = match m.get("content") {
         Some(Value::String(s)) => s.clone(),
@@ -207,22 +221,34 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
                 let pp = format!("{param}.content[{j}]");
                 match (p.get("type").and_then(Value::as_str), p.get("text")) {
                     (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                    (Some("text"), _) => return Err(ApiError::invalid(format!("'{pp}.text' must be a string"), Some(&pp))),
-                    (Some(t), _) => return Err(ApiError::invalid(format!("'{pp}' is of type '{t}': this model reads text only"), Some(&pp))),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(format!("'{pp}.text' must be a string"), Some(&pp)))
+                    }
+                    (Some(t), _) => {
+                        return Err(ApiError::invalid(
+                            format!("'{pp}' is of type '{t}': this model reads text only"),
+                            Some(&pp),
+                        ))
+                    }
                     (None, _) => return Err(ApiError::invalid(format!("'{pp}' has no type"), Some(&pp))),
                 }
             }
             text
         }
-        Some(other) => return Err(type_error(&format!("{param}.content"), "a string or an array of text parts", other)),
-        None => return Err(ApiError::invalid(format!("'{param}.content' is missing"), Some(&format!("{param}.content")))),
+        Some(other) => {
+            return Err(type_error(&format!("{param}.content"), "a string or an array of text parts", other))
+        }
+        None => {
+            return Err(ApiError::invalid(format!("'{param}.content' is missing"), Some(&format!("{param}.content"))))
+        }
     };
     Ok(ChatMessage { role: role.to_string(), content })
 }
 
 /// Parses and checks a request body for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let Value::Object(f) = v else {
         return Err(ApiError::invalid("the body must be a JSON object", None));
     };
@@ -235,24 +261,39 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
     let input = match endpoint {
         Endpoint::Chat => {
             if f.contains_key("prompt") {
-                return Err(ApiError::invalid("'prompt' belongs to /v1/completions; chat takes 'messages'", Some("prompt")));
+                return Err(ApiError::invalid(
+                    "'prompt' belongs to /v1/completions; chat takes 'messages'",
+                    Some("prompt"),
+                ));
             }
-            let m = field(&f, "messages").ok_or_else(|| ApiError::invalid("'messages' is required", Some("messages")))?;
+            let m =
+                field(&f, "messages").ok_or_else(|| ApiError::invalid("'messages' is required", Some("messages")))?;
             let list = m.as_array().ok_or_else(|| type_error("messages", "an array", m))?;
             if list.is_empty() {
-                return Err(ApiError::invalid("'messages' is empty: a chat needs at least one message", Some("messages")));
+                return Err(ApiError::invalid(
+                    "'messages' is empty: a chat needs at least one message",
+                    Some("messages"),
+                ));
             }
             Input::Messages(list.iter().enumerate().map(|(i, v)| message(i, v)).collect::<Result<_, _>>()?)
         }
         Endpoint::Completion => {
             if f.contains_key("messages") {
-                return Err(ApiError::invalid("'messages' belongs to /v1/chat/completions; completions take 'prompt'", Some("messages")));
+                return Err(ApiError::invalid(
+                    "'messages' belongs to /v1/chat/completions; completions take 'prompt'",
+                    Some("messages"),
+                ));
             }
             let p = field(&f, "prompt").ok_or_else(|| ApiError::invalid("'prompt' is required", Some("prompt")))?;
             Input::Prompt(match p {
                 Value::String(s) => s.clone(),
                 Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
-                Value::Array(_) => return Err(ApiError::invalid("'prompt' must be one string (one prompt per request)", Some("prompt"))),
+                Value::Array(_) => {
+                    return Err(ApiError::invalid(
+                        "'prompt' must be one string (one prompt per request)",
+                        Some("prompt"),
+                    ))
+                }
                 other => return Err(type_error("prompt", "a string", other)),
             })
         }
@@ -266,14 +307,18 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) if a.len() <= 4 => a
             .iter()
-            .map(|s| s.as_str().map(str::to_string).ok_or_else(|| type_error("stop", "a string or an array of strings", s)))
+            .map(|s| {
+                s.as_str().map(str::to_string).ok_or_else(|| type_error("stop", "a string or an array of strings", s))
+            })
             .collect::<Result<_, _>>()?,
         Some(Value::Array(_)) => return Err(ApiError::invalid("'stop' has more than 4 sequences", Some("stop"))),
         Some(other) => return Err(type_error("stop", "a string or an array of strings", other)),
     };
     let seed = match field(&f, "seed") {
         None => None,
-        Some(v) => Some(v.as_i64().map(|s| s as u64).or(v.as_u64()).ok_or_else(|| type_error("seed", "an integer", v))?),
+        Some(v) => {
+            Some(v.as_i64().map(|s| s as u64).or(v.as_u64()).ok_or_else(|| type_error("seed", "an integer", v))?)
+        }
     };
     let include_usage = match field(&f, "stream_options") {
         None => false,
@@ -326,12 +371,16 @@ impl ReplyHead {
     /// The whole reply (stream false).
     pub fn complete(&self, text: &str, finish_reason: &str, usage: &Usage) -> Value {
         match self.endpoint {
-            Endpoint::Chat => json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            Endpoint::Chat => {
+                json!({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason}],
-                "usage": usage.json(), "system_fingerprint": null}),
-            Endpoint::Completion => json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "usage": usage.json(), "system_fingerprint": null})
+            }
+            Endpoint::Completion => {
+                json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}],
-                "usage": usage.json(), "system_fingerprint": null}),
+                "usage": usage.json(), "system_fingerprint": null})
+            }
         }
     }
 
@@ -347,8 +396,10 @@ impl ReplyHead {
                 json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                     "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}], "system_fingerprint": null})
             }
-            Endpoint::Completion => json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason}], "system_fingerprint": null}),
+            Endpoint::Completion => {
+                json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish_reason}], "system_fingerprint": null})
+            }
         }
     }
 
@@ -373,23 +424,39 @@ mod tests {
     fn requests_are_checked_field_by_field() {
         let r = parse(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0,"stop":"\n","stream":true,"user":"x"}"#).unwrap();
         assert!(matches!(&r.input, Input::Messages(m) if m.len() == 1 && m[0].content == "hi"));
-        assert_eq!((r.max_tokens, r.temperature, r.stop.clone(), r.stream), (Some(5), 0.0, vec!["\n".to_string()], true));
-        let r = parse(Endpoint::Chat, br#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#).unwrap();
+        assert_eq!(
+            (r.max_tokens, r.temperature, r.stop.clone(), r.stream),
+            (Some(5), 0.0, vec!["\n".to_string()], true)
+        );
+        let r = parse(
+            Endpoint::Chat,
+            br#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        )
+        .unwrap();
         assert!(matches!(&r.input, Input::Messages(m) if m[0].role == "system" && m[0].content == "ab"));
         assert_eq!((r.temperature, r.top_p, r.max_tokens), (1.0, 1.0, None));
         assert!(err(Endpoint::Chat, "{not json").contains("not valid JSON"));
         assert!(err(Endpoint::Chat, "[1]").contains("JSON object"));
         assert!(err(Endpoint::Chat, r#"{"messages":[]}"#).contains("empty"));
         assert!(err(Endpoint::Chat, r#"{"messages":"hi"}"#).contains("must be an array"));
-        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":"5"}"#).contains("'max_tokens' must be an integer, not a string"));
-        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#).contains("integer >= 1"));
-        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#).contains("[0, 2]"));
+        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":"5"}"#)
+            .contains("'max_tokens' must be an integer, not a string"));
+        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#)
+            .contains("integer >= 1"));
+        assert!(
+            err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#).contains("[0, 2]")
+        );
         assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"top_p":0}"#).contains("(0, 1]"));
-        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#).contains("boolean"));
-        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"n":2}"#).contains("'n' is not supported"));
+        assert!(
+            err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#).contains("boolean")
+        );
+        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}],"n":2}"#)
+            .contains("'n' is not supported"));
         assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"wizard","content":"x"}]}"#).contains("messages[0].role"));
-        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#).contains("text only"));
-        assert!(err(Endpoint::Chat, r#"{"model":7,"messages":[{"role":"user","content":"x"}]}"#).contains("'model' must be a string"));
+        assert!(err(Endpoint::Chat, r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#)
+            .contains("text only"));
+        assert!(err(Endpoint::Chat, r#"{"model":7,"messages":[{"role":"user","content":"x"}]}"#)
+            .contains("'model' must be a string"));
         assert!(err(Endpoint::Completion, r#"{"prompt":["a","b"]}"#).contains("one string"));
         assert!(err(Endpoint::Completion, r#"{"messages":[]}"#).contains("/v1/chat/completions"));
         assert!(err(Endpoint::Completion, r#"{"prompt":"a","stop":["1","2","3","4","5"]}"#).contains("more than 4"));

@@ -70,18 +70,39 @@ fn unix_now() -> u64 {
 /// Serves `opened` until the process is stopped. `template`: the model's chat template (None:
 /// /v1/chat/completions answers 400 naming `template_missing`). `on_listen` gets the bound
 /// address (port 0 picks a free one) before the first request is taken.
-pub fn serve(opened: crate::Opened, template: Option<ChatTemplate>, template_missing: String, ctx: usize, config: ServeConfig, on_listen: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
+pub fn serve(
+    opened: crate::Opened,
+    template: Option<ChatTemplate>,
+    template_missing: String,
+    ctx: usize,
+    config: ServeConfig,
+    on_listen: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let worker = Worker::new(opened, ctx, metrics.clone())?;
     // the admission semaphore bounds what waits here (see AppState::admitted)
     let (jobs, queue) = std::sync::mpsc::channel::<Job>();
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
-    let listener = rt.block_on(tokio::net::TcpListener::bind(config.addr)).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(config.addr))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
     let addr = listener.local_addr()?;
     let admitted = Arc::new(tokio::sync::Semaphore::new(config.queue_capacity + 1));
-    let state = Arc::new(AppState { jobs, template, template_missing, config, ctx, metrics, admitted, next_id: AtomicU64::new(1), created: unix_now() });
+    let state = Arc::new(AppState {
+        jobs,
+        template,
+        template_missing,
+        config,
+        ctx,
+        metrics,
+        admitted,
+        next_id: AtomicU64::new(1),
+        created: unix_now(),
+    });
     let app = router(state);
-    let http = std::thread::Builder::new().name("http".into()).spawn(move || rt.block_on(async move { axum::serve(listener, app).await }))?;
+    let http = std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || rt.block_on(async move { axum::serve(listener, app).await }))?;
     on_listen(addr);
     // the engine answers until the HTTP side (the last sender) is gone
     worker.run(queue);
@@ -99,17 +120,37 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
-        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics") })
-        .method_not_allowed_fallback(|| async { ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed on this endpoint") })
+        .fallback(|| async {
+            ApiError::status(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "no such endpoint: see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method not allowed on this endpoint",
+            )
+        })
         .layer(axum::middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
 
 async fn authorize(State(s): State<Arc<AppState>>, req: Request, next: axum::middleware::Next) -> Response {
     if let Some(key) = &s.config.api_key {
-        let given = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_str()) {
-            let mut e = ApiError::status(StatusCode::UNAUTHORIZED, "invalid_request_error", "a valid API key is required: send 'Authorization: Bearer <key>' (runtime serve --api-key)");
+            let mut e = ApiError::status(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "a valid API key is required: send 'Authorization: Bearer <key>' (runtime serve --api-key)",
+            );
             e.code = Some("invalid_api_key");
             return e.into_response();
         }
@@ -118,7 +159,8 @@ async fn authorize(State(s): State<Arc<AppState>>, req: Request, next: axum::mid
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
-    Json(json!({"status": "ok", "queued": s.metrics.queued.load(Relaxed), "queue_capacity": s.config.queue_capacity})).into_response()
+    Json(json!({"status": "ok", "queued": s.metrics.queued.load(Relaxed), "queue_capacity": s.config.queue_capacity}))
+        .into_response()
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Response {
@@ -141,29 +183,45 @@ async fn completions(State(s): State<Arc<AppState>>, body: Body) -> Response {
 /// 503 with Retry-After: about one request's time per waiting request.
 fn busy(s: &AppState) -> ApiError {
     s.metrics.requests_rejected.fetch_add(1, Relaxed);
-    let message = format!("the server is busy: {} requests are waiting (runtime serve --queue); retry later", s.config.queue_capacity);
+    let message = format!(
+        "the server is busy: {} requests are waiting (runtime serve --queue); retry later",
+        s.config.queue_capacity
+    );
     let mut err = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "server_error", message);
     err.code = Some("queue_full");
     let busy_s = s.metrics.busy_us.load(Relaxed) as f64 / 1e6;
     let answered: u64 = s.metrics.requests_ok.iter().map(|c| c.load(Relaxed)).sum();
-    err.retry_after_s = Some(((busy_s / answered.max(1) as f64) * s.config.queue_capacity as f64).ceil().max(1.0) as u64);
+    err.retry_after_s =
+        Some(((busy_s / answered.max(1) as f64) * s.config.queue_capacity as f64).ceil().max(1.0) as u64);
     err
 }
 
 async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
     let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s))?;
     // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| ApiError::status(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the body exceeds {MAX_BODY_BYTES} bytes")))?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+        ApiError::status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the body exceeds {MAX_BODY_BYTES} bytes"),
+        )
+    })?;
     let req = api::parse(endpoint, &bytes)?;
     // refused at the door when no prompt could fit; the engine checks prompt + max_tokens
     if let Some(m) = req.max_tokens.filter(|&m| m >= s.ctx) {
-        return Err(ApiError::invalid(format!("max_tokens {m} leaves no room for a prompt in the context of {} tokens (runtime serve --ctx)", s.ctx), Some("max_tokens")).with_code("context_length_exceeded"));
+        return Err(ApiError::invalid(
+            format!(
+                "max_tokens {m} leaves no room for a prompt in the context of {} tokens (runtime serve --ctx)",
+                s.ctx
+            ),
+            Some("max_tokens"),
+        )
+        .with_code("context_length_exceeded"));
     }
     let (prompt, add_special) = match &req.input {
         Input::Messages(m) => {
-            let t = s.template.as_ref().ok_or_else(|| ApiError::invalid(s.template_missing.clone(), Some("messages")))?;
+            let t =
+                s.template.as_ref().ok_or_else(|| ApiError::invalid(s.template_missing.clone(), Some("messages")))?;
             (t.render(m, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?, false)
         }
         Input::Prompt(p) => (p.clone(), true),
@@ -198,7 +256,13 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
     match rx.recv().await {
         Some(Event::Started) => {}
         Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine dropped the request")),
+        _ => {
+            return Err(ApiError::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "the engine dropped the request",
+            ))
+        }
     }
     if req.stream {
         return Ok(stream_reply(head, rx, req.include_usage, permit).into_response());
@@ -207,9 +271,17 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done { finish_reason, usage }) => return Ok(Json(head.complete(&text, finish_reason.as_str(), &usage)).into_response()),
+            Some(Event::Done { finish_reason, usage }) => {
+                return Ok(Json(head.complete(&text, finish_reason.as_str(), &usage)).into_response())
+            }
             Some(Event::Failed(e)) => return Err(e),
-            Some(Event::Started) | None => return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the engine dropped the request")),
+            Some(Event::Started) | None => {
+                return Err(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "the engine dropped the request",
+                ))
+            }
         }
     }
 }
@@ -217,7 +289,12 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
 /// Server-sent events: a chunk per piece of text, a last chunk with the finish reason, the
 /// usage chunk when asked, then `[DONE]`. Dropping the stream (the client went away) closes the
 /// channel, which cancels the generation.
-fn stream_reply(head: ReplyHead, rx: tokio::sync::mpsc::UnboundedReceiver<Event>, include_usage: bool, permit: tokio::sync::OwnedSemaphorePermit) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+fn stream_reply(
+    head: ReplyHead,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
     struct St {
         rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
         head: ReplyHead,

@@ -76,7 +76,11 @@ impl Worker {
         let waited_s = job.received.elapsed().as_secs_f64();
         if job.events.is_closed() {
             self.metrics.requests_cancelled[ep].fetch_add(1, Relaxed);
-            eprintln!("request {} {}: cancelled while queued ({waited_s:.2} s): the client went away", job.id, job.endpoint.name());
+            eprintln!(
+                "request {} {}: cancelled while queued ({waited_s:.2} s): the client went away",
+                job.id,
+                job.endpoint.name()
+            );
             return;
         }
         let fail = |e: ApiError| {
@@ -109,9 +113,17 @@ impl Worker {
         }
         let max_new_tokens = job.max_tokens.unwrap_or(ctx - prompt_ids.len());
         let _ = job.events.send(Event::Started);
-        let seed = job.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+        let seed = job.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        });
         let mut sampler = Sampler::new(job.temperature, job.top_p, seed);
-        let c = Continuation { prompt_ids: &prompt_ids, max_new_tokens, end_ids: &self.end_ids, mask: &[], stop: &job.stop };
+        let c = Continuation {
+            prompt_ids: &prompt_ids,
+            max_new_tokens,
+            end_ids: &self.end_ids,
+            mask: &[],
+            stop: &job.stop,
+        };
         let (mut runner, tok) = self.opened.runner_and_tokenizer();
         let events = &job.events;
         let r = self.session.generate(&mut runner, tok, &c, &mut sampler, |piece| {
@@ -123,12 +135,20 @@ impl Worker {
         });
         match r {
             Ok(rep) => {
-                let usage = Usage { prompt_tokens: rep.prompt_tokens, completion_tokens: rep.generated_tokens, cached_tokens: rep.reused_prompt_tokens };
+                let usage = Usage {
+                    prompt_tokens: rep.prompt_tokens,
+                    completion_tokens: rep.generated_tokens,
+                    cached_tokens: rep.reused_prompt_tokens,
+                };
                 let m = &self.metrics;
                 m.prompt_tokens.fetch_add(rep.prompt_tokens as u64, Relaxed);
                 m.prompt_tokens_cached.fetch_add(rep.reused_prompt_tokens as u64, Relaxed);
                 m.generated_tokens.fetch_add(rep.generated_tokens as u64, Relaxed);
-                let outcome = if rep.finish_reason == FinishReason::Cancelled { &m.requests_cancelled[ep] } else { &m.requests_ok[ep] };
+                let outcome = if rep.finish_reason == FinishReason::Cancelled {
+                    &m.requests_cancelled[ep]
+                } else {
+                    &m.requests_ok[ep]
+                };
                 outcome.fetch_add(1, Relaxed);
                 eprintln!(
                     "request {} {}{}: prompt {} tokens ({} cached, prefill {:.1} tok/s), {} generated, decode {:.1} tok/s, first text {}, queued {waited_s:.2} s, {}",
@@ -150,7 +170,11 @@ impl Worker {
             }
             Err(e) => {
                 self.metrics.requests_failed[ep].fetch_add(1, Relaxed);
-                fail(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", formats::error::display_chain(&e)));
+                fail(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    formats::error::display_chain(&e),
+                ));
             }
         }
     }

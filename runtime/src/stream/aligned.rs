@@ -17,7 +17,8 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     pub fn new(len_bytes: usize) -> Self {
-        let layout = Layout::from_size_align(len_bytes.max(DIRECT_ALIGN_BYTES), DIRECT_ALIGN_BYTES).expect("buffer size overflows");
+        let layout = Layout::from_size_align(len_bytes.max(DIRECT_ALIGN_BYTES), DIRECT_ALIGN_BYTES)
+            .expect("buffer size overflows");
         // SAFETY: the layout has a non-zero size; a null result is handled below.
         let p = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));

@@ -42,7 +42,10 @@ pub fn default_head(manifest_path: &Path, m: &Manifest, choice: SelectorChoice) 
     if choice.ranker_kind().is_some() && has(formats::head_compact::ARTIFACT_ROLE) {
         return Ok(HeadChoice::Compact);
     }
-    if matches!(choice, SelectorChoice::Predictor { .. } | SelectorChoice::Dense) || super::budget::ResidentHead::of(manifest_path, m)?.head_quantized || !has("head_q8") {
+    if matches!(choice, SelectorChoice::Predictor { .. } | SelectorChoice::Dense)
+        || super::budget::ResidentHead::of(manifest_path, m)?.head_quantized
+        || !has("head_q8")
+    {
         return Ok(HeadChoice::Resident);
     }
     Ok(HeadChoice::Q8)
@@ -67,7 +70,13 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
     let d0 = m.sparsity.dense_prefix;
     let scorer = || -> Result<Option<(u64, u64)>> {
         let Some(a) = m.artifacts.iter().find(|a| a.role == "scorer") else { return Ok(None) };
-        let (s, g) = formats::scorer::held_bytes_per_layer(&m.artifact_path(manifest_path, a), d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+        let (s, g) = formats::scorer::held_bytes_per_layer(
+            &m.artifact_path(manifest_path, a),
+            d0,
+            c.num_hidden_layers - d0,
+            c.intermediate_size,
+            c.hidden_size,
+        )?;
         Ok(Some((s as u64, g as u64)))
     };
     Ok(match name {
@@ -76,7 +85,13 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
         "sketch" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
             None => None,
             Some(a) => {
-                let per_layer = formats::sketch::held_bytes_per_layer(&m.artifact_path(manifest_path, a), d0, c.num_hidden_layers - d0, c.intermediate_size, c.hidden_size)?;
+                let per_layer = formats::sketch::held_bytes_per_layer(
+                    &m.artifact_path(manifest_path, a),
+                    d0,
+                    c.num_hidden_layers - d0,
+                    c.intermediate_size,
+                    c.hidden_size,
+                )?;
                 Some((m.records.first_layer, per_layer as u64, HeldAs::Scorer, SlotRow::GateUpDown))
             }
         },
@@ -84,8 +99,9 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
             None => None,
             Some(a) => {
                 let spec = formats::layer_predictors::read_spec(&m.artifact_path(manifest_path, a))?;
-                (spec.input == formats::layer_predictors::PredictorInput::Own)
-                    .then(|| (m.records.first_layer, spec.layer_parameters() as u64 * 2, HeldAs::Predictor, SlotRow::GateUpDown))
+                (spec.input == formats::layer_predictors::PredictorInput::Own).then(|| {
+                    (m.records.first_layer, spec.layer_parameters() as u64 * 2, HeldAs::Predictor, SlotRow::GateUpDown)
+                })
             }
         },
         _ => unreachable!("a ranking candidate's name"),
@@ -94,7 +110,11 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
 
 /// The footprint `--strategy <name>` would have (scorer, sketch, gate or layers) from its files'
 /// headers, and the rows its slots hold; None when the preparation lacks its artifact.
-pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(impl Fn(usize) -> Footprint, SlotRow)>> {
+pub fn footprint_of(
+    manifest_path: &Path,
+    m: &Manifest,
+    name: &str,
+) -> Result<Option<(impl Fn(usize) -> Footprint, SlotRow)>> {
     let (n_layers, n_ff) = (m.model.num_hidden_layers, m.model.intermediate_size);
     Ok(sizing_of(manifest_path, m, name)?.map(|(first, per_layer, held_as, slot_row)| {
         (move |l: usize| Footprint::per_layer(l.max(first), n_layers, n_ff, per_layer, held_as), slot_row)
@@ -103,7 +123,12 @@ pub fn footprint_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Op
 
 /// Every candidate the preparation has, in `auto`'s order, planned at `s`'s budget (its
 /// selector is ignored) with `head`, or each one's [`default_head`] when None.
-pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Option<HeadChoice>) -> Result<Vec<Candidate>> {
+pub fn candidates(
+    manifest_path: &Path,
+    m: &Manifest,
+    s: &StreamSettings,
+    head: Option<HeadChoice>,
+) -> Result<Vec<Candidate>> {
     let inputs = PlanInputs::of(manifest_path, m)?;
     let has_compact = m.artifacts.iter().any(|a| a.role == formats::head_compact::ARTIFACT_ROLE);
     let mut out = Vec::new();
@@ -116,11 +141,25 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
         let footprint = Sizing::of(&dense);
         let sizing = Sizing { footprint: &footprint, slot_row: crate::select::SetSelector::slot_row(&dense) };
         let head = head.unwrap_or(HeadChoice::Resident);
-        let plan = only_refused(manifest_path, "dense", MemoryPlan::for_settings(&inputs, &sizing, &StreamSettings { selector: SelectorChoice::Dense, head, ..s.clone() }))?;
-        let read_span_bytes = super::io::read_span_bytes(sizing.slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
+        let plan = only_refused(
+            manifest_path,
+            "dense",
+            MemoryPlan::for_settings(
+                &inputs,
+                &sizing,
+                &StreamSettings { selector: SelectorChoice::Dense, head, ..s.clone() },
+            ),
+        )?;
+        let read_span_bytes =
+            super::io::read_span_bytes(sizing.slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
         out.push(Candidate { name: "dense", choice: SelectorChoice::Dense, head, plan, read_span_bytes });
     }
-    for (name, choice) in [("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }), ("sketch", SelectorChoice::Sketch), ("gate", SelectorChoice::Gate), ("layers", SelectorChoice::Layers)] {
+    for (name, choice) in [
+        ("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }),
+        ("sketch", SelectorChoice::Sketch),
+        ("gate", SelectorChoice::Gate),
+        ("layers", SelectorChoice::Layers),
+    ] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
         let heads = match head {
@@ -130,10 +169,15 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
                 // the scorer again with the 4-bit head: the MiB it frees keep the scorer below
                 // its own minimum (Qwen2.5-Coder-1.5B at 25% of F16: 1.14x against the
                 // sketch's 1.25x, docs/RESULTS.md "Issue #17 (part 3)")
-                if matches!(choice, SelectorChoice::Scorer { .. }) && h != HeadChoice::Compact && has_compact { vec![h, HeadChoice::Compact] } else { vec![h] }
+                if matches!(choice, SelectorChoice::Scorer { .. }) && h != HeadChoice::Compact && has_compact {
+                    vec![h, HeadChoice::Compact]
+                } else {
+                    vec![h]
+                }
             }
         };
-        let read_span_bytes = super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
+        let read_span_bytes =
+            super::io::read_span_bytes(slot_row, inputs.shape, inputs.record_bytes, m.model.hidden_size);
         for head in heads {
             let settings = StreamSettings { selector: choice, head, ..s.clone() };
             let plan = only_refused(manifest_path, name, MemoryPlan::for_settings(&inputs, &sizing, &settings))?;
@@ -154,7 +198,9 @@ pub fn candidates(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: 
 /// naming the strategy.
 fn only_refused(manifest_path: &Path, name: &str, plan: Result<MemoryPlan>) -> Result<Result<MemoryPlan>> {
     match plan {
-        Err(e) if !matches!(e, RuntimeError::BudgetTooSmall { .. }) => Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display()))),
+        Err(e) if !matches!(e, RuntimeError::BudgetTooSmall { .. }) => {
+            Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())))
+        }
         plan => Ok(plan),
     }
 }
@@ -177,7 +223,9 @@ impl Candidate {
     /// What messages call it: the strategy, and its head where the strategy has two candidates.
     pub fn label(&self) -> String {
         match (self.choice, self.head) {
-            (SelectorChoice::Scorer { .. }, HeadChoice::Compact) => format!("{} with the {} head", self.name, self.head.label().0),
+            (SelectorChoice::Scorer { .. }, HeadChoice::Compact) => {
+                format!("{} with the {} head", self.name, self.head.label().0)
+            }
             _ => self.name.to_string(),
         }
     }
@@ -205,12 +253,21 @@ pub fn chosen(cands: &[Candidate]) -> Option<usize> {
 /// candidate whose plan fits, with a note naming the better ones that did not (None when the
 /// first fits); None when the preparation has none of them (the shared predictor runs).
 /// Refused when the budget is below every candidate's minimum.
-pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Option<HeadChoice>) -> Result<Option<(SelectorChoice, HeadChoice, Option<String>)>> {
+pub fn choose(
+    manifest_path: &Path,
+    m: &Manifest,
+    s: &StreamSettings,
+    head: Option<HeadChoice>,
+) -> Result<Option<(SelectorChoice, HeadChoice, Option<String>)>> {
     let cands = candidates(manifest_path, m, s, head)?;
     if cands.is_empty() {
         return Ok(None);
     }
-    let skipped: Vec<String> = cands.iter().take_while(|c| c.plan.is_err()).map(|c| format!("{} needs {:.0} MiB", c.label(), c.minimum_bytes() as f64 / 1048576.0)).collect();
+    let skipped: Vec<String> = cands
+        .iter()
+        .take_while(|c| c.plan.is_err())
+        .map(|c| format!("{} needs {:.0} MiB", c.label(), c.minimum_bytes() as f64 / 1048576.0))
+        .collect();
     match chosen(&cands) {
         Some(i) => {
             let c = &cands[i];
@@ -219,17 +276,29 @@ pub fn choose(manifest_path: &Path, m: &Manifest, s: &StreamSettings, head: Opti
                     let f = &cands[first];
                     Some(format!("--strategy auto runs {} with sets of {:.2} (with its default head, {} fits only with sets of {:.2})", c.label(), c.set_scale(), f.name, f.set_scale()))
                 }
-                _ => (!skipped.is_empty()).then(|| format!("--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})", c.label(), skipped.join(", "))),
+                _ => (!skipped.is_empty()).then(|| {
+                    format!(
+                        "--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})",
+                        c.label(),
+                        skipped.join(", ")
+                    )
+                }),
             };
             Ok(Some((c.choice, c.head, note)))
         }
         None => {
             let smallest = cands.iter().min_by_key(|c| c.minimum_bytes()).expect("not empty");
-            let Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) = &smallest.plan else { unreachable!("every candidate was refused") };
+            let Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) = &smallest.plan else {
+                unreachable!("every candidate was refused")
+            };
             Err(RuntimeError::BudgetTooSmall {
                 budget: *budget,
                 minimum: *minimum,
-                breakdown: format!("no strategy fits ({}); the smallest, --strategy {}: {breakdown}", skipped.join(", "), smallest.name),
+                breakdown: format!(
+                    "no strategy fits ({}); the smallest, --strategy {}: {breakdown}",
+                    skipped.join(", "),
+                    smallest.name
+                ),
             })
         }
     }

@@ -48,9 +48,16 @@ impl ResidentHead {
         let p = m.artifact_path_of(manifest_path, "resident")?;
         let f = formats::safetensors_io::MappedSafetensors::open(&p)?;
         let entry = |name: &str| f.tensors.get(name);
-        let embed = entry(formats::model_dir::EMBED_TOKENS).ok_or_else(|| formats::FormatError::MissingTensor { path: p.clone(), tensor: formats::model_dir::EMBED_TOKENS.into() })?;
+        let embed = entry(formats::model_dir::EMBED_TOKENS).ok_or_else(|| formats::FormatError::MissingTensor {
+            path: p.clone(),
+            tensor: formats::model_dir::EMBED_TOKENS.into(),
+        })?;
         let head = entry(formats::model_dir::LM_HEAD).unwrap_or(embed);
-        Ok(ResidentHead { embed_bytes: embed.byte_range.len() as u64, head_bytes: head.byte_range.len() as u64, head_quantized: head.ggml.is_some() })
+        Ok(ResidentHead {
+            embed_bytes: embed.byte_range.len() as u64,
+            head_bytes: head.byte_range.len() as u64,
+            head_quantized: head.ggml.is_some(),
+        })
     }
 }
 
@@ -95,7 +102,13 @@ impl PlanInputs {
             dense_mlp_layer_bytes: match m.artifacts.iter().find(|a| a.role == formats::dense_mlp::ARTIFACT_ROLE) {
                 Some(a) => {
                     let c = &m.model;
-                    Some(formats::dense_mlp::layer_bytes(&m.artifact_path(manifest_path, a), m.sparsity.dense_prefix, c.num_hidden_layers, c.intermediate_size, c.hidden_size)?)
+                    Some(formats::dense_mlp::layer_bytes(
+                        &m.artifact_path(manifest_path, a),
+                        m.sparsity.dense_prefix,
+                        c.num_hidden_layers,
+                        c.intermediate_size,
+                        c.hidden_size,
+                    )?)
                 }
                 None => None,
             },
@@ -205,12 +218,16 @@ impl MemoryPlan {
             let scale = pct as f64 / 100.0;
             match Self::new(inputs, sel, s, d0, scale) {
                 Ok(p) => return Ok(p),
-                Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => refusal = Some((budget, minimum, breakdown, scale)),
+                Err(RuntimeError::BudgetTooSmall { budget, minimum, breakdown }) => {
+                    refusal = Some((budget, minimum, breakdown, scale))
+                }
                 Err(e) => return Err(e),
             }
         }
         let (budget, minimum, breakdown, scale) = refusal.expect("the prefix loop runs at least once");
-        let mut also = format!("every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest --dense-prefix fit tries)");
+        let mut also = format!(
+            "every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest --dense-prefix fit tries)"
+        );
         if scale < s.set_scale {
             also += &format!("; at {:.2} x {unit}: {} MiB", s.set_scale, minimum_all_sparse >> 20);
         }
@@ -222,7 +239,13 @@ impl MemoryPlan {
 
     /// The plan with layers `dense_prefix..` sparse (the prepared prefix <= dense_prefix <= n_layers).
     /// Each sparse layer keeps `set_scale` (0 < s <= 1) of its K_max neurons per token.
-    pub fn new(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings, dense_prefix: usize, set_scale: f64) -> Result<Self> {
+    pub fn new(
+        inputs: &PlanInputs,
+        sel: &Sizing,
+        s: &StreamSettings,
+        dense_prefix: usize,
+        set_scale: f64,
+    ) -> Result<Self> {
         let fp = (sel.footprint)(dense_prefix.min(inputs.config.num_hidden_layers));
         let unit = fp.set_unit;
         if !(set_scale > 0.0 && set_scale <= 1.0) {
@@ -240,12 +263,15 @@ impl MemoryPlan {
         let own_head = s.head != crate::model::HeadChoice::Resident;
         let resident_head_bytes = if own_head { rh.head_bytes } else { 0 };
         let row_read_embedding = !c.tie_word_embeddings || own_head;
-        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes + if row_read_embedding { 4 << 20 } else { 0 };
+        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes
+            + if row_read_embedding { 4 << 20 } else { 0 };
         let head_artifact_bytes = match s.head {
             crate::model::HeadChoice::Resident => 0,
             crate::model::HeadChoice::Q8 => formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size),
             crate::model::HeadChoice::Compact => formats::head_compact::bytes_for(c.vocab_size, c.hidden_size)
-                .ok_or_else(|| RuntimeError::Input(format!("{}: d_model {} has no 4-bit head", inputs.label, c.hidden_size)))?,
+                .ok_or_else(|| {
+                    RuntimeError::Input(format!("{}: d_model {} has no 4-bit head", inputs.label, c.hidden_size))
+                })?,
         };
         let (predictor_bytes, centroid_bytes, scorer_bytes) = (fp.predictor_bytes, fp.centroid_bytes, fp.scorer_bytes);
         let kv_cache_bytes = kv_cache_bytes(c, s.ctx);
@@ -272,7 +298,15 @@ impl MemoryPlan {
             None => ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64,
         };
         let prefix_from = if inputs.dense_mlp_layer_bytes.is_some() { "the GGUF's blocks" } else { "records" };
-        let fixed = resident_bytes + head_artifact_bytes + prefix_records_bytes + predictor_bytes + centroid_bytes + scorer_bytes + kv_cache_bytes + staging_bytes as u64 + process_bytes;
+        let fixed = resident_bytes
+            + head_artifact_bytes
+            + prefix_records_bytes
+            + predictor_bytes
+            + centroid_bytes
+            + scorer_bytes
+            + kv_cache_bytes
+            + staging_bytes as u64
+            + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
@@ -338,7 +372,12 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| format!("'{s}': expected a size like 155MiB, 1.5GiB or 500MB"))?;
+    let v: f64 = num
+        .trim()
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("'{s}': expected a size like 155MiB, 1.5GiB or 500MB"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,

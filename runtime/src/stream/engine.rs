@@ -157,7 +157,16 @@ pub struct StreamSettings {
 
 impl Default for StreamSettings {
     fn default() -> Self {
-        StreamSettings { mem_budget_bytes: None, ctx: 2048, dense_prefix: DensePrefix::Default, set_scale: 1.0, selector: SelectorChoice::default(), head: crate::model::HeadChoice::Resident, io: IoSettings::default(), record_sets: false }
+        StreamSettings {
+            mem_budget_bytes: None,
+            ctx: 2048,
+            dense_prefix: DensePrefix::Default,
+            set_scale: 1.0,
+            selector: SelectorChoice::default(),
+            head: crate::model::HeadChoice::Resident,
+            io: IoSettings::default(),
+            record_sets: false,
+        }
     }
 }
 
@@ -210,7 +219,10 @@ impl std::str::FromStr for DensePrefix {
         match s {
             "fit" => Ok(DensePrefix::Fit),
             "default" => Ok(DensePrefix::Default),
-            n => n.parse().map(DensePrefix::Layer).map_err(|_| format!("'{s}': expected a layer number, 'fit' or 'default'")),
+            n => n
+                .parse()
+                .map(DensePrefix::Layer)
+                .map_err(|_| format!("'{s}': expected a layer number, 'fit' or 'default'")),
         }
     }
 }
@@ -253,7 +265,11 @@ pub struct StreamingEngine {
 impl StreamingEngine {
     /// Sizes the run (refusing a budget it cannot meet) before anything large is loaded, then
     /// allocates the slots and starts the reader thread.
-    pub fn new(manifest_path: &Path, manifest: &formats::manifest::Manifest, settings: &StreamSettings) -> Result<Self> {
+    pub fn new(
+        manifest_path: &Path,
+        manifest: &formats::manifest::Manifest,
+        settings: &StreamSettings,
+    ) -> Result<Self> {
         settings.validate()?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
@@ -265,7 +281,9 @@ impl StreamingEngine {
                 notes.extend(note);
                 Box::new(p)
             }
-            SelectorChoice::Scorer { resident_bonus } => Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?),
+            SelectorChoice::Scorer { resident_bonus } => {
+                Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?)
+            }
             SelectorChoice::Layers | SelectorChoice::Gate | SelectorChoice::Sketch => {
                 let kind = settings.selector.ranker_kind().expect("the whole-record strategies rank");
                 Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind)?)
@@ -280,10 +298,19 @@ impl StreamingEngine {
         };
         let first = plan.dense_prefix;
         let rb = manifest.records.record_bytes;
-        let len = std::fs::metadata(&records_path).map_err(|source| RuntimeError::Io { path: records_path.clone(), offset: None, source })?.len();
+        let len = std::fs::metadata(&records_path)
+            .map_err(|source| RuntimeError::Io { path: records_path.clone(), offset: None, source })?
+            .len();
         let want = (manifest.records.count * rb) as u64;
         if len < want {
-            return Err(formats::FormatError::Truncated { path: records_path.clone(), offset: len, what: format!("{} records of {rb} bytes", manifest.records.count), needed: want, file_bytes: len }.into());
+            return Err(formats::FormatError::Truncated {
+                path: records_path.clone(),
+                offset: len,
+                what: format!("{} records of {rb} bytes", manifest.records.count),
+                needed: want,
+                file_bytes: len,
+            }
+            .into());
         }
         if len > want {
             return Err(RuntimeError::Corrupt { path: records_path.clone(), offset: want, what: format!("{} bytes after the {} records of {rb} bytes the manifest describes (not this preparation's records.bin?)", len - want, manifest.records.count) });
@@ -294,19 +321,51 @@ impl StreamingEngine {
             (SlotRow::Down, Some(shape)) => RowSpan::DownSection { shape },
             (SlotRow::GateUpDown, None) => RowSpan::Record,
             (SlotRow::Down, None) => {
-                let crc32c = selector.down_row_crc32c().ok_or_else(|| RuntimeError::Input(format!("set rule {}: slots of downT rows need per-row checksums", selector.rule())))?;
+                let crc32c = selector.down_row_crc32c().ok_or_else(|| {
+                    RuntimeError::Input(format!(
+                        "set rule {}: slots of downT rows need per-row checksums",
+                        selector.rule()
+                    ))
+                })?;
                 RowSpan::DownRow { crc32c, first_layer: d0, n_ff: c.intermediate_size }
             }
         };
         selector.keep_layers_from(first);
         let read_span_bytes = super::io::read_span_bytes(selector.slot_row(), shape, rb, c.hidden_size);
-        let layers = plan.capacity.iter().map(|&cap| LayerSlots { map: SlotMap::new(c.intermediate_size, cap), buf: AlignedBuf::new(cap * plan.slot_row_bytes) }).collect();
-        let reader = RecordReader::open(&records_path, &ReaderOptions { queue_depth: settings.io.queue_depth, force_pread: settings.io.force_pread, staging_bytes: plan.staging_bytes, register_staging: true })?;
+        let layers = plan
+            .capacity
+            .iter()
+            .map(|&cap| LayerSlots {
+                map: SlotMap::new(c.intermediate_size, cap),
+                buf: AlignedBuf::new(cap * plan.slot_row_bytes),
+            })
+            .collect();
+        let reader = RecordReader::open(
+            &records_path,
+            &ReaderOptions {
+                queue_depth: settings.io.queue_depth,
+                force_pread: settings.io.force_pread,
+                staging_bytes: plan.staging_bytes,
+                register_staging: true,
+            },
+        )?;
         let fallback = reader.fallback.clone();
         let n_sparse = c.num_hidden_layers - first;
-        let io = IoThread::start(reader, manifest.records.clone(), c.hidden_size, span, settings.io.max_run_bytes, n_sparse)?;
+        let io = IoThread::start(
+            reader,
+            manifest.records.clone(),
+            c.hidden_size,
+            span,
+            settings.io.max_run_bytes,
+            n_sparse,
+        )?;
         let stats = StreamStats {
-            layers: plan.capacity.iter().enumerate().map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() }).collect(),
+            layers: plan
+                .capacity
+                .iter()
+                .enumerate()
+                .map(|(i, &cap)| LayerStreamStats { layer: first + i, capacity: cap, ..Default::default() })
+                .collect(),
             ..Default::default()
         };
         Ok(StreamingEngine {
@@ -402,7 +461,15 @@ impl StreamingEngine {
     pub fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
         let si = layer - self.dense_prefix;
         let t0 = Instant::now();
-        if let Some(choice) = self.selector.choose_at_layer(si, layer, xn, self.plan.set_sizes[si], &mut self.layers[si].map, self.tick, &mut self.h) {
+        if let Some(choice) = self.selector.choose_at_layer(
+            si,
+            layer,
+            xn,
+            self.plan.set_sizes[si],
+            &mut self.layers[si].map,
+            self.tick,
+            &mut self.h,
+        ) {
             self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
             self.stats.count_layer(si, choice.set.len(), choice.loads.len());
             if !choice.loads.is_empty() {
@@ -416,7 +483,11 @@ impl StreamingEngine {
         let (d, slot_row, h) = (self.d_model, self.selector.slot_row(), &self.h);
         // 1. the rows already held, added up while the missing ones are read
         let slots = &mut self.layers[si];
-        let held = if self.selector.every_held_row_counts() { slots.map.held_slots(&loads) } else { slots.map.held_slots_of(&self.sets[si], &loads) };
+        let held = if self.selector.every_held_row_counts() {
+            slots.map.held_slots(&loads)
+        } else {
+            slots.map.held_slots_of(&self.sets[si], &loads)
+        };
         let records = self.records;
         if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &held, out) {
             let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
@@ -437,7 +508,12 @@ impl StreamingEngine {
             let rb = self.plan.slot_row_bytes;
             if landed.rows.len() != landed.loads.len() * rb || landed.loads.len() != loads.len() {
                 landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
-                let what = format!("layer {layer}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)", landed.rows.len(), landed.loads.len(), loads.len());
+                let what = format!(
+                    "layer {layer}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)",
+                    landed.rows.len(),
+                    landed.loads.len(),
+                    loads.len()
+                );
                 self.io.recycle(landed.rows);
                 return Err(RuntimeError::Input(what));
             }
@@ -470,7 +546,16 @@ impl StreamingEngine {
 /// ([`SlotRow::Down`]: f16, or the down blocks of version-2 `records`). Whole records also give
 /// each slot's exact coefficient (in `slots`' order).
 #[allow(clippy::too_many_arguments)]
-fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, d: usize, xn: &[f32], h: &[f32], slots: &[u32], out: &mut [f32]) -> Option<Vec<f32>> {
+fn sum_slots(
+    layer: &LayerSlots,
+    slot_row: SlotRow,
+    records: RecordRows,
+    d: usize,
+    xn: &[f32],
+    h: &[f32],
+    slots: &[u32],
+    out: &mut [f32],
+) -> Option<Vec<f32>> {
     let neuron_of = &layer.map.neuron_of;
     match (slot_row, records) {
         (SlotRow::GateUpDown, _) => {
@@ -479,11 +564,22 @@ fn sum_slots(layer: &LayerSlots, slot_row: SlotRow, records: RecordRows, d: usiz
         }
         (SlotRow::Down, RecordRows::Blocks { shape }) => {
             let (bytes, rb) = (layer.buf.as_slice(), shape.down_row_bytes());
-            down_sum_blocks(shape.down, slots, |_, s| h[neuron_of[s as usize] as usize], |s| &bytes[s as usize * rb..(s as usize + 1) * rb], out);
+            down_sum_blocks(
+                shape.down,
+                slots,
+                |_, s| h[neuron_of[s as usize] as usize],
+                |s| &bytes[s as usize * rb..(s as usize + 1) * rb],
+                out,
+            );
         }
         (SlotRow::Down, RecordRows::F16 { .. }) => {
             let rows = layer.rows();
-            down_sum(slots, |_, s| h[neuron_of[s as usize] as usize], |s| &rows[s as usize * d..(s as usize + 1) * d], out);
+            down_sum(
+                slots,
+                |_, s| h[neuron_of[s as usize] as usize],
+                |s| &rows[s as usize * d..(s as usize + 1) * d],
+                out,
+            );
         }
     }
     None

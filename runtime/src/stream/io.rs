@@ -44,7 +44,12 @@ fn down_row_span(d_model: usize) -> (usize, usize, usize) {
 
 /// Bytes one needed row's read takes from records.bin (before runs of neighbours coalesce) for
 /// slots of `slot_row` over records of `shape` (None: version 1).
-pub fn read_span_bytes(slot_row: crate::select::SlotRow, shape: Option<formats::records::RecordShape>, record_bytes: usize, d_model: usize) -> usize {
+pub fn read_span_bytes(
+    slot_row: crate::select::SlotRow,
+    shape: Option<formats::records::RecordShape>,
+    record_bytes: usize,
+    d_model: usize,
+) -> usize {
     use crate::select::SlotRow;
     match (slot_row, shape) {
         (SlotRow::GateUpDown, _) => record_bytes,
@@ -139,13 +144,26 @@ struct ReadPlan {
 impl IoThread {
     /// Starts the thread over `reader` for `n_sparse` sparse layers. `max_run_bytes` bounds a
     /// coalesced read of whole records.
-    pub fn start(reader: RecordReader, layout: RecordsLayout, d_model: usize, span: RowSpan, max_run_bytes: usize, n_sparse: usize) -> Result<Self> {
+    pub fn start(
+        reader: RecordReader,
+        layout: RecordsLayout,
+        d_model: usize,
+        span: RowSpan,
+        max_run_bytes: usize,
+        n_sparse: usize,
+    ) -> Result<Self> {
         let rb = layout.record_bytes;
         let max_records = (max_run_bytes / rb).max(1).min(reader.staging_len() / rb);
         if max_records == 0 {
-            return Err(RuntimeError::Input(format!("the staging buffer ({} bytes) is smaller than one record ({rb} bytes)", reader.staging_len())));
+            return Err(RuntimeError::Input(format!(
+                "the staging buffer ({} bytes) is smaller than one record ({rb} bytes)",
+                reader.staging_len()
+            )));
         }
-        let shared = Arc::new(Shared { mailbox: Mutex::new(Mailbox { landed: (0..n_sparse).map(|_| None).collect(), ..Default::default() }), cv: Condvar::new() });
+        let shared = Arc::new(Shared {
+            mailbox: Mutex::new(Mailbox { landed: (0..n_sparse).map(|_| None).collect(), ..Default::default() }),
+            cv: Condvar::new(),
+        });
         let (tx, rx) = channel();
         let plan = ReadPlan { layout, d_model, span, max_records };
         let worker = {
@@ -169,14 +187,21 @@ impl IoThread {
 
     /// Blocks until sparse layer `si`'s reads of token `tick` have landed.
     pub fn wait(&self, tick: u64, si: usize) -> Result<Landed> {
-        let mut m = self.shared.mailbox.lock().map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?;
+        let mut m =
+            self.shared.mailbox.lock().map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?;
         loop {
             match m.landed[si].take() {
                 Some((t, landed)) if t == tick => return Ok(landed),
                 // rows of an earlier token nobody collected (its forward pass failed): drop them
                 Some((_, stale)) => m.give_back(stale.rows),
                 None if m.stopped => return Err(RuntimeError::Input("the record I/O thread has stopped".into())),
-                None => m = self.shared.cv.wait(m).map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?,
+                None => {
+                    m = self
+                        .shared
+                        .cv
+                        .wait(m)
+                        .map_err(|_| RuntimeError::Input("the record I/O thread panicked".into()))?
+                }
             }
         }
     }
@@ -208,25 +233,51 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
         for lr in job.layers {
             let mut rows = shared.mailbox.lock().ok().and_then(|mut m| m.free.pop()).unwrap_or_default();
             let result = match &plan.span {
-                RowSpan::Record => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows, |src, path, offset, neuron, rows| {
-                    check_record(src, path, offset, lr.layer as u32, neuron, plan.d_model)?;
-                    rows.extend_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 3 * plan.d_model * 2]);
-                    Ok(())
-                }),
-                RowSpan::RecordV2 { shape } => read_records(&mut reader, &plan, lr.layer, &lr.loads, &mut rows, |src, path, offset, neuron, rows| {
-                    let (g, u, d) = formats::records::check_record_v2(src, path, offset, lr.layer as u32, neuron, shape)?;
-                    rows.extend_from_slice(g);
-                    rows.extend_from_slice(u);
-                    rows.extend_from_slice(d);
-                    Ok(())
-                }),
-                RowSpan::DownRow { crc32c, first_layer, n_ff } => read_down_rows(&mut reader, &plan, lr.layer, &lr.loads, &crc32c[(lr.layer - first_layer) * n_ff..(lr.layer - first_layer + 1) * n_ff], &mut rows),
-                RowSpan::DownSection { shape } => read_down_sections(&mut reader, &plan, shape, lr.layer, &lr.loads, &mut rows),
+                RowSpan::Record => read_records(
+                    &mut reader,
+                    &plan,
+                    lr.layer,
+                    &lr.loads,
+                    &mut rows,
+                    |src, path, offset, neuron, rows| {
+                        check_record(src, path, offset, lr.layer as u32, neuron, plan.d_model)?;
+                        rows.extend_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 3 * plan.d_model * 2]);
+                        Ok(())
+                    },
+                ),
+                RowSpan::RecordV2 { shape } => read_records(
+                    &mut reader,
+                    &plan,
+                    lr.layer,
+                    &lr.loads,
+                    &mut rows,
+                    |src, path, offset, neuron, rows| {
+                        let (g, u, d) =
+                            formats::records::check_record_v2(src, path, offset, lr.layer as u32, neuron, shape)?;
+                        rows.extend_from_slice(g);
+                        rows.extend_from_slice(u);
+                        rows.extend_from_slice(d);
+                        Ok(())
+                    },
+                ),
+                RowSpan::DownRow { crc32c, first_layer, n_ff } => read_down_rows(
+                    &mut reader,
+                    &plan,
+                    lr.layer,
+                    &lr.loads,
+                    &crc32c[(lr.layer - first_layer) * n_ff..(lr.layer - first_layer + 1) * n_ff],
+                    &mut rows,
+                ),
+                RowSpan::DownSection { shape } => {
+                    read_down_sections(&mut reader, &plan, shape, lr.layer, &lr.loads, &mut rows)
+                }
             };
             let Ok(mut m) = shared.mailbox.lock() else { return };
             m.counters.bytes_read = reader.bytes_read;
             m.counters.requests = reader.requests;
-            if let Some((_, uncollected)) = m.landed[lr.si].replace((job.tick, Landed { loads: lr.loads, rows, result })) {
+            if let Some((_, uncollected)) =
+                m.landed[lr.si].replace((job.tick, Landed { loads: lr.loads, rows, result }))
+            {
                 m.give_back(uncollected.rows);
             }
             drop(m);
@@ -254,7 +305,14 @@ fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
 /// Whole records of `layer`: coalesced runs, batched to fill the staging buffer; `land(record,
 /// its file offset, neuron, rows)` checks each record and appends its payload to `rows`, in
 /// load order.
-fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], rows: &mut Vec<u8>, land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>) -> Result<()> {
+fn read_records(
+    reader: &mut RecordReader,
+    plan: &ReadPlan,
+    layer: usize,
+    loads: &[Load],
+    rows: &mut Vec<u8>,
+    land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
     let rb = plan.layout.record_bytes;
     let runs = runs_of(loads, plan.max_records);
     let mut r = 0;
@@ -263,7 +321,14 @@ fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads:
         let mut used = 0usize;
         while r < runs.len() && used + runs[r].len() * rb <= reader.staging_len() {
             let first = &loads[runs[r].start];
-            batch.push((runs[r].clone(), Run { offset: plan.layout.offset(layer, first.neuron as usize), bytes: runs[r].len() * rb, staging_offset: used }));
+            batch.push((
+                runs[r].clone(),
+                Run {
+                    offset: plan.layout.offset(layer, first.neuron as usize),
+                    bytes: runs[r].len() * rb,
+                    staging_offset: used,
+                },
+            ));
             used += runs[r].len() * rb;
             r += 1;
         }
@@ -284,13 +349,26 @@ fn read_records(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads:
 /// batches that fill the staging buffer; `land(span, span's file offset, neuron, rows)` checks
 /// a span and appends its row to `rows`, in load order.
 #[allow(clippy::too_many_arguments)]
-fn read_spans(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], offset_in_record: usize, span_bytes: usize, rows: &mut Vec<u8>, land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>) -> Result<()> {
+fn read_spans(
+    reader: &mut RecordReader,
+    plan: &ReadPlan,
+    layer: usize,
+    loads: &[Load],
+    offset_in_record: usize,
+    span_bytes: usize,
+    rows: &mut Vec<u8>,
+    land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
     let per_batch = (reader.staging_len() / span_bytes).max(1);
     for part in loads.chunks(per_batch) {
         let runs: Vec<Run> = part
             .iter()
             .enumerate()
-            .map(|(k, l)| Run { offset: plan.layout.offset(layer, l.neuron as usize) + offset_in_record as u64, bytes: span_bytes, staging_offset: k * span_bytes })
+            .map(|(k, l)| Run {
+                offset: plan.layout.offset(layer, l.neuron as usize) + offset_in_record as u64,
+                bytes: span_bytes,
+                staging_offset: k * span_bytes,
+            })
             .collect();
         reader.read_runs(&runs)?;
         let staging = reader.staging();
@@ -304,16 +382,46 @@ fn read_spans(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &
 /// The version-2 down rows of `layer`: each record's down section (512-aligned, after the
 /// header), checked by its own layer, neuron and CRC32C; the Q8_0 blocks appended to `rows` in
 /// load order.
-fn read_down_sections(reader: &mut RecordReader, plan: &ReadPlan, shape: &formats::records::RecordShape, layer: usize, loads: &[Load], rows: &mut Vec<u8>) -> Result<()> {
-    read_spans(reader, plan, layer, loads, RECORD_HEADER_BYTES, shape.down_section_bytes(), rows, |span, path, offset, neuron, rows| {
-        rows.extend_from_slice(formats::records::check_down_section(span, path, offset, layer as u32, neuron, shape)?);
-        Ok(())
-    })
+fn read_down_sections(
+    reader: &mut RecordReader,
+    plan: &ReadPlan,
+    shape: &formats::records::RecordShape,
+    layer: usize,
+    loads: &[Load],
+    rows: &mut Vec<u8>,
+) -> Result<()> {
+    read_spans(
+        reader,
+        plan,
+        layer,
+        loads,
+        RECORD_HEADER_BYTES,
+        shape.down_section_bytes(),
+        rows,
+        |span, path, offset, neuron, rows| {
+            rows.extend_from_slice(formats::records::check_down_section(
+                span,
+                path,
+                offset,
+                layer as u32,
+                neuron,
+                shape,
+            )?);
+            Ok(())
+        },
+    )
 }
 
 /// The downT rows of `layer`: one 512-aligned span around each, checked against `crcs`
 /// (`[n_ff]`); rows appended to `rows` in load order.
-fn read_down_rows(reader: &mut RecordReader, plan: &ReadPlan, layer: usize, loads: &[Load], crcs: &[u32], rows: &mut Vec<u8>) -> Result<()> {
+fn read_down_rows(
+    reader: &mut RecordReader,
+    plan: &ReadPlan,
+    layer: usize,
+    loads: &[Load],
+    crcs: &[u32],
+    rows: &mut Vec<u8>,
+) -> Result<()> {
     let d = plan.d_model;
     let (span_offset, span_bytes, skip) = down_row_span(d);
     read_spans(reader, plan, layer, loads, span_offset, span_bytes, rows, |span, path, offset, neuron, rows| {
@@ -344,7 +452,18 @@ mod tests {
         }
         let path = dir.join("records.bin");
         std::fs::write(&path, &bytes).unwrap();
-        (path.clone(), RecordsLayout { path: "records.bin".into(), record_bytes: rb, first_layer: 1, neurons_per_layer: N_FF, count: N_FF, gate_up_type: None, down_type: None })
+        (
+            path.clone(),
+            RecordsLayout {
+                path: "records.bin".into(),
+                record_bytes: rb,
+                first_layer: 1,
+                neurons_per_layer: N_FF,
+                count: N_FF,
+                gate_up_type: None,
+                down_type: None,
+            },
+        )
     }
 
     fn loads(neurons: &[u32]) -> Vec<Load> {
@@ -362,7 +481,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("io-thread-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (path, layout) = records_file(&dir);
-        let reader = RecordReader::open(&path, &ReaderOptions { staging_bytes: 1 << 16, ..Default::default() }).unwrap();
+        let reader =
+            RecordReader::open(&path, &ReaderOptions { staging_bytes: 1 << 16, ..Default::default() }).unwrap();
         let io = IoThread::start(reader, layout, D, RowSpan::Record, 1 << 20, 1).unwrap();
         let reads = |neurons: &[u32]| vec![LayerReads { si: 0, layer: 1, loads: loads(neurons) }];
         // token 1 lands and is never collected; token 2 is submitted while `wait` holds the stale rows

@@ -80,14 +80,27 @@ impl RecordReader {
         let mut staging = AlignedBuf::new(o.staging_bytes.div_ceil(4096) * 4096);
         let mut registered = false;
         if let (Some(r), true) = (ring.as_mut(), o.register_staging) {
-            let iov = libc::iovec { iov_base: staging.as_mut_slice().as_mut_ptr() as *mut libc::c_void, iov_len: staging.len() };
+            let iov = libc::iovec {
+                iov_base: staging.as_mut_slice().as_mut_ptr() as *mut libc::c_void,
+                iov_len: staging.len(),
+            };
             // SAFETY: the iovec covers exactly the staging allocation, which this reader owns and
             // drops after the ring (field order: `ring` before `staging`), and which only reads
             // through this ring write to while `read_runs` holds `&mut self`.
             unsafe { r.submitter().register_buffers(&[iov]) }.map_err(io)?;
             registered = true;
         }
-        Ok(RecordReader { path: path.to_path_buf(), file, ring, staging, queue_depth: o.queue_depth, fallback, bytes_read: 0, requests: 0, registered })
+        Ok(RecordReader {
+            path: path.to_path_buf(),
+            file,
+            ring,
+            staging,
+            queue_depth: o.queue_depth,
+            fallback,
+            bytes_read: 0,
+            requests: 0,
+            registered,
+        })
     }
 
     /// The staging buffer: where the last `read_runs` put its runs.
@@ -103,18 +116,31 @@ impl RecordReader {
     pub fn read_runs(&mut self, runs: &[Run]) -> Result<()> {
         let cap = self.staging.len();
         if let Some(r) = runs.iter().find(|r| r.staging_offset + r.bytes > cap) {
-            return Err(RuntimeError::Input(format!("a read of {} bytes at staging offset {} is outside the {cap}-byte staging buffer", r.bytes, r.staging_offset)));
+            return Err(RuntimeError::Input(format!(
+                "a read of {} bytes at staging offset {} is outside the {cap}-byte staging buffer",
+                r.bytes, r.staging_offset
+            )));
         }
         self.requests += runs.len() as u64;
         self.bytes_read += runs.iter().map(|r| r.bytes as u64).sum::<u64>();
         match self.ring.as_mut() {
-            Some(ring) => read_uring(ring, &self.file, &self.path, self.queue_depth, self.registered, runs, &mut self.staging),
+            Some(ring) => {
+                read_uring(ring, &self.file, &self.path, self.queue_depth, self.registered, runs, &mut self.staging)
+            }
             None => read_pread(&self.file, &self.path, runs, &mut self.staging),
         }
     }
 }
 
-fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, registered: bool, runs: &[Run], staging: &mut AlignedBuf) -> Result<()> {
+fn read_uring(
+    ring: &mut IoUring,
+    file: &File,
+    path: &Path,
+    qd: usize,
+    registered: bool,
+    runs: &[Run],
+    staging: &mut AlignedBuf,
+) -> Result<()> {
     let fd = types::Fd(file.as_raw_fd());
     let base = staging.as_mut_slice().as_mut_ptr();
     // done[i]: bytes of run i read so far
@@ -131,7 +157,8 @@ fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, registere
                 next - 1
             });
             let r = runs[i];
-            let (ptr, len, off) = (base.wrapping_add(r.staging_offset + done[i]), (r.bytes - done[i]) as u32, r.offset + done[i] as u64);
+            let (ptr, len, off) =
+                (base.wrapping_add(r.staging_offset + done[i]), (r.bytes - done[i]) as u32, r.offset + done[i] as u64);
             let entry = if registered {
                 opcode::ReadFixed::new(fd, ptr, len, 0).offset(off).build().user_data(i as u64)
             } else {
@@ -146,7 +173,11 @@ fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, registere
             }
             in_flight += 1;
         }
-        ring.submit_and_wait(1).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), offset: None, source })?;
+        ring.submit_and_wait(1).map_err(|source| RuntimeError::Io {
+            path: path.to_path_buf(),
+            offset: None,
+            source,
+        })?;
         let mut failure = None;
         let cqes: Vec<(usize, i32)> = ring.completion().map(|c| (c.user_data() as usize, c.result())).collect();
         for (i, res) in cqes {
@@ -154,9 +185,17 @@ fn read_uring(ring: &mut IoUring, file: &File, path: &Path, qd: usize, registere
             let r = runs[i];
             let at = r.offset + done[i] as u64;
             if res < 0 {
-                failure.get_or_insert(RuntimeError::Io { path: path.to_path_buf(), offset: Some(at), source: std::io::Error::from_raw_os_error(-res) });
+                failure.get_or_insert(RuntimeError::Io {
+                    path: path.to_path_buf(),
+                    offset: Some(at),
+                    source: std::io::Error::from_raw_os_error(-res),
+                });
             } else if res == 0 {
-                failure.get_or_insert(RuntimeError::Corrupt { path: path.to_path_buf(), offset: at, what: format!("unexpected end of file ({} more bytes expected)", r.bytes - done[i]) });
+                failure.get_or_insert(RuntimeError::Corrupt {
+                    path: path.to_path_buf(),
+                    offset: at,
+                    what: format!("unexpected end of file ({} more bytes expected)", r.bytes - done[i]),
+                });
             } else {
                 done[i] += res as usize;
                 if done[i] < r.bytes {
@@ -188,7 +227,10 @@ fn read_pread(file: &File, path: &Path, runs: &[Run], staging: &mut AlignedBuf) 
     for &i in &order {
         let r = runs[i];
         if r.staging_offset < pos {
-            return Err(RuntimeError::Input(format!("reads overlap in the staging buffer at offset {}", r.staging_offset)));
+            return Err(RuntimeError::Input(format!(
+                "reads overlap in the staging buffer at offset {}",
+                r.staging_offset
+            )));
         }
         let (_, tail) = rest.split_at_mut(r.staging_offset - pos);
         let (mine, tail) = tail.split_at_mut(r.bytes);
@@ -198,7 +240,11 @@ fn read_pread(file: &File, path: &Path, runs: &[Run], staging: &mut AlignedBuf) 
     }
     parts.into_par_iter().try_for_each(|(off, buf)| {
         file.read_exact_at(buf, off).map_err(|source| match source.kind() {
-            std::io::ErrorKind::UnexpectedEof => RuntimeError::Corrupt { path: path.to_path_buf(), offset: off, what: format!("unexpected end of file (reading {} bytes)", buf.len()) },
+            std::io::ErrorKind::UnexpectedEof => RuntimeError::Corrupt {
+                path: path.to_path_buf(),
+                offset: off,
+                what: format!("unexpected end of file (reading {} bytes)", buf.len()),
+            },
             _ => RuntimeError::Io { path: path.to_path_buf(), offset: Some(off), source },
         })
     })

@@ -58,7 +58,12 @@ impl SlotMap {
 
     /// The planning both policies share: `order` puts the candidate victim slots (empty, or not
     /// used at `tick`) in eviction order; its third argument is how many are needed.
-    fn plan_evicting(&mut self, active: &[u32], tick: u64, order: impl FnOnce(&Self, &mut Vec<u32>, usize)) -> Vec<Load> {
+    fn plan_evicting(
+        &mut self,
+        active: &[u32],
+        tick: u64,
+        order: impl FnOnce(&Self, &mut Vec<u32>, usize),
+    ) -> Vec<Load> {
         assert!(active.len() <= self.capacity(), "active set {} > buffer {}", active.len(), self.capacity());
         let mut missing = Vec::new();
         for &j in active {
@@ -70,7 +75,9 @@ impl SlotMap {
         if missing.is_empty() {
             return vec![];
         }
-        let mut victims: Vec<u32> = (0..self.capacity() as u32).filter(|&s| self.last_used[s as usize] < tick || self.neuron_of[s as usize] == EMPTY).collect();
+        let mut victims: Vec<u32> = (0..self.capacity() as u32)
+            .filter(|&s| self.last_used[s as usize] < tick || self.neuron_of[s as usize] == EMPTY)
+            .collect();
         order(self, &mut victims, missing.len());
         let mut loads = Vec::with_capacity(missing.len());
         for (&j, &s) in missing.iter().zip(&victims) {
