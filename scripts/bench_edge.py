@@ -173,7 +173,7 @@ def mode_flags(set_rule, resident_bonus, head_q8):
         flags = ["--strategy", "scorer"] + ([] if head_q8 else ["-X", "head=f16"])
         # (always given: the runtime's default changed from 1 to 1.5, and the rows record it)
         return flags + ["-X", f"resident-bonus={resident_bonus}"]
-    if set_rule in ("layers", "sketch", "gate"):
+    if set_rule in ("layers", "sketch"):
         # the whole-record strategies (issue #17): their sets are shares of n_ff, as the scorer's;
         # their default head is the 4-bit one (head_compact)
         return ["--strategy", set_rule] + (["-X", "head=q8"] if head_q8 else [])
@@ -242,7 +242,7 @@ def main():
                     help="no runs: rebuild the table, PNG and markdown from the runs in edge-<model>.json (e.g. after bench-quality)")
     ap.add_argument("--tag", default="", help="write edge-<model>-<tag>.* instead of edge-<model>.* (a separate grid, e.g. one throttle)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--set-rule", default="soft8", help="ours: how sets are chosen (soft8: the predictor; scorer: the 4-bit gate/up scorer; layers: the per-layer predictors; sketch: the resident 2-bit gate/up sketch; gate: the resident gate rows)")
+    ap.add_argument("--set-rule", default="soft8", help="ours: how sets are chosen (soft8: the predictor; scorer: the 4-bit gate/up scorer; layers: the per-layer predictors; sketch: the resident 2-bit gate/up sketch)")
     ap.add_argument("--resident-bonus", type=float, default=1.5, help="ours, with --set-rule scorer: the weight of rows already in memory (the runtime's default, 1.5)")
     ap.add_argument("--set-scale", type=float, default=1.0, help="ours: the largest set scale fit may pick (with the scorer: the share "
                     "of n_ff each layer must hold per token; the rest of the budget becomes slots that also count)")

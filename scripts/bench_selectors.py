@@ -7,7 +7,6 @@ of n_ff, for
 
   layers   the per-layer predictors (nothing of the MLP resident but them)
   sketch   the resident gate and up rows at 2 bits a weight (about a third of the 4-bit MLP)
-  gate     the resident gate rows (|silu(gate . x)| x ||down||; a third of the 4-bit MLP)
   scorer   the resident gate and up rows (two thirds of it; only down rows streamed)
   soft8    the shared predictor (NeuroPrefetcher's, after layer 0), sets cut to s x n_ff
   oracle   each token's exact largest |h| (the ceiling at that size)
@@ -22,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RT = Path(os.environ.get("RUNTIME_BIN", ROOT / "target/release/runtime"))
-METHODS = ["layers", "sketch", "gate", "scorer", "soft8", "oracle"]
+METHODS = ["layers", "sketch", "scorer", "soft8", "oracle"]
 
 
 def run(args):
@@ -97,7 +96,6 @@ def main():
     resident = {  # bytes the method holds for the sparse layers (besides slots)
         "layers": arts["layer_predictors"]["bytes"] * n_sparse / n_prepared,
         "sketch": arts["sketch"]["bytes"] * n_sparse / n_prepared,
-        "gate": arts["scorer"]["bytes"] / 2 * n_sparse / n_prepared,
         "scorer": arts["scorer"]["bytes"] * n_sparse / n_prepared,
         "soft8": arts["predictor"]["bytes"] + arts["centroids"]["bytes"],
         "oracle": None,

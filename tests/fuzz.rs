@@ -291,7 +291,6 @@ fn fuzz_scorer() {
     let (d0, n_sparse, n_ff, d, _) = shape();
     fuzz("scorer", &seed_of("scorer/scorer.safetensors"), &work("scorer").join("scorer.safetensors"), |p| {
         let _ = formats::scorer::GateUpScorerFile::load(p, d0, n_sparse, n_ff, d);
-        let _ = formats::scorer::GateRowsFile::load(p, d0, n_sparse, n_ff, d);
     });
 }
 

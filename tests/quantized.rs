@@ -338,7 +338,7 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         "{j}"
     );
     for out in [f16_out, native_out] {
-        for selector in [SelectorChoice::Layers, SelectorChoice::Gate, SelectorChoice::Sketch] {
+        for selector in [SelectorChoice::Layers, SelectorChoice::Sketch] {
             streamed_whole_records_equal_in_memory(out, selector);
         }
     }
@@ -482,7 +482,7 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
         s.engine().unwrap().stats.rows_loaded > 0 && diff < 2e-3,
         "streamed scorer over Q5_0 down rows differs from in-memory by {diff}"
     );
-    for selector in [SelectorChoice::Layers, SelectorChoice::Gate, SelectorChoice::Sketch] {
+    for selector in [SelectorChoice::Layers, SelectorChoice::Sketch] {
         streamed_whole_records_equal_in_memory(&out, selector);
     }
 }
@@ -494,9 +494,9 @@ fn logits_of_opened(o: &mut runtime::Opened) -> Vec<f32> {
 }
 
 /// `--strategy auto` sizes every candidate from its files' headers exactly as the loaded
-/// selector sizes its run, and runs the best-quality one whose plan fits: the scorer, then the
-/// sketch, then the gate rows, then the per-layer predictors; below all four, one refusal
-/// naming each minimum.
+/// selector sizes its run, and runs the best-quality one whose plan fits: dense, the scorer,
+/// then the sketch (never the papers' predictors); below them all, one refusal naming each
+/// minimum.
 fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path) {
     use runtime::stream::{auto, SelectorChoice, StreamSettings, StreamingEngine};
     let manifest = out.join("manifest.toml");
@@ -512,16 +512,10 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     // each one's minimum: with `fit`, at the smallest sets it cuts to (0.10 x n_ff); the scorer
     // twice, with the resident head and with the smaller 4-bit one
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
-    assert_eq!(
-        cands.iter().map(|c| c.name).collect::<Vec<_>>(),
-        ["dense", "scorer", "scorer", "sketch", "gate", "layers"]
-    );
+    assert_eq!(cands.iter().map(|c| c.name).collect::<Vec<_>>(), ["dense", "scorer", "scorer", "sketch"]);
     let dense_minimum = minimum_of(&cands[0]);
     let mins: Vec<u64> = cands[1..].iter().map(minimum_of).collect();
-    eprintln!(
-        "auto: minimums dense {dense_minimum} scorer {} (4-bit head {}) sketch {} gate {} layers {}",
-        mins[0], mins[1], mins[2], mins[3], mins[4]
-    );
+    eprintln!("auto: minimums dense {dense_minimum} scorer {} (4-bit head {}) sketch {}", mins[0], mins[1], mins[2]);
     assert!(
         dense_minimum > mins[0] && mins.windows(2).all(|w| w[1] < w[0]),
         "{dense_minimum} {mins:?}: the fixture's minimums order as Qwen's"
@@ -533,9 +527,8 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         Some(mins[0] + (3 << 20)),
         Some(mins[1] + (1 << 20)),
         Some(mins[2] + (1 << 20)),
-        Some(mins[3] + (1 << 19)),
-        Some(mins[4] + (1 << 19)),
-        Some(mins[4] - 1),
+        Some(mins[2] + (1 << 19)),
+        Some(mins[2] - 1),
     ];
     for budget in budgets {
         for c in auto::candidates(&manifest, &m, &settings(budget), None).unwrap() {
@@ -562,13 +555,9 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
             }
         }
     }
-    // each budget below the scorer's runs the best whole-record strategy that fits (the scorer's
-    // two heads: auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets)
-    let expect = [
-        ((mins[1] + mins[2]) / 2, SelectorChoice::Sketch, "sketch"),
-        ((mins[2] + mins[3]) / 2, SelectorChoice::Gate, "gate"),
-        ((mins[3] + mins[4]) / 2, SelectorChoice::Layers, "layers"),
-    ];
+    // a budget below the scorer's runs the sketch (the scorer's two heads:
+    // auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets)
+    let expect = [((mins[1] + mins[2]) / 2, SelectorChoice::Sketch, "sketch")];
     for (budget, want, name) in expect {
         let (choice, _, note) = auto::choose(&manifest, &m, &settings(Some(budget)), None).unwrap().unwrap();
         assert_eq!(choice, want, "at {budget}");
@@ -588,15 +577,13 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
         assert!(err.contains(&format!("--strategy auto runs {name}")), "{err}");
     }
-    let err = auto::choose(&manifest, &m, &settings(Some(mins[4] - 1)), None).err().unwrap().to_string();
+    let err = auto::choose(&manifest, &m, &settings(Some(mins[2] - 1)), None).err().unwrap().to_string();
     assert!(
-        err.contains(&format!("at least {}", mins[4]))
+        err.contains(&format!("at least {}", mins[2]))
             && err.contains("dense needs")
             && err.contains("scorer needs")
             && err.contains("scorer with the 4-bit head needs")
-            && err.contains("sketch needs")
-            && err.contains("gate needs")
-            && err.contains("--strategy layers"),
+            && err.contains("--strategy sketch"),
         "{err}"
     );
 }
@@ -742,7 +729,7 @@ fn auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets(
     let minimum_of = auto::Candidate::minimum_bytes;
     let cands = auto::candidates(&manifest, &m, &settings(Some(1)), None).unwrap();
     let labels: Vec<String> = cands.iter().map(|c| c.label()).collect();
-    assert_eq!(labels, ["dense", "scorer", "scorer with the 4-bit head", "sketch", "gate", "layers"]);
+    assert_eq!(labels, ["dense", "scorer", "scorer with the 4-bit head", "sketch"]);
     // (dense: auto's first candidate, dense_runs_the_gguf_blocks; from here on the scorer's two)
     let cands = &cands[1..];
     assert_eq!((cands[0].head, cands[1].head), (default_head, HeadChoice::Compact));

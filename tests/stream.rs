@@ -1,7 +1,7 @@
 //! The streaming engine on prepared fixtures: with every neuron kept it equals the dense
 //! model; the rows it reads are exactly the deltas of the predicted sets; a flipped byte in
 //! records.bin is a CRC error naming layer, neuron and offset; a too-small budget is refused
-//! with the minimum (or, with `--dense-from fit`, met by a later dense prefix, then by smaller
+//! with the minimum (or, with `--dense-prefix fit`, met by a later dense prefix, then by smaller
 //! sets); and it runs inside a cgroup v1 memory limit of budget + 10%.
 
 use runtime::{PreparedMode, Sparsity};
@@ -328,7 +328,7 @@ fn streaming_equals_in_memory_predicted_sets() {
 
 /// One preparation, several operating points: the manifest's default_dense_from runs layers
 /// dense_prefix..default dense from records (same logits as --in-memory at that prefix), and
-/// `--dense-from fit` lowers it to the largest prefix whose plan fits the budget.
+/// `--dense-prefix fit` lowers it to the largest prefix whose plan fits the budget.
 #[test]
 fn dense_from_moves_with_the_budget() {
     use runtime::stream::DensePrefix;
@@ -587,7 +587,7 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     assert!(!ok && err.contains("device.toml") && err.contains("llama_cpp_token_overhead_s"), "{err}");
 }
 
-/// The preparation's reuse table (prep's reuse stage) for the scorer, gate and layers: shares
+/// The preparation's reuse table (prep's reuse stage) for the scorer, sketch and layers: shares
 /// in [0, 1], more slots never hold less; `runtime plan` of the scorer reads it at the plan's set
 /// and slot shares instead of the floor held / n_ff; a broken table is refused, naming it.
 #[test]
@@ -595,7 +595,7 @@ fn plan_reads_the_preparations_reuse_table() {
     let m = default_sparse();
     let path = m.parent().unwrap().join("scorer/reuse.json");
     let t = formats::reuse_table::ReuseTable::load(&path).unwrap();
-    assert_eq!(t.rules.keys().collect::<Vec<_>>(), ["gate", "layers", "scorer", "sketch"]);
+    assert_eq!(t.rules.keys().collect::<Vec<_>>(), ["layers", "scorer", "sketch"]);
     assert!(t.tokens > 0 && t.rules.values().flatten().flatten().all(|r| (0.0..=1.0).contains(r)), "{t:?}");
     for row in t.rules.values().flatten() {
         assert!(row.windows(2).all(|w| w[1] >= w[0] - 0.02), "more slots hold less: {row:?}");
@@ -648,7 +648,7 @@ fn plan_reads_the_preparations_reuse_table() {
         std::os::unix::fs::symlink(src.join("scorer").join(f), dir.join("scorer").join(f)).unwrap();
     }
     let mut bad = t.clone();
-    bad.rules.get_mut("gate").unwrap()[0][0] = 1.5;
+    bad.rules.get_mut("sketch").unwrap()[0][0] = 1.5;
     // (as long as the original, which the manifest's size check would refuse first)
     let mut text = serde_json::to_string(&bad).unwrap();
     let len = std::fs::metadata(&path).unwrap().len() as usize;
@@ -656,7 +656,7 @@ fn plan_reads_the_preparations_reuse_table() {
     text.extend(std::iter::repeat_n(' ', len - text.len()));
     std::fs::write(dir.join("scorer/reuse.json"), text).unwrap();
     let (ok, out, err) = run(&dir.join("manifest.toml"));
-    assert!(!ok && out.is_empty() && err.contains("reuse.json") && err.contains("gate: reuse[0][0] = 1.5"), "{err}");
+    assert!(!ok && out.is_empty() && err.contains("reuse.json") && err.contains("sketch: reuse[0][0] = 1.5"), "{err}");
 }
 
 /// Every device file shipped in devices/ loads and passes its checks.

@@ -196,18 +196,28 @@ fn cli_strategies() {
         assert!(ok, "{extra:?}: {err}");
         serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
     };
-    // auto: the scorer (and its Q8_0 head) where the preparation has them
+    // auto without a budget: every layer dense, in memory
     let auto = run(&[]);
-    assert_eq!(auto["sparsity"]["set_rule"], "scorer", "{auto}");
+    assert!(auto["sparsity"].is_null(), "{auto}");
     assert_eq!(auto["generated_tokens"], 4);
     assert_eq!(run(&["--strategy", "predictor"])["sparsity"]["set_rule"], "soft8");
-    assert_eq!(run(&["--strategy", "predictor", "-X", "set-rule=top1"])["sparsity"]["set_rule"], "top1");
+    assert_eq!(run(&["--strategy", "predictor", "-X", "set-rule=soft4"])["sparsity"]["set_rule"], "soft4");
     assert!(run(&["--strategy", "dense"])["sparsity"].is_null());
-    assert_eq!(run(&["--in-memory"])["sparsity"]["mode"], "in-memory");
+    // auto with --in-memory: the scorer's sets (and its Q8_0 head) where the preparation has them
+    let in_memory = run(&["--in-memory"]);
+    assert!(
+        in_memory["sparsity"]["mode"] == "in-memory" && in_memory["sparsity"]["set_rule"] == "scorer",
+        "{in_memory}"
+    );
     let (ok, out, _) = runtime_cli(&["run", m, "-p", "x", "-X", "help"]);
     assert!(ok && out.contains("set-rule=") && out.contains("slot-share="), "{out}");
-    // bench reports the same strategy
+    // bench reports the strategy it ran: dense through the engine without a budget, the scorer
+    // (and its Q8_0 head) when named
     let (ok, out, err) = runtime_cli(&["bench", m, "-n", "4", "--ctx", "128", "--json"]);
+    assert!(ok, "{err}");
+    let b: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(b["set_rule"] == "dense" && b["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{b}");
+    let (ok, out, err) = runtime_cli(&["bench", m, "-n", "4", "--ctx", "128", "--strategy", "scorer", "--json"]);
     assert!(ok, "{err}");
     let b: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(b["set_rule"] == "scorer" && b["head_q8"] == true && b["decode_tok_per_s"].as_f64().unwrap() > 0.0, "{b}");
@@ -224,6 +234,10 @@ fn cli_refusals_name_the_flag() {
         (vec!["run", m, "-p", "hat", "-X", "resident-bonus=0.5"], vec!["resident-bonus=0.5", ">= 1"]),
         (vec!["run", m, "-p", "hat", "--strategy", "predictor", "-X", "resident-bonus=2"], vec!["the scorer's"]),
         (vec!["run", m, "-p", "hat", "-X", "set-rule=oracle", "--strategy", "predictor"], vec!["--in-memory"]),
+        (vec!["run", m, "-p", "hat", "--strategy", "predictor", "-X", "set-rule=top1"], vec!["set-rule=top1", "softN"]),
+        (vec!["run", m, "-p", "hat", "-X", "neuron-rank=membership"], vec!["unknown knob"]),
+        (vec!["run", m, "-p", "hat", "--strategy", "gate"], vec!["gate"]),
+        (vec!["run", m, "-p", "hat", "--set-scale", "0.5"], vec!["--set-scale", "--mem-budget"]),
         (vec!["run", m, "-p", "hat", "--temp", "NaN"], vec!["--temp"]),
         (vec!["run", m, "-p", "hat", "--top-p", "1.5"], vec!["--top-p"]),
         (vec!["run", m, "-p", "hat", "-n", "0"], vec!["-n 0"]),

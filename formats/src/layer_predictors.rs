@@ -3,7 +3,7 @@
 //! a flash §3.1, Deja Vu): a low-rank bottleneck with a ReLU,
 //!
 //! ```text
-//! x      = the layer's MLP input (or, `input = "previous"`, the previous layer's)   [d_model]
+//! x      = the layer's normed MLP input                                           [d_model]
 //! z      = relu(w1 x + b1)                                                          [rank]
 //! score  = w2 z + b2                                                                [n_ff]
 //! ```
@@ -22,15 +22,12 @@ use std::path::Path;
 
 pub const SPEC_KEY: &str = "layer_predictors_spec";
 
-/// What a layer's predictor reads.
+/// What a layer's predictor reads: the layer's own normed MLP input, known after the layer's
+/// attention (the one input a run computes; a file naming another is refused when read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PredictorInput {
-    /// The layer's own normed MLP input: known after the layer's attention.
     Own,
-    /// The previous layer's normed MLP input: known one layer earlier, so the reads can start
-    /// while the previous layer's MLP and this layer's attention run.
-    Previous,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

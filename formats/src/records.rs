@@ -494,13 +494,24 @@ impl RecordFile {
         let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
         let rb = shape.map_or(record_bytes(d_model), |s| s.record_bytes());
         let want = ((n_layers - first_layer) * neurons_per_layer * rb) as u64;
-        if len != want {
+        let what = format!("records of layers {first_layer}..{n_layers} x {neurons_per_layer} neurons");
+        if len < want {
             return Err(FormatError::Truncated {
                 path: path.to_path_buf(),
-                offset: len.min(want),
-                what: format!("records of layers {first_layer}..{n_layers} x {neurons_per_layer} neurons"),
+                offset: len,
+                what,
                 needed: want,
                 file_bytes: len,
+            });
+        }
+        if len > want {
+            return Err(FormatError::Corrupt {
+                path: path.to_path_buf(),
+                offset: want,
+                what: format!(
+                    "{} bytes after the {what} of {rb} bytes each (not this preparation's records?)",
+                    len - want
+                ),
             });
         }
         Ok(RecordFile { path: path.to_path_buf(), file, d_model, first_layer, neurons_per_layer, n_layers, shape })

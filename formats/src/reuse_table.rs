@@ -1,4 +1,4 @@
-//! `scorer/reuse.json`, written by prep's reuse stage: per strategy (scorer, gate, layers), the
+//! `scorer/reuse.json`, written by prep's reuse stage: per strategy (scorer, sketch, layers), the
 //! share of each token's needed rows that a layer's slots already hold (reuse), simulated on
 //! calibration text (`runtime::reuse`) for a grid of set shares (rows needed per token, over
 //! n_ff) and slot shares (rows held, over n_ff). `runtime plan` reads it instead of assuming the
@@ -36,7 +36,7 @@ pub struct ReuseTable {
     /// score; tables from before it was recorded simulated 1).
     #[serde(default = "bonus_one")]
     pub scorer_resident_bonus: f64,
-    /// Per strategy (its rule: scorer, gate, layers), `[set_shares.len()][slot_shares.len()]`,
+    /// Per strategy (its rule: scorer, sketch, layers), `[set_shares.len()][slot_shares.len()]`,
     /// each in [0, 1].
     pub rules: BTreeMap<String, Vec<Vec<f64>>>,
 }
@@ -165,7 +165,7 @@ mod tests {
         assert!((at(0.05, 0.1) - 0.5).abs() < 1e-12, "below both grids: the corner");
         assert!((at(0.2, 0.1) - 0.3).abs() < 1e-12, "slots below the set hold the set");
         assert!((at(0.5, 2.0) - 1.0).abs() < 1e-12);
-        assert_eq!(t.at("gate", 0.1, 0.4), None);
+        assert_eq!(t.at("unknown", 0.1, 0.4), None);
     }
 
     #[test]

@@ -290,16 +290,15 @@ fn open_scorer(path: &Path, first_layer: usize, d_model: usize) -> Result<(Mappe
     Ok((f, blocks))
 }
 
-/// Bytes per layer the two readers of a scorer file hold, from its header alone (shapes
-/// checked, nothing copied): `(GateUpScorerFile, GateRowsFile)`, what `--strategy auto` sizes
-/// its plans from before it loads either.
+/// Bytes per layer a [`GateUpScorerFile`] holds, from its header alone (shapes checked,
+/// nothing copied): what `--strategy auto` sizes its plans from before it loads the file.
 pub fn held_bytes_per_layer(
     path: &Path,
     first_layer: usize,
     n_layers: usize,
     n_ff: usize,
     d_model: usize,
-) -> Result<(usize, usize)> {
+) -> Result<usize> {
     let (f, blocks) = open_scorer(path, first_layer, d_model)?;
     let (row, scale_row) = match blocks {
         Some(t) => {
@@ -315,9 +314,8 @@ pub fn held_bytes_per_layer(
     };
     f.checked_bytes("down_norm", Dtype::F32, &[n_layers, n_ff])?;
     f.checked_bytes("down_crc32c", Dtype::U32, &[n_layers, n_ff])?;
-    // the scorer: gate and up rows (and scales), a down norm and a checksum per neuron; the
-    // gate reader: the gate row (and its scales) and the down norm
-    Ok((n_ff * (2 * (row + scale_row) + 8), n_ff * (row + scale_row + 4)))
+    // gate and up rows (and scales), a down norm and a checksum per neuron
+    Ok(n_ff * (2 * (row + scale_row) + 8))
 }
 
 /// The `down_norm` tensor `[n_layers, n_ff]`, each norm checked finite and >= 0.
@@ -346,78 +344,6 @@ fn read_down_norm(
         });
     }
     Ok(down_norm)
-}
-
-/// The gate rows alone of a scorer file (`--strategy gate`): what ranks a layer's neurons by
-/// `|silu(gate . x)| x ||W_down[:, j]||` with nothing else of the MLP in memory.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GateRowsFile {
-    pub first_layer: usize,
-    pub n_layers: usize,
-    pub n_ff: usize,
-    pub d_model: usize,
-    /// `[n_layers, n_ff, row_bytes]`: `blocks` rows, or Q4_0-style nibbles (`d_model / 2`).
-    pub rows: Vec<u8>,
-    pub blocks: Option<GgmlType>,
-    /// `[n_layers, n_ff, d_model / 32]` (the Q4_0-style copy only).
-    pub scales: Vec<f16>,
-    /// `[n_layers, n_ff]`.
-    pub down_norm: Vec<f32>,
-}
-
-impl GateRowsFile {
-    /// Reads the gate rows of the scorer file at `path` (checked as [`GateUpScorerFile::load`]
-    /// checks them); the up rows are never copied.
-    pub fn load(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<Self> {
-        let (f, blocks) = open_scorer(path, first_layer, d_model)?;
-        let every_other =
-            |bytes: &[u8], row: usize| -> Vec<u8> { bytes.chunks_exact(row).step_by(2).flatten().copied().collect() };
-        let (rows, scales) = match blocks {
-            Some(t) => {
-                let rb = d_model / t.block_elements() * t.block_bytes();
-                (every_other(f.checked_bytes("gate_up_blocks", Dtype::U8, &[n_layers, n_ff, 2, rb])?, rb), Vec::new())
-            }
-            None => {
-                let rows = every_other(
-                    f.checked_bytes("gate_up_q4", Dtype::U8, &[n_layers, n_ff, 2, d_model / 2])?,
-                    d_model / 2,
-                );
-                let sb = d_model / Q4_BLOCK;
-                let scale_bytes =
-                    every_other(f.checked_bytes("gate_up_scale", Dtype::F16, &[n_layers, n_ff, 2, sb])?, 2 * sb);
-                let scales: Vec<f16> = scale_bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
-                if let Some(i) = scales.iter().position(|s| !s.is_finite()) {
-                    return Err(FormatError::Corrupt {
-                        path: path.to_path_buf(),
-                        offset: f.tensors["gate_up_scale"].byte_range.start as u64,
-                        what: format!(
-                            "gate scale of layer {} neuron {} is {}",
-                            first_layer + i / (n_ff * sb),
-                            i % (n_ff * sb) / sb,
-                            scales[i]
-                        ),
-                    });
-                }
-                (rows, scales)
-            }
-        };
-        let down_norm = read_down_norm(&f, path, first_layer, n_layers, n_ff)?;
-        Ok(GateRowsFile { first_layer, n_layers, n_ff, d_model, rows, blocks, scales, down_norm })
-    }
-
-    /// Bytes of one gate row.
-    pub fn row_bytes(&self) -> usize {
-        match self.blocks {
-            Some(t) => self.d_model / t.block_elements() * t.block_bytes(),
-            None => self.d_model / 2,
-        }
-    }
-
-    /// Bytes held for one layer (rows, scales, norms).
-    pub fn layer_bytes(&self) -> usize {
-        self.n_ff * (self.row_bytes() + 4)
-            + if self.blocks.is_none() { self.n_ff * self.d_model / Q4_BLOCK * 2 } else { 0 }
-    }
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub struct Recipe {
     /// The resident gate/up sketch (`--strategy sketch`); every field has a default.
     #[serde(default)]
     pub sketch: SketchRecipe,
-    /// The reuse table of the scorer, sketch, gate and layers strategies (`runtime plan`);
+    /// The reuse table of the scorer, sketch and layers strategies (`runtime plan`);
     /// every field has a default.
     #[serde(default)]
     pub reuse: crate::reuse::ReuseSettings,
@@ -434,7 +434,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         crate::sketch::sketch(&weights_dir, d, r.sketch.bits, &calibration, &sketch_path, show_progress).map(|_| ())
     })?;
 
-    // reuse: the reuse table of the scorer, sketch, gate and layers strategies, which runtime
+    // reuse: the reuse table of the scorer, sketch and layers strategies, which runtime
     // plan reads
     let reuse_path = out.join("scorer/reuse.json");
     let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});

@@ -1,5 +1,5 @@
 //! The `reuse` stage of `prep prepare`: the reuse table (`scorer/reuse.json`, layout
-//! `formats::reuse_table`) of the scorer, sketch, gate and layers strategies, which `runtime plan` reads
+//! `formats::reuse_table`) of the scorer, sketch and layers strategies, which `runtime plan` reads
 //! to predict how many of a token's needed rows are already held at a budget's set and slot
 //! sizes. Simulated (`runtime::reuse`) over one dense forward pass of calibration sequences:
 //! each strategy chooses its sets and evicts as its streamed run does.
@@ -7,7 +7,7 @@
 use crate::capture::{corpus_sequences, expand_corpus};
 use anyhow::{bail, Context, Result};
 use formats::reuse_table::{ReuseTable, REUSE_TABLE_FORMAT};
-use runtime::layer_predictor::{GateRanker, LayerPredictors, Ranker, SketchRanker};
+use runtime::layer_predictor::{LayerPredictors, Ranker, SketchRanker};
 use runtime::model::MlpHook;
 use runtime::reuse::{Chooser, ReuseSimulation};
 use runtime::scorer::{GateUpScorer, SCORER_RESIDENT_BONUS};
@@ -73,7 +73,7 @@ impl MlpHook for AllStrategies<'_> {
 }
 
 /// Simulates the table on the model in `model_dir` for the scorer at `scorer_path` (sparse
-/// layers `first_layer..`), the gate rows in it, the sketch at `sketch_path` and the per-layer
+/// layers `first_layer..`), the sketch at `sketch_path` and the per-layer
 /// predictors at `predictors_path`, and writes it to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn reuse(
@@ -94,9 +94,6 @@ pub fn reuse(
     let (n_sparse, n_ff, d) = (c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size);
     let scorer =
         GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? };
-    let gate = Ranker::Gate(GateRanker {
-        file: formats::scorer::GateRowsFile::load(scorer_path, first_layer, n_sparse, n_ff, d)?,
-    });
     let sketch = Ranker::Sketch(SketchRanker {
         file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)?,
     });
@@ -118,7 +115,6 @@ pub fn reuse(
     let mut all = AllStrategies(vec![
         sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)),
         sim(Chooser::Ranked(&sketch)),
-        sim(Chooser::Ranked(&gate)),
         sim(Chooser::Ranked(&predictors)),
     ]);
     for seq in &seqs {

@@ -173,7 +173,6 @@ pub fn bench(
             crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,
             crate::stream::SelectorChoice::Predictor { .. }
             | crate::stream::SelectorChoice::Layers
-            | crate::stream::SelectorChoice::Gate
             | crate::stream::SelectorChoice::Sketch
             | crate::stream::SelectorChoice::Dense => 1.0,
         },

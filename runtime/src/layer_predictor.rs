@@ -2,8 +2,7 @@
 //! stream whole records ([`Ranker`]): the per-layer predictors (layout
 //! `formats::layer_predictors`, training `prep layers`: `w2 relu(w1 x + b1) + b2`), the
 //! resident gate/up sketch (`|silu(g~ . x)(u~ . x)| x ||W_down[:, j]||` from rows of 2 bits a
-//! weight, `formats::sketch`), or the resident gate rows alone (`|silu(gate . x)| x
-//! ||W_down[:, j]||`, from the scorer file); and
+//! weight, `formats::sketch`); and
 //! [`LayerPredictedSparsity`], the in-memory run of exactly what a streamed run computes.
 //!
 //! At each sparse layer the layer's own normed input ranks every neuron, the `k` best are the
@@ -17,7 +16,7 @@ use crate::ops::matmul::matmul_f16;
 use crate::ops::record_sum::RecordRows;
 use crate::stream::slots::SlotMap;
 use crate::tensor::F16Matrix;
-use formats::layer_predictors::{LayerPredictorFile, LayerPredictorSpec, PredictorInput};
+use formats::layer_predictors::{LayerPredictorFile, LayerPredictorSpec};
 use formats::manifest::Manifest;
 use std::path::Path;
 
@@ -69,12 +68,6 @@ impl LayerPredictors {
         })?;
         let c = &m.model;
         let p = Self::load(&path, c.hidden_size, c.intermediate_size, c.num_hidden_layers)?;
-        if p.spec.input != PredictorInput::Own {
-            return Err(RuntimeError::Input(format!(
-                "{}: predictors of the previous layer's input are measured by prep, not run",
-                path.display()
-            )));
-        }
         if p.spec.first_layer > m.records.first_layer {
             return Err(RuntimeError::Input(format!(
                 "{}: predictors start at layer {}, but the records at layer {}",
@@ -113,63 +106,12 @@ impl LayerPredictors {
 pub enum RankerKind {
     /// The per-layer predictors (`--strategy layers`).
     Predictors,
-    /// The resident gate rows (`--strategy gate`).
-    Gate,
     /// The resident few-bit gate/up sketch (`--strategy sketch`).
     Sketch,
 }
 
 /// The artifact role of `sketch.safetensors` in a manifest.
 pub const SKETCH_ROLE: &str = "sketch";
-
-/// The resident gate rows of the sparse layers (`formats::scorer::GateRowsFile`).
-pub struct GateRanker {
-    pub file: formats::scorer::GateRowsFile,
-}
-
-impl GateRanker {
-    fn scores(&self, layer: usize, xn: &[f32], out: &mut [f32]) {
-        let f = &self.file;
-        let li = layer - f.first_layer;
-        let rows = &f.rows[li * f.n_ff * f.row_bytes()..(li + 1) * f.n_ff * f.row_bytes()];
-        match f.blocks {
-            Some(ty) => {
-                let at = crate::ops::qmatmul::activation_type(ty).expect("the loader accepts computed types only");
-                crate::ops::qmatmul::qmatvec_bytes(
-                    ty,
-                    rows,
-                    f.d_model,
-                    &crate::ops::qmatmul::QActivation::quantize(at, xn),
-                    out,
-                );
-            }
-            None => {
-                let sb = f.n_ff * f.d_model / formats::scorer::Q4_BLOCK;
-                crate::ops::qmatvec::matvec_q4(
-                    rows,
-                    &f.scales[li * sb..(li + 1) * sb],
-                    f.d_model,
-                    &crate::ops::qmatvec::Q8Vector::quantize(xn),
-                    out,
-                );
-            }
-        }
-        let norm = &f.down_norm[li * f.n_ff..(li + 1) * f.n_ff];
-        out.iter_mut().zip(norm).for_each(|(v, n)| *v = crate::ops::swiglu::silu(*v).abs() * n);
-    }
-
-    fn drop_layers_before(&mut self, from: usize) {
-        let f = &mut self.file;
-        let drop = from.clamp(f.first_layer, f.first_layer + f.n_layers) - f.first_layer;
-        f.rows.drain(..drop * f.n_ff * f.row_bytes());
-        if f.blocks.is_none() {
-            f.scales.drain(..drop * f.n_ff * f.d_model / formats::scorer::Q4_BLOCK);
-        }
-        f.down_norm.drain(..drop * f.n_ff);
-        f.first_layer += drop;
-        f.n_layers -= drop;
-    }
-}
 
 /// The gate and up rows of the sparse layers at a few bits per weight
 /// (`formats::sketch::SketchFile`): `|silu(g~ . x)(u~ . x)| x ||W_down[:, j]||`.
@@ -220,33 +162,14 @@ impl SketchRanker {
 /// What ranks a layer's neurons from its own input, before any of their rows are read.
 pub enum Ranker {
     Predictors(LayerPredictors),
-    Gate(GateRanker),
     Sketch(SketchRanker),
 }
 
 impl Ranker {
-    /// The preparation's predictors, or the gate rows of its scorer file.
+    /// The preparation's per-layer predictors, or its sketch.
     pub fn of_manifest(manifest_path: &Path, m: &Manifest, kind: RankerKind) -> Result<Self> {
         match kind {
             RankerKind::Predictors => Ok(Ranker::Predictors(LayerPredictors::of_manifest(manifest_path, m)?)),
-            RankerKind::Gate => {
-                let a = m.artifacts.iter().find(|a| a.role == "scorer").ok_or_else(|| {
-                    RuntimeError::Input(format!(
-                        "{}: no scorer artifact, whose gate rows --strategy gate ranks with (rerun make prepare)",
-                        manifest_path.display()
-                    ))
-                })?;
-                let c = &m.model;
-                let d0 = m.sparsity.dense_prefix;
-                let file = formats::scorer::GateRowsFile::load(
-                    &m.artifact_path(manifest_path, a),
-                    d0,
-                    c.num_hidden_layers - d0,
-                    c.intermediate_size,
-                    c.hidden_size,
-                )?;
-                Ok(Ranker::Gate(GateRanker { file }))
-            }
             RankerKind::Sketch => {
                 let path = m.artifact_path_of(manifest_path, SKETCH_ROLE).map_err(|_| {
                     RuntimeError::Input(format!(
@@ -272,7 +195,6 @@ impl Ranker {
     pub fn name(&self) -> &'static str {
         match self {
             Ranker::Predictors(_) => "layers",
-            Ranker::Gate(_) => "gate",
             Ranker::Sketch(_) => "sketch",
         }
     }
@@ -281,7 +203,6 @@ impl Ranker {
     pub fn layer_bytes(&self) -> u64 {
         match self {
             Ranker::Predictors(p) => p.spec.layer_parameters() as u64 * 2,
-            Ranker::Gate(g) => g.file.layer_bytes() as u64,
             Ranker::Sketch(s) => s.file.layer_bytes() as u64,
         }
     }
@@ -289,7 +210,6 @@ impl Ranker {
     pub fn drop_layers_before(&mut self, from: usize) {
         match self {
             Ranker::Predictors(p) => p.drop_layers_before(from),
-            Ranker::Gate(g) => g.drop_layers_before(from),
             Ranker::Sketch(s) => s.drop_layers_before(from),
         }
     }
@@ -298,12 +218,6 @@ impl Ranker {
     pub fn scores(&self, layer: usize, x: &[f32], n: usize, out: &mut [f32]) {
         match self {
             Ranker::Predictors(p) => p.scores(layer, x, n, out),
-            Ranker::Gate(g) => {
-                let (d, n_ff) = (g.file.d_model, g.file.n_ff);
-                for (xr, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(n_ff)) {
-                    g.scores(layer, xr, o);
-                }
-            }
             Ranker::Sketch(s) => {
                 for (xr, o) in x.chunks_exact(s.file.d_model).zip(out.chunks_exact_mut(s.file.n_ff)) {
                     s.scores(layer, xr, o);

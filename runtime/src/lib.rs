@@ -48,7 +48,7 @@ pub struct InMemorySettings {
     /// With the scorer: tokens one at a time, as a streamed run sees them (batched prefill sums
     /// in another order, so a marginal neuron can flip).
     pub single_token: bool,
-    /// With the per-layer predictors or the gate: rank by each token's exact |h| instead (the
+    /// With the per-layer predictors or the sketch: rank by each token's exact |h| instead (the
     /// ceiling at a set size; `-X set-rule=oracle`).
     pub oracle_ranking: bool,
 }
@@ -95,7 +95,7 @@ pub enum Sparsity {
     InMemory(Box<predictor::PredictedSparsity>),
     /// The 4-bit scorer's sets, every downT row in memory.
     Scored(Box<scorer::ScoredSparsity>),
-    /// A whole-record strategy's sets (sketch, gate, layers), every record in memory, the slots
+    /// A whole-record strategy's sets (sketch, layers), every record in memory, the slots
     /// simulated.
     Layers(Box<layer_predictor::LayerPredictedSparsity>),
     Stream(Box<stream::StreamingEngine>),
@@ -309,7 +309,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     p.single_token = s.single_token;
                     Sparsity::Scored(Box::new(p))
                 }
-                stream::SelectorChoice::Layers | stream::SelectorChoice::Gate | stream::SelectorChoice::Sketch => {
+                stream::SelectorChoice::Layers | stream::SelectorChoice::Sketch => {
                     let kind = s.selector.ranker_kind().expect("the whole-record strategies rank");
                     let mut p = layer_predictor::LayerPredictedSparsity::new(path, &manifest, kind)?;
                     p.set_shares(s.set_scale, s.slot_share);
@@ -318,14 +318,13 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     p.oracle = s.oracle_ranking;
                     Sparsity::Layers(Box::new(p))
                 }
-                stream::SelectorChoice::Predictor { rule, neuron_rank } => {
+                stream::SelectorChoice::Predictor { rule } => {
                     let (a, note) = predictor::PredictorArtifacts::load(path, &manifest)?;
                     notes.extend(note);
                     let mut p = predictor::PredictedSparsity::new(a.predictor, &a.centroids, a.thresholds, a.importance.as_ref())?;
                     p.dense_prefix = prefix;
                     p.rule = rule;
                     p.set_set_scale(s.set_scale);
-                    p.set_neuron_rank(neuron_rank);
                     Sparsity::InMemory(Box::new(p))
                 }
             };

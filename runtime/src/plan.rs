@@ -6,7 +6,7 @@
 //! - A0, known at sampling: the token's embedding row (resident: read from memory).
 //! - A1, known after an early layer: the shared predictor's sets (known after layer 0), read
 //!   from storage when not held; their window reaches from layer 1 to the layer's use.
-//! - A2, known inside their layer: the scorer's down rows, or the whole records the gate rows
+//! - A2, known inside their layer: the scorer's down rows, or the whole records the sketch
 //!   and the per-layer predictors choose (known once the layer has ranked its neurons from its
 //!   input), read when not held; their window is the sum over the rows already held.
 //! - A3, always read: everything resident (attention, norms, the head, the scorer's gate/up,
@@ -33,7 +33,7 @@ pub struct ClassBytes {
     pub a0_memory: u64,
     /// Rows known after layer 0 (the shared predictor's), read from storage.
     pub a1_storage: u64,
-    /// Rows known inside their layer (the scorer's, gate's and per-layer predictors'), read
+    /// Rows known inside their layer (the scorer's, the sketch's and the per-layer predictors'), read
     /// from storage.
     pub a2_storage: u64,
     /// Read from memory every token.
@@ -70,11 +70,11 @@ pub struct Prediction {
 
 /// Class A3, the bytes a token reads from memory: everything planned but the slots, the KV
 /// cache, staging and the process, plus the rows each token sums (held or just read): its sets,
-/// or with the whole-record strategies (`rule` gate or layers) every held record, whose gate
+/// or with the whole-record strategies (`rule` sketch or layers) every held record, whose gate
 /// and up rows give each its exact h. (The scorer's held down rows are left out: its compute is
 /// calibrated by probe-storage's measurement with this count.)
 pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, rule: &str) -> u64 {
-    let summed = if matches!(rule, "gate" | "sketch" | "layers") { &p.capacity } else { &p.set_sizes };
+    let summed = if matches!(rule, "sketch" | "layers") { &p.capacity } else { &p.set_sizes };
     let rows_summed: u64 = summed.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
     p.resident_bytes + p.head_artifact_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
 }
@@ -116,9 +116,9 @@ pub fn predict_plan(
     device: &DeviceFile,
     reuse: Reuse,
 ) -> Prediction {
-    // the scorer, sketch, gate and layers rank at the layer (A2); the shared predictor after
+    // the scorer, sketch and layers rank at the layer (A2); the shared predictor after
     // layer 0 (A1)
-    let in_layer = matches!(rule, "scorer" | "sketch" | "gate" | "layers");
+    let in_layer = matches!(rule, "scorer" | "sketch" | "layers");
     let n_sparse = p.set_sizes.len();
     // the sparse layers run to the last
     let n_layers = p.dense_prefix + n_sparse;

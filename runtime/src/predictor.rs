@@ -201,22 +201,13 @@ impl PredictorArtifacts {
 /// How a head's K logits become a layer's set of K_max neurons.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SetRule {
-    /// The most likely centroid's set (NeuroPrefetcher).
-    Top1,
     /// The K_max neurons of largest expected membership `sum_c p_c [j in set_c]` over the
     /// `candidates` most likely centroids (p = softmax of the head). Same size, fewer misses.
     Soft { candidates: usize },
-    /// The baseline that ignores the predictor: the same neurons every token, the best ranked
-    /// (importance where the preparation has it, else those most of the layer's centroids hold).
-    Static,
     /// The ceiling no predictor can pass: the neurons of largest true |silu(gate) * up| for
     /// this token (needs every row, so `--in-memory` only). What perfect ranking would give
     /// at a set size.
     Oracle,
-    /// No predictor: each sparse layer scores all its neurons from its own input with the
-    /// resident 4-bit gate/up copy (`prep scorer`) and keeps the largest `|h_j| x ||down_j||`;
-    /// streaming reads only their downT rows. Sets are `--set-scale` x n_ff (not K_max).
-    Scorer,
 }
 
 impl Default for SetRule {
@@ -229,17 +220,12 @@ impl std::str::FromStr for SetRule {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
-            "top1" => Ok(SetRule::Top1),
-            "static" => Ok(SetRule::Static),
             "oracle" => Ok(SetRule::Oracle),
-            "scorer" => Ok(SetRule::Scorer),
             _ => s
                 .strip_prefix("soft")
                 .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
                 .map(|candidates| SetRule::Soft { candidates })
-                .ok_or_else(|| {
-                    format!("set rule '{s}': expected top1, soft, softN (N candidates), static, oracle or scorer")
-                }),
+                .ok_or_else(|| format!("set rule '{s}': expected soft, softN (N candidates) or oracle")),
         }
     }
 }
@@ -248,11 +234,8 @@ impl std::fmt::Display for SetRule {
     /// The `-X set-rule=` spelling.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SetRule::Top1 => write!(f, "top1"),
             SetRule::Soft { candidates } => write!(f, "soft{candidates}"),
-            SetRule::Static => write!(f, "static"),
             SetRule::Oracle => write!(f, "oracle"),
-            SetRule::Scorer => write!(f, "scorer"),
         }
     }
 }
@@ -298,15 +281,14 @@ pub fn membership_counts(set: &CentroidSet) -> Vec<u16> {
     counts
 }
 
-/// How a sparse layer ranks its neurons when a set must be cut (`--set-scale` below 1, top1's
-/// cut, the static rule) and weighs the soft rule's expected membership: by importance (mean
+/// How a sparse layer ranks its neurons when a set must be cut (`--set-scale` below 1) and weighs the soft rule's expected membership: by importance (mean
 /// |silu(g) * u| x ||down column|| on calibration text, `prep importance`) where the
 /// preparation has it, then by membership count, then by index.
 #[derive(Debug, Clone)]
 pub struct NeuronPrior {
     pub membership: Vec<u16>,
-    /// `[n_ff]`; None: rank by membership alone (`--neuron-rank membership`, or a preparation
-    /// without the importance artifact).
+    /// `[n_ff]`; None: rank by membership alone (a preparation without the importance
+    /// artifact).
     pub importance: Option<Vec<f32>>,
 }
 
@@ -338,14 +320,6 @@ impl NeuronPrior {
     }
 }
 
-/// `--neuron-rank` applied to a run's priors: `Membership` drops their importance
-/// (`Importance` keeps what the preparation has).
-pub fn apply_neuron_rank(priors: &mut [NeuronPrior], rank: NeuronRank) {
-    if rank == NeuronRank::Membership {
-        priors.iter_mut().for_each(|p| p.importance = None);
-    }
-}
-
 /// The ranking the priors actually use: importance only when every layer has it.
 pub fn effective_neuron_rank(priors: &[NeuronPrior]) -> NeuronRank {
     if priors.iter().all(|p| p.importance.is_some()) {
@@ -355,14 +329,13 @@ pub fn effective_neuron_rank(priors: &[NeuronPrior]) -> NeuronRank {
     }
 }
 
-/// How cut sets rank neurons (`--neuron-rank`).
-#[derive(Debug, Clone, Copy, PartialEq, Default, clap::ValueEnum, serde::Serialize)]
+/// How a run's cut sets rank neurons, as reports name it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NeuronRank {
-    /// By calibration importance where the preparation has it, else by membership.
-    #[default]
+    /// By calibration importance (`prep importance`).
     Importance,
-    /// By how many centroids hold the neuron (the ranking before `prep importance`).
+    /// By how many centroids hold the neuron (a preparation without the importance artifact).
     Membership,
 }
 
@@ -372,8 +345,7 @@ pub fn scaled_set_sizes(k_max: &[usize], scale: f64) -> Vec<usize> {
 }
 
 /// (argmax centroid, bitset of the predicted set of at most `size` neurons) for one head's
-/// logits `[K]`; `prior` weighs the soft rule's expected membership and ranks the neurons that
-/// top1's cut and static keep.
+/// logits `[K]`; `prior` weighs the soft rule's expected membership and breaks its ties.
 pub fn predicted_set(
     head: &[f32],
     set: &CentroidSet,
@@ -384,21 +356,8 @@ pub fn predicted_set(
     let argmax = crate::sampler::argmax(head);
     let better = |a: &usize, b: &usize| prior.better(a, b);
     let bits = match rule {
-        SetRule::Static => best_as_bitset((0..set.width * 8).collect(), size, set.width, better),
-        // chosen from the true activations in `PredictedSparsity::sparsify`; scorer sets are
-        // chosen per layer (`crate::scorer`), never from a head
-        SetRule::Oracle | SetRule::Scorer => vec![0u8; set.width],
-        SetRule::Top1 => {
-            let row = set.row(argmax);
-            if row.iter().map(|b| b.count_ones() as usize).sum::<usize>() <= size {
-                row.to_vec()
-            } else {
-                // cut to the set's best-ranked neurons
-                let mut idx = Vec::new();
-                for_each_neuron(row, |j| idx.push(j));
-                best_as_bitset(idx, size, set.width, better)
-            }
-        }
+        // chosen from the true activations in `PredictedSparsity::sparsify`
+        SetRule::Oracle => vec![0u8; set.width],
         SetRule::Soft { candidates } => {
             let mut order: Vec<usize> = (0..head.len()).collect();
             let m = candidates.clamp(1, head.len());
@@ -528,11 +487,6 @@ impl PredictedSparsity {
         self.set_sizes = scaled_set_sizes(&self.k_max, scale);
     }
 
-    /// `--neuron-rank` (see [`apply_neuron_rank`]).
-    pub fn set_neuron_rank(&mut self, rank: NeuronRank) {
-        apply_neuron_rank(&mut self.priors, rank);
-    }
-
     /// How cut sets are ranked in this run.
     pub fn neuron_rank(&self) -> NeuronRank {
         effective_neuron_rank(&self.priors)
@@ -651,7 +605,8 @@ mod tests {
         let set = CentroidSet { k: 3, width: 2, bits: vec![0b0000_1111, 0, 0b1111_0000, 0, 0, 0b0000_1111] };
         let head = [0.1f32, 2.0, 1.9];
         let m = NeuronPrior::new(&set, None);
-        let (id, bits) = predicted_set(&head, &set, &m, 4, SetRule::Top1);
+        // one candidate: the most likely centroid's set
+        let (id, bits) = predicted_set(&head, &set, &m, 4, SetRule::Soft { candidates: 1 });
         assert_eq!((id, bits), (1, vec![0b1111_0000, 0]));
         let (_, bits) = predicted_set(&head, &set, &m, 4, SetRule::Soft { candidates: 3 });
         assert_eq!(bits.iter().map(|b| b.count_ones()).sum::<u32>(), 4);
@@ -671,17 +626,14 @@ mod tests {
         let m = NeuronPrior::new(&set, None);
         assert_eq!(&m.membership[..4], &[1, 2, 3, 2]);
         assert_eq!(scaled_set_sizes(&[4, 10, 1], 0.5), vec![2, 5, 1]);
-        // top1 (centroid 0 = neurons 0..4) cut to 2: neuron 2, then the lower of the tied 1 and 3
-        let (id, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 2, SetRule::Top1);
+        // one candidate (centroid 0 = neurons 0..4) cut to 2: neuron 2, then the lower of the
+        // tied 1 and 3
+        let (id, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 2, SetRule::Soft { candidates: 1 });
         assert_eq!((id, bits), (0, vec![0b0000_0110, 0]));
         // soft over one candidate: every neuron of the set scores the same; membership decides
         let (_, bits) = predicted_set(&[3.0, 0.0, 0.0], &set, &m, 3, SetRule::Soft { candidates: 1 });
         assert_eq!(bits, vec![0b0000_1110, 0]);
-        // static: the most common neurons whatever the head says
-        let (_, bits) = predicted_set(&[0.0, 0.0, 9.0], &set, &m, 3, SetRule::Static);
-        assert_eq!(bits, vec![0b0000_1110, 0]);
-        assert_eq!("static".parse::<SetRule>().unwrap(), SetRule::Static);
-        assert_eq!("top1".parse::<SetRule>().unwrap(), SetRule::Top1);
+        assert!("top1".parse::<SetRule>().is_err() && "static".parse::<SetRule>().is_err());
     }
 
     #[test]
@@ -691,10 +643,8 @@ mod tests {
         let mut w = vec![0.1f32; 8];
         (w[5], w[1]) = (4.0, 2.0);
         let p = NeuronPrior::new(&set, Some(&w));
-        // static keeps the two most important, whatever the head says
-        assert_eq!(predicted_set(&[9.0, 0.0], &set, &p, 2, SetRule::Static).1, vec![0b0010_0010]);
-        // top1 cut keeps its set's most important first
-        assert_eq!(predicted_set(&[9.0, 0.0], &set, &p, 1, SetRule::Top1).1, vec![0b0000_0010]);
+        // one candidate's set cut to one keeps its most important neuron
+        assert_eq!(predicted_set(&[9.0, 0.0], &set, &p, 1, SetRule::Soft { candidates: 1 }).1, vec![0b0000_0010]);
         // soft: centroid 0 is 3x likelier, but neuron 5 is 40x more important than 0, 2 and 3
         let head = [(3.0f32).ln(), 0.0];
         assert_eq!(predicted_set(&head, &set, &p, 2, SetRule::Soft { candidates: 2 }).1, vec![0b0010_0010]);

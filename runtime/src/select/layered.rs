@@ -1,11 +1,11 @@
 //! Whole records ranked before they are read, as a [`SetSelector`] (`crate::layer_predictor`):
-//! at each sparse layer a [`Ranker`] (the layer's own small predictor network, the resident
-//! gate/up sketch, or the resident gate rows) ranks every neuron from the layer's normed input, the `k` best
-//! are the set, and its missing records are read into the slots of the held rows not in the set
-//! that contributed least lately (`HeldHeat`). Slots hold whole records (gate, up and down rows), so every held row counts
-//! with its exact coefficient. Nothing of the MLP stays resident but the ranker: the
-//! predictors (<= 5% of the 4-bit MLP's bytes), the 2-bit sketch or the gate rows (each about a
-//! third of it), which is what lets a budget fall below the 4-bit model.
+//! at each sparse layer a [`Ranker`] (the layer's own small predictor network, or the resident
+//! gate/up sketch) ranks every neuron from the layer's normed input, the `k` best are the set,
+//! and its missing records are read into the slots of the held rows not in the set that
+//! contributed least lately (`HeldHeat`). Slots hold whole records (gate, up and down rows), so
+//! every held row counts with its exact coefficient. Nothing of the MLP stays resident but the
+//! ranker: the predictors (<= 5% of the 4-bit MLP's bytes) or the 2-bit sketch (about a third
+//! of it), which is what lets a budget fall below the 4-bit model.
 
 use super::{Footprint, LayerChoice, SetSelector, SlotRow};
 use crate::error::Result;
@@ -58,7 +58,7 @@ impl SetSelector for LayeredSelector {
     fn footprint(&self, first_layer: usize) -> Footprint {
         let first = first_layer.max(self.first_layer);
         let held_as = match self.ranker {
-            Ranker::Gate(_) | Ranker::Sketch(_) => super::HeldAs::Scorer,
+            Ranker::Sketch(_) => super::HeldAs::Scorer,
             Ranker::Predictors(_) => super::HeldAs::Predictor,
         };
         Footprint::per_layer(first, self.n_layers, self.n_ff, self.ranker.layer_bytes(), held_as)

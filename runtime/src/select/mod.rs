@@ -83,7 +83,7 @@ pub enum HeldAs {
 
 impl Footprint {
     /// A strategy that ranks every neuron of each sparse layer from its own input (its sets are
-    /// shares of n_ff; the scorer, the gate rows, the per-layer predictors) and holds
+    /// shares of n_ff; the scorer, the sketch, the per-layer predictors) and holds
     /// `per_layer_bytes` for each sparse layer `first..n_layers`: one sizing for the loaded
     /// selectors and for `--strategy auto`, which sizes them from their files' headers.
     pub fn per_layer(first: usize, n_layers: usize, n_ff: usize, per_layer_bytes: u64, held_as: HeldAs) -> Footprint {

@@ -32,24 +32,18 @@ pub struct PredictedSelector {
 impl PredictedSelector {
     /// The preparation's predictor, centroids, thresholds and importance. Returns a note when
     /// the preparation has no importance artifact (cut sets then rank by membership).
-    pub fn load(manifest_path: &Path, m: &Manifest, rule: SetRule, rank: NeuronRank) -> Result<(Self, Option<String>)> {
-        if matches!(rule, SetRule::Oracle | SetRule::Scorer) {
-            return Err(RuntimeError::Input(format!(
-                "set rule {rule} does not run on the shared predictor's streamed sets{}",
-                if rule == SetRule::Oracle {
-                    ": the oracle ranks neurons by their true activations, which needs every row (--in-memory)"
-                } else {
-                    ""
-                }
-            )));
+    pub fn load(manifest_path: &Path, m: &Manifest, rule: SetRule) -> Result<(Self, Option<String>)> {
+        if rule == SetRule::Oracle {
+            return Err(RuntimeError::Input(
+                "the oracle set rule ranks neurons by their true activations, which needs every row in memory".into(),
+            ));
         }
         let c = &m.model;
         let d0 = m.sparsity.dense_prefix;
         let (PredictorArtifacts { predictor, centroids, thresholds, importance }, note) =
             PredictorArtifacts::load(manifest_path, m)?;
         let sets = (d0..c.num_hidden_layers).map(|l| Ok(centroids.layer(l)?.clone())).collect::<Result<Vec<_>>>()?;
-        let mut priors = NeuronPrior::for_layers(&sets, d0, importance.as_ref());
-        crate::predictor::apply_neuron_rank(&mut priors, rank);
+        let priors = NeuronPrior::for_layers(&sets, d0, importance.as_ref());
         // the sets, plus per neuron its membership count (u16) and importance (f32)
         let centroid_bytes =
             centroids.columns.values().map(|c| c.bits.len() as u64 + c.k as u64 * 64 + c.width as u64 * 8 * 6).sum();

@@ -1,23 +1,19 @@
 //! `--strategy auto`: which strategy a budget runs, decided before anything large is loaded.
 //!
-//! The candidates, best quality first at equal memory as measured on SmolLM2 and
-//! Qwen2.5-Coder-1.5B at every budget and set size tried (docs/RESULTS.md, "Issue #17 (part 1)"
-//! and "(part 2)"; Qwen at 849 MiB: scorer 1.26x dense perplexity, gate 1.88x; at 764 MiB
-//! sketch 1.46x, gate 2.71x; the predictors need a smaller budget to fit but are worse
-//! wherever both fit):
+//! The candidates, best quality first at equal memory (docs/RESULTS.md, "Strategies"):
 //! 0. `dense`: where the whole model fits, every MLP held and computed dense from the GGUF's own
 //!    blocks (a native preparation's dense_mlp.safetensors): the source file's quality, and
 //!    faster than the scorer summing every held down row (docs/RESULTS.md, "Issue #18 (part 9)");
 //! 1. `scorer`: resident 4-bit gate/up rows rank every neuron, the down rows stream (a budget
 //!    that holds every row computes the dense MLP);
-//! 2. `sketch`: the resident 2-bit gate/up sketch ranks, whole records stream;
-//! 3. `gate`: resident gate rows rank, whole records stream;
-//! 4. `layers`: the per-layer predictors rank, whole records stream (the smallest minimum).
+//! 2. `sketch`: the resident 2-bit gate/up sketch ranks, whole records stream.
+//!
+//! The papers' predictors (the shared one, `predictor`, and the per-layer ones, `layers`) run
+//! when named and are compared in `make bench-selectors`, but `auto` never picks them.
 //!
 //! Each candidate's plan is sized from its files' headers with the same [`MemoryPlan`] the run
 //! uses (`Footprint::per_layer`), and the first that fits the budget runs; `runtime plan
-//! --strategy auto` prints every candidate with the windowed roofline's predicted tok/s. A
-//! preparation with none of these artifacts runs the shared predictor.
+//! --strategy auto` prints every candidate with the windowed roofline's predicted tok/s.
 
 use super::budget::{PlanInputs, Sizing};
 use super::{MemoryPlan, SelectorChoice, StreamSettings};
@@ -28,7 +24,7 @@ use formats::manifest::Manifest;
 use std::path::Path;
 
 /// The head a strategy's logits come from unless `-X head=` says otherwise:
-/// - the whole-record strategies (sketch, gate, layers) run below the 4-bit model, where every
+/// - the whole-record strategies (sketch, layers) run below the 4-bit model, where every
 ///   MiB buys row slots: the 4-bit head (`head_compact`; Qwen2.5-Coder-1.5B: 125 MiB for the
 ///   GGUF's 183 MiB Q6_K, +1.5% dense perplexity, while the 58 MiB it frees as slots cut the
 ///   sketch's perplexity at 25% of F16 by 6%: docs/RESULTS.md, "Issue #18 (part 3)");
@@ -68,20 +64,20 @@ pub struct Candidate {
 fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(usize, u64, HeldAs, SlotRow)>> {
     let c = &m.model;
     let d0 = m.sparsity.dense_prefix;
-    let scorer = || -> Result<Option<(u64, u64)>> {
-        let Some(a) = m.artifacts.iter().find(|a| a.role == "scorer") else { return Ok(None) };
-        let (s, g) = formats::scorer::held_bytes_per_layer(
-            &m.artifact_path(manifest_path, a),
-            d0,
-            c.num_hidden_layers - d0,
-            c.intermediate_size,
-            c.hidden_size,
-        )?;
-        Ok(Some((s as u64, g as u64)))
-    };
     Ok(match name {
-        "scorer" => scorer()?.map(|(s, _)| (d0, s, HeldAs::Scorer, SlotRow::Down)),
-        "gate" => scorer()?.map(|(_, g)| (m.records.first_layer, g, HeldAs::Scorer, SlotRow::GateUpDown)),
+        "scorer" => match m.artifacts.iter().find(|a| a.role == "scorer") {
+            None => None,
+            Some(a) => {
+                let per_layer = formats::scorer::held_bytes_per_layer(
+                    &m.artifact_path(manifest_path, a),
+                    d0,
+                    c.num_hidden_layers - d0,
+                    c.intermediate_size,
+                    c.hidden_size,
+                )?;
+                Some((d0, per_layer as u64, HeldAs::Scorer, SlotRow::Down))
+            }
+        },
         "sketch" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
             None => None,
             Some(a) => {
@@ -99,16 +95,19 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
             None => None,
             Some(a) => {
                 let spec = formats::layer_predictors::read_spec(&m.artifact_path(manifest_path, a))?;
-                (spec.input == formats::layer_predictors::PredictorInput::Own).then(|| {
-                    (m.records.first_layer, spec.layer_parameters() as u64 * 2, HeldAs::Predictor, SlotRow::GateUpDown)
-                })
+                Some((
+                    m.records.first_layer,
+                    spec.layer_parameters() as u64 * 2,
+                    HeldAs::Predictor,
+                    SlotRow::GateUpDown,
+                ))
             }
         },
         _ => unreachable!("a ranking candidate's name"),
     })
 }
 
-/// The footprint `--strategy <name>` would have (scorer, sketch, gate or layers) from its files'
+/// The footprint `--strategy <name>` would have (scorer, sketch or layers) from its files'
 /// headers, and the rows its slots hold; None when the preparation lacks its artifact.
 pub fn footprint_of(
     manifest_path: &Path,
@@ -157,8 +156,6 @@ pub fn candidates(
     for (name, choice) in [
         ("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }),
         ("sketch", SelectorChoice::Sketch),
-        ("gate", SelectorChoice::Gate),
-        ("layers", SelectorChoice::Layers),
     ] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
@@ -251,7 +248,7 @@ pub fn chosen(cands: &[Candidate]) -> Option<usize> {
 
 /// The strategy `auto` runs at `s`'s budget, and its head (`head`, or its default): the first
 /// candidate whose plan fits, with a note naming the better ones that did not (None when the
-/// first fits); None when the preparation has none of them (the shared predictor runs).
+/// first fits); None when the preparation has none of them.
 /// Refused when the budget is below every candidate's minimum.
 pub fn choose(
     manifest_path: &Path,

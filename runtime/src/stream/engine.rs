@@ -84,15 +84,12 @@ impl StreamStats {
 /// Which [`SetSelector`] a streamed run uses.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SelectorChoice {
-    /// The shared predictor with a set rule (soft8, or the `--experiment` rules top1, static)
-    /// and a neuron ranking for cut sets.
-    Predictor { rule: SetRule, neuron_rank: NeuronRank },
+    /// The shared predictor with a set rule (soft8 by default).
+    Predictor { rule: SetRule },
     /// The resident 4-bit gate/up scorer; a held row counts `resident_bonus` (>= 1) times.
     Scorer { resident_bonus: f32 },
     /// The per-layer predictors (`prep layers`), whole records streamed.
     Layers,
-    /// The resident gate rows rank, whole records streamed.
-    Gate,
     /// The resident few-bit gate/up sketch ranks, whole records streamed.
     Sketch,
     /// No sparse layer: every MLP held and computed dense (`select::dense`).
@@ -105,7 +102,6 @@ impl SelectorChoice {
         use crate::layer_predictor::RankerKind;
         match self {
             SelectorChoice::Layers => Some(RankerKind::Predictors),
-            SelectorChoice::Gate => Some(RankerKind::Gate),
             SelectorChoice::Sketch => Some(RankerKind::Sketch),
             SelectorChoice::Predictor { .. } | SelectorChoice::Scorer { .. } | SelectorChoice::Dense => None,
         }
@@ -114,7 +110,7 @@ impl SelectorChoice {
 
 impl Default for SelectorChoice {
     fn default() -> Self {
-        SelectorChoice::Predictor { rule: SetRule::default(), neuron_rank: NeuronRank::default() }
+        SelectorChoice::Predictor { rule: SetRule::default() }
     }
 }
 
@@ -276,15 +272,15 @@ impl StreamingEngine {
         let d0 = manifest.sparsity.dense_prefix;
         let mut notes = Vec::new();
         let mut selector: Box<dyn SetSelector> = match settings.selector {
-            SelectorChoice::Predictor { rule, neuron_rank } => {
-                let (p, note) = PredictedSelector::load(manifest_path, manifest, rule, neuron_rank)?;
+            SelectorChoice::Predictor { rule } => {
+                let (p, note) = PredictedSelector::load(manifest_path, manifest, rule)?;
                 notes.extend(note);
                 Box::new(p)
             }
             SelectorChoice::Scorer { resident_bonus } => {
                 Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?)
             }
-            SelectorChoice::Layers | SelectorChoice::Gate | SelectorChoice::Sketch => {
+            SelectorChoice::Layers | SelectorChoice::Sketch => {
                 let kind = settings.selector.ranker_kind().expect("the whole-record strategies rank");
                 Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind)?)
             }
