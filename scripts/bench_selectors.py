@@ -93,11 +93,18 @@ def main():
     arts = {x["role"]: x for x in m["artifacts"]}
     n_sparse = m["model"]["num_hidden_layers"] - prefix
     n_prepared = m["model"]["num_hidden_layers"] - m["sparsity"]["dense_prefix"]
+    # the papers' predictors exist only where the recipe has their [train] / [layers] sections
+    needs = {"layers": "layer_predictors", "soft8": "predictor", "oracle": "layer_predictors"}
+    missing = [f"{x} (no {needs[x]} artifact)" for x in a.methods.split(",") if x in needs and needs[x] not in arts]
+    if missing:
+        sys.exit(f"{manifest}: cannot compare {', '.join(missing)}: add the recipe's [train] and [layers] sections, "
+                 "rerun make prepare, or leave them out of --methods")
+    per_layer = lambda role: arts[role]["bytes"] * n_sparse / n_prepared if role in arts else None
     resident = {  # bytes the method holds for the sparse layers (besides slots)
-        "layers": arts["layer_predictors"]["bytes"] * n_sparse / n_prepared,
-        "sketch": arts["sketch"]["bytes"] * n_sparse / n_prepared,
-        "scorer": arts["scorer"]["bytes"] * n_sparse / n_prepared,
-        "soft8": arts["predictor"]["bytes"] + arts["centroids"]["bytes"],
+        "layers": per_layer("layer_predictors"),
+        "sketch": per_layer("sketch"),
+        "scorer": per_layer("scorer"),
+        "soft8": arts["predictor"]["bytes"] + arts["centroids"]["bytes"] if "predictor" in arts else None,
         "oracle": None,
     }
     out = ROOT / f"bench/results/selectors-{a.model}{'-' + a.tag if a.tag else ''}.json"

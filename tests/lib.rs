@@ -366,6 +366,7 @@ dense_prefix = 2
 [train]
 hidden = 16
 max_epochs = 3
+[layers]
 "#,
         model = model.display(),
         out = dir.join("artifacts").display(),

@@ -757,3 +757,34 @@ fn plan_sizes_a_shape_without_its_weights() {
     let (ok, _, err) = runtime_cli(&["plan", "--shape", "gpt-5", "--device", device.to_str().unwrap()]);
     assert!(!ok && err.contains("mistral-7b"), "{err}");
 }
+
+/// The papers' predictors are trained only when the recipe asks (`[train]`, `[layers]`): a
+/// recipe without those sections prepares no predictor artifacts, auto still runs, and naming
+/// either strategy is refused with the section it needs.
+#[test]
+fn a_recipe_without_predictor_sections_trains_none() {
+    let dir = scratch("synthetic-no-predictors");
+    let recipe = synthetic_recipe(&dir);
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    let cut = text.replace("[train]\nhidden = 16\nmax_epochs = 3\n[layers]\n", "");
+    assert_ne!(cut, text, "the synthetic recipe's predictor sections");
+    std::fs::write(&recipe, cut).unwrap();
+    let out = run_bin("prep", &["prepare", recipe.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "prep prepare: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stages: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["stage"].as_str().unwrap()).collect();
+    assert!(!stages.contains(&"train") && !stages.contains(&"layers") && stages.contains(&"reuse"), "{stages:?}");
+    let manifest = dir.join("artifacts/manifest.toml");
+    let m = formats::manifest::Manifest::load(&manifest).unwrap();
+    assert!(!m.artifacts.iter().any(|a| a.role == "predictor" || a.role == "layer_predictors"), "{:?}", m.artifacts);
+    let reuse = formats::reuse_table::ReuseTable::load(&dir.join("artifacts/scorer/reuse.json")).unwrap();
+    assert_eq!(reuse.rules.keys().collect::<Vec<_>>(), ["scorer", "sketch"]);
+    let mp = manifest.to_str().unwrap();
+    let (ok, _, err) = runtime_cli(&["run", mp, "-p", "the hat", "-n", "2"]);
+    assert!(ok, "{err}");
+    for (strategy, section) in [("predictor", "[train]"), ("layers", "[layers]")] {
+        let (ok, _, err) =
+            runtime_cli(&["run", mp, "-p", "the hat", "-n", "2", "--strategy", strategy, "--mem-budget", "1GiB"]);
+        assert!(!ok && err.contains("manifest.toml") && err.contains(section), "{strategy}: {err}");
+    }
+}

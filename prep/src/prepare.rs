@@ -30,15 +30,17 @@ pub struct Recipe {
     pub capture: CaptureRecipe,
     pub cluster: ClusterRecipe,
     pub pack: PackRecipe,
-    /// Predictor training; every field has a default.
+    /// The shared predictor (NeuroPrefetcher's, `--strategy predictor`): trained only when the
+    /// recipe has a `[train]` section (every field has a default). `auto` never runs it.
     #[serde(default)]
-    pub train: train::TrainSettings,
+    pub train: Option<train::TrainSettings>,
     /// Per-neuron importance (the ranking of cut sets); every field has a default.
     #[serde(default)]
     pub importance: ImportanceRecipe,
-    /// The per-layer predictors (`--strategy layers`); every field has a default.
+    /// The per-layer predictors (LLM in a flash's, `--strategy layers`): trained only when the
+    /// recipe has a `[layers]` section (every field has a default). `auto` never runs them.
     #[serde(default)]
-    pub layers: layers::LayersSettings,
+    pub layers: Option<layers::LayersSettings>,
     /// The resident gate/up sketch (`--strategy sketch`); every field has a default.
     #[serde(default)]
     pub sketch: SketchRecipe,
@@ -349,22 +351,29 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         || cluster::cluster(&cap_dir, &cl_dir, &cls, show_progress).map(|_| ()),
     )?;
 
-    // train: the shared predictor
+    // train: the shared predictor, when the recipe asks for it
     let tr_dir = out.join("predictor");
-    let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?,
-        "cluster": file_fingerprint(&[cl_dir.join("labels.safetensors"), cl_dir.join("centroids.safetensors")])?,
-        "dense_prefix": d, "settings": r.train});
-    st.run("train", &key, &[tr_dir.join("predictor.safetensors"), tr_dir.join("train.json")], || {
-        train::train(&model_dir, &cap_dir, &cl_dir, d, &tr_dir, &r.train, show_progress).map(|_| ())
-    })?;
+    let predictor_path = tr_dir.join("predictor.safetensors");
+    if let Some(settings) = &r.train {
+        let key = serde_json::json!({"capture": file_fingerprint(&[cap_dir.join("masks-000-of-001.arrow")])?,
+            "cluster": file_fingerprint(&[cl_dir.join("labels.safetensors"), cl_dir.join("centroids.safetensors")])?,
+            "dense_prefix": d, "settings": settings});
+        st.run("train", &key, &[predictor_path.clone(), tr_dir.join("train.json")], || {
+            train::train(&model_dir, &cap_dir, &cl_dir, d, &tr_dir, settings, show_progress).map(|_| ())
+        })?;
+    }
 
-    // layers: the per-layer predictors of the sparse layers
+    // layers: the per-layer predictors of the sparse layers, when the recipe asks for them
     let lp_dir = out.join("layers");
     let lp_path = lp_dir.join("layer_predictors.safetensors");
-    let key = serde_json::json!({"model": model_fp, "seq_len": r.capture.seq_len, "first_layer": d, "settings": r.layers, "corpus": file_fingerprint(&corpus)?});
-    st.run("layers", &key, &[lp_path.clone(), lp_dir.join("layers.json")], || {
-        layers::train_layers(&model_dir, &corpus, r.capture.seq_len, d, &lp_dir, &r.layers, show_progress).map(|_| ())
-    })?;
+    if let Some(settings) = &r.layers {
+        let key = serde_json::json!({"model": model_fp, "seq_len": r.capture.seq_len, "first_layer": d, "settings": settings, "corpus": file_fingerprint(&corpus)?});
+        st.run("layers", &key, &[lp_path.clone(), lp_dir.join("layers.json")], || {
+            layers::train_layers(&model_dir, &corpus, r.capture.seq_len, d, &lp_dir, settings, show_progress)
+                .map(|_| ())
+        })?;
+    }
+    let predictors = r.layers.is_some().then_some(lp_path.as_path());
 
     // pack
     let weights_fp = if weights_dir == model_dir {
@@ -437,13 +446,17 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
     // reuse: the reuse table of the scorer, sketch and layers strategies, which runtime
     // plan reads
     let reuse_path = out.join("scorer/reuse.json");
-    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": file_fingerprint(std::slice::from_ref(&lp_path))?, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});
+    let predictors_fp = match predictors {
+        Some(p) => serde_json::json!(file_fingerprint(&[p.to_path_buf()])?),
+        None => serde_json::Value::Null,
+    };
+    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": predictors_fp, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});
     st.run("reuse", &key, std::slice::from_ref(&reuse_path), || {
         crate::reuse::reuse(
             &weights_dir,
             &scorer_path,
             &sketch_path,
-            &lp_path,
+            predictors,
             d,
             &corpus,
             r.capture.seq_len,
@@ -489,10 +502,8 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("records", out.join("records.bin")),
         ("resident", out.join("resident.safetensors")),
         ("centroids", cl_dir.join("centroids.safetensors")),
-        ("predictor", tr_dir.join("predictor.safetensors")),
         ("thresholds", cap_dir.join("thresholds.json")),
         ("importance", imp_path.clone()),
-        (runtime::layer_predictor::ARTIFACT_ROLE, lp_path.clone()),
         ("scorer", scorer_path.clone()),
         (runtime::layer_predictor::SKETCH_ROLE, sketch_path.clone()),
         ("head_q8", head_path.clone()),
@@ -501,6 +512,8 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         ("tokenizer", tok_path.clone()),
     ]
     .into_iter()
+    .chain(r.train.is_some().then(|| ("predictor", predictor_path.clone())))
+    .chain(r.layers.is_some().then(|| (runtime::layer_predictor::ARTIFACT_ROLE, lp_path.clone())))
     .chain(dense_mlp)
     .chain(chat_template)
     {

@@ -74,13 +74,13 @@ impl MlpHook for AllStrategies<'_> {
 
 /// Simulates the table on the model in `model_dir` for the scorer at `scorer_path` (sparse
 /// layers `first_layer..`), the sketch at `sketch_path` and the per-layer
-/// predictors at `predictors_path`, and writes it to `out`.
+/// predictors at `predictors_path` (when the recipe trained them), and writes it to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn reuse(
     model_dir: &Path,
     scorer_path: &Path,
     sketch_path: &Path,
-    predictors_path: &Path,
+    predictors_path: Option<&Path>,
     first_layer: usize,
     corpus: &[PathBuf],
     seq_len: usize,
@@ -97,26 +97,31 @@ pub fn reuse(
     let sketch = Ranker::Sketch(SketchRanker {
         file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)?,
     });
-    let mut predictors = LayerPredictors::load(predictors_path, d, n_ff, c.num_hidden_layers)?;
-    if predictors.spec.first_layer > first_layer {
-        bail!(
-            "{}: predictors start at layer {}, the sparse layers at {first_layer}",
-            predictors_path.display(),
-            predictors.spec.first_layer
-        );
-    }
-    predictors.drop_layers_before(first_layer);
-    let predictors = Ranker::Predictors(predictors);
+    let predictors = match predictors_path {
+        Some(path) => {
+            let mut p = LayerPredictors::load(path, d, n_ff, c.num_hidden_layers)?;
+            if p.spec.first_layer > first_layer {
+                bail!(
+                    "{}: predictors start at layer {}, the sparse layers at {first_layer}",
+                    path.display(),
+                    p.spec.first_layer
+                );
+            }
+            p.drop_layers_before(first_layer);
+            Some(Ranker::Predictors(p))
+        }
+        None => None,
+    };
     let seqs = corpus_sequences(&tok, &expand_corpus(corpus)?, seq_len, s.sequences)?;
     if seqs.is_empty() {
         bail!("reuse: the corpus gives no sequence of {seq_len} tokens");
     }
     let sim = |chooser| ReuseSimulation::new(chooser, &scorer, &s.set_shares, &s.slot_shares, warmup);
-    let mut all = AllStrategies(vec![
-        sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)),
-        sim(Chooser::Ranked(&sketch)),
-        sim(Chooser::Ranked(&predictors)),
-    ]);
+    let mut all =
+        AllStrategies(vec![sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)), sim(Chooser::Ranked(&sketch))]);
+    if let Some(p) = &predictors {
+        all.0.push(sim(Chooser::Ranked(p)));
+    }
     for seq in &seqs {
         all.0.iter_mut().for_each(|s| s.new_sequence());
         let mut cache = model.new_cache(seq.len())?;

@@ -62,7 +62,7 @@ impl LayerPredictors {
     pub fn of_manifest(manifest_path: &Path, m: &Manifest) -> Result<Self> {
         let path = m.artifact_path_of(manifest_path, ARTIFACT_ROLE).map_err(|_| {
             RuntimeError::Input(format!(
-                "{}: no {ARTIFACT_ROLE} artifact (rerun make prepare to train the per-layer predictors)",
+                "{}: no {ARTIFACT_ROLE} artifact (the per-layer predictors are trained when the recipe has a [layers] section)",
                 manifest_path.display()
             ))
         })?;

@@ -178,7 +178,13 @@ impl PredictorArtifacts {
     pub fn load(manifest_path: &Path, m: &formats::manifest::Manifest) -> Result<(Self, Option<String>)> {
         let c = &m.model;
         let d0 = m.sparsity.dense_prefix;
-        let predictor = Predictor::load(&m.artifact_path_of(manifest_path, "predictor")?)?;
+        let path = m.artifact_path_of(manifest_path, "predictor").map_err(|_| {
+            crate::RuntimeError::Input(format!(
+                "{}: no predictor artifact (the shared predictor is trained when the recipe has a [train] section)",
+                manifest_path.display()
+            ))
+        })?;
+        let predictor = Predictor::load(&path)?;
         let s = &predictor.spec;
         if s.first_layer != d0 || s.n_sparse_layers != c.num_hidden_layers - d0 || s.d_model != c.hidden_size {
             return Err(crate::RuntimeError::Input(format!(

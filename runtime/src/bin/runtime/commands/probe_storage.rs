@@ -126,20 +126,20 @@ fn probe_storage(
     for m in manifests {
         let mf = formats::manifest::Manifest::load(m)?;
         let has = |role: &str| mf.artifacts.iter().any(|a| a.role == role);
-        // each strategy --strategy auto may run: its compute differs (the whole-record ones
-        // compute every held row's h from its record)
-        // (dense first: every preparation runs it, auto's choice where the whole model fits)
+        // each strategy the preparation can run: its compute differs (the whole-record ones
+        // compute every held row's h from its record); dense first, which every preparation runs
         let strategies: Vec<Strategy> = [
             (Strategy::Dense, "records"),
             (Strategy::Scorer, "scorer"),
             (Strategy::Sketch, runtime::layer_predictor::SKETCH_ROLE),
             (Strategy::Layers, runtime::layer_predictor::ARTIFACT_ROLE),
+            (Strategy::Predictor, "predictor"),
         ]
         .into_iter()
         .filter(|(_, role)| has(role))
         .map(|(s, _)| s)
         .collect();
-        for strategy in if strategies.len() == 1 { vec![Strategy::Dense, Strategy::Predictor] } else { strategies } {
+        for strategy in strategies {
             // every row held (compute alone), then at 5% over the minimum (what each row read
             // costs the compute thread: landing it in its slot, beyond the read itself)
             let bench_at = |budget: Option<u64>| -> Result<(runtime::bench::BenchReport, u64, f64, String)> {
