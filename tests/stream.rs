@@ -533,9 +533,18 @@ fn plan_predicts_from_a_device_file_and_refuses_what_it_cannot() {
     );
     let llama = &v["llama_cpp"][0]["prediction"];
     assert!(llama["predicted_tok_per_s"].as_f64().unwrap() > 0.0, "{v}");
-    // every row held: no reads, nothing exposed, faster
-    let (ok, out, err) =
-        runtime_cli(&["plan", m.to_str().unwrap(), "--device", device.to_str().unwrap(), "--json", "--no-verify"]);
+    // the same strategy with every row held (no budget; auto would plan dense): no reads,
+    // nothing exposed, faster
+    let (ok, out, err) = runtime_cli(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--strategy",
+        ours["selector"].as_str().unwrap(),
+        "--device",
+        device.to_str().unwrap(),
+        "--json",
+        "--no-verify",
+    ]);
     assert!(ok, "{err}");
     let all: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(all["ours"]["exposed_io_s_per_token"].as_f64(), Some(0.0));

@@ -14,7 +14,7 @@ use crate::error::{Result, RuntimeError};
 use crate::model::MlpHook;
 use crate::ops::matmul::matmul_f16;
 use crate::ops::record_sum::RecordRows;
-use crate::stream::slots::SlotMap;
+use crate::slots::SlotMap;
 use crate::tensor::F16Matrix;
 use formats::layer_predictors::{LayerPredictorFile, LayerPredictorSpec};
 use formats::manifest::Manifest;
@@ -248,7 +248,7 @@ impl HeldHeat {
     }
 
     /// The set's missing rows and their slots: the coolest held rows not in the set make room.
-    pub fn plan(&self, map: &mut SlotMap, set: &[u32], tick: u64) -> Vec<crate::stream::slots::Load> {
+    pub fn plan(&self, map: &mut SlotMap, set: &[u32], tick: u64) -> Vec<crate::slots::Load> {
         map.plan_by_heat(set, tick, &self.heat)
     }
 }

@@ -8,7 +8,6 @@ use crate::ops::matmul::{matmul, matvec_many};
 use crate::ops::rmsnorm::rmsnorm;
 use crate::ops::rope::RopeTable;
 use crate::ops::swiglu::{mul_in_place, silu_in_place};
-use crate::stream::StreamingEngine;
 use crate::tensor::{F16Matrix, Matrix, QMatrix};
 use formats::model_dir::{self, Architecture, ModelConfig};
 use formats::safetensors_io::{self, MappedSafetensors};
@@ -38,7 +37,7 @@ pub enum Mlp {
     /// records.bin): the layer runs dense.
     Resident(DenseMlp),
     /// On storage, in records.bin: the streaming engine reads the rows each token needs
-    /// ([`crate::stream::StreamingEngine::mlp`]).
+    /// ([`StreamedMlp::mlp`]).
     Streamed,
 }
 
@@ -143,6 +142,24 @@ pub trait MlpHook {
     fn mlp(&mut self, _layer: usize, _xn: &[f32], _out: &mut [f32]) -> Result<()> {
         Err(RuntimeError::Input("this hook computes no MLP".into()))
     }
+}
+
+/// What computes the MLPs of the layers a model leaves on storage ([`Mlp::Streamed`]), one
+/// token at a time ([`Model::decode_step`]): the streaming engine (`crate::stream`). The model
+/// calls it at one place per layer and knows nothing of slots, reads or selectors.
+pub trait StreamedMlp {
+    /// A new token starts.
+    fn begin_token(&mut self);
+    /// Layer 0 ran dense: `gate_silu` and `up` `[n_ff]` are its activations.
+    fn observe_first_layer(&mut self, gate_silu: &[f32], up: &[f32]);
+    /// The residual stream after layer 0, `[d_model]`.
+    fn after_first_layer(&mut self, hidden: &[f32]) -> Result<()>;
+    /// Layer `layer`'s MLP output for the normed input `xn` `[d_model]`, into `out` `[d_model]`.
+    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()>;
+    /// The token failed part-way: nothing it planned may outlive it.
+    fn abandon_token(&mut self);
+    /// The decode step's buffers, kept between tokens (None before the first).
+    fn scratch(&mut self) -> &mut Option<DecodeState>;
 }
 
 pub struct Model {
@@ -351,7 +368,7 @@ impl Model {
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
     /// from the prepared prefix to `dense_prefix` mapped from dense_mlp.safetensors (the GGUF's
     /// blocks), or without it rebuilt once from records.bin; the MLP weights of
-    /// layers `dense_prefix..` stay on storage (the [`crate::stream::StreamingEngine`] computes those MLPs).
+    /// layers `dense_prefix..` stay on storage (a [`StreamedMlp`], the streaming engine, computes those MLPs).
     /// `head`: with the Q8_0 or 4-bit head, a tied embedding is only read a row per token too.
     pub fn load_streaming(
         manifest_path: &Path,
@@ -564,14 +581,14 @@ impl Model {
 
     /// One token through the streaming engine, from token to logits `[vocab]`: the per-token
     /// path of a streamed run. Every layer: attention (resident weights, KV cache), then the MLP,
-    /// resident (dense) or streamed ([`StreamingEngine::mlp`]: the selector's set, the rows the
-    /// layer's slots hold, the missing ones read from records.bin). Layer 0's activations and
-    /// output go to the engine, whose selector may choose every sparse layer's set from them.
-    pub fn decode_step(&self, token: u32, cache: &mut KvCache, engine: &mut StreamingEngine) -> Result<Vec<f32>> {
+    /// resident (dense) or streamed ([`StreamedMlp::mlp`]: the streaming engine's set, the rows
+    /// the layer's slots hold, the missing ones read from records.bin). Layer 0's activations
+    /// and output go to the engine, whose selector may choose every sparse layer's set from them.
+    pub fn decode_step(&self, token: u32, cache: &mut KvCache, engine: &mut dyn StreamedMlp) -> Result<Vec<f32>> {
         let c = &self.config;
         self.check_tokens(&[token], cache)?;
         let pos = cache.len;
-        let mut s = engine.scratch.take().unwrap_or_else(|| DecodeState::new(c, 1));
+        let mut s = engine.scratch().take().unwrap_or_else(|| DecodeState::new(c, 1));
         engine.begin_token();
         self.embed(&[token], &mut s.x);
         let logits = (|| -> Result<Vec<f32>> {
@@ -599,7 +616,7 @@ impl Model {
             check_finite(&logits, "the logits", None)?;
             Ok(logits)
         })();
-        engine.scratch = Some(s);
+        *engine.scratch() = Some(s);
         if logits.is_err() {
             engine.abandon_token();
             return logits;

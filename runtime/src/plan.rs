@@ -451,7 +451,7 @@ pub fn shape_plan(
         scorer_bytes: (layers - first.max(d0)) as u64 * n_ff as u64 * 2 * gate_up_row,
         full_sets: vec![n_ff; layers - first.max(d0)],
         set_unit: "n_ff",
-        min_set_scale: crate::stream::budget::MIN_SCORER_SHARE,
+        min_set_scale: crate::select::MIN_SCORER_SHARE,
         fit_tries_prefixes: false,
     };
     let sizing = crate::stream::budget::Sizing { footprint: &footprint, slot_row: crate::select::SlotRow::Down };

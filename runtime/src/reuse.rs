@@ -15,7 +15,7 @@
 use crate::layer_predictor::{top_k, HeldHeat, Ranker};
 use crate::model::MlpHook;
 use crate::scorer::{update_heat, GateUpScorer, LayerScoring};
-use crate::stream::slots::{SlotMap, EMPTY};
+use crate::slots::{SlotMap, EMPTY};
 
 /// How a strategy chooses its set.
 pub enum Chooser<'a> {

@@ -19,7 +19,7 @@ use crate::model::MlpHook;
 use crate::ops::down_sum::{down_sum, down_sum_blocks};
 use crate::ops::qmatvec::{matvec_q4, Q8Vector};
 use crate::ops::swiglu::silu;
-use crate::stream::slots::{Load, SlotMap};
+use crate::slots::{Load, SlotMap};
 use formats::manifest::Manifest;
 use formats::scorer::GateUpScorerFile;
 use half::f16;
@@ -110,7 +110,7 @@ impl GateUpScorer {
             .iter()
             .zip(norm)
             .zip(slot_of)
-            .map(|((a, b), &s)| a.abs() * b * if s != crate::stream::slots::EMPTY { resident_bonus } else { 1.0 })
+            .map(|((a, b), &s)| a.abs() * b * if s != crate::slots::EMPTY { resident_bonus } else { 1.0 })
             .collect();
         let mut idx: Vec<u32> = (0..h.len() as u32).collect();
         let k = k.min(idx.len());

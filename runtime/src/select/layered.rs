@@ -10,7 +10,7 @@
 use super::{Footprint, LayerChoice, SetSelector, SlotRow};
 use crate::error::Result;
 use crate::layer_predictor::{top_k, HeldHeat, Ranker, RankerKind};
-use crate::stream::slots::SlotMap;
+use crate::slots::SlotMap;
 use formats::manifest::Manifest;
 use std::path::Path;
 

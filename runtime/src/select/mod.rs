@@ -24,7 +24,15 @@ pub mod layered;
 pub mod predicted;
 pub mod scored;
 
-use crate::stream::slots::{Load, SlotMap};
+use crate::slots::{Load, SlotMap};
+
+/// `fit` cuts the shared predictor's sets to no less than this share of K_max (K_max is ~1.5x
+/// a layer's mean active count: below a quarter of it most active neurons are dropped).
+pub const MIN_SET_SCALE: f64 = 0.25;
+
+/// `fit` keeps no less than this share of a layer's neurons with the strategies that rank every
+/// neuron from the layer's own input (their sets are a share of n_ff).
+pub const MIN_SCORER_SHARE: f64 = 0.10;
 
 /// What one slot of a sparse layer holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +103,7 @@ impl Footprint {
             scorer_bytes: if held_as == HeldAs::Scorer { held } else { 0 },
             full_sets: vec![n_ff; sparse],
             set_unit: "n_ff",
-            min_set_scale: crate::stream::budget::MIN_SCORER_SHARE,
+            min_set_scale: MIN_SCORER_SHARE,
             fit_tries_prefixes: false,
         }
     }

@@ -87,7 +87,7 @@ impl SetSelector for PredictedSelector {
             scorer_bytes: 0,
             full_sets: self.k_max[first_layer.saturating_sub(self.first_layer).min(self.k_max.len())..].to_vec(),
             set_unit: "K_max",
-            min_set_scale: crate::stream::budget::MIN_SET_SCALE,
+            min_set_scale: super::MIN_SET_SCALE,
             fit_tries_prefixes: true,
         }
     }

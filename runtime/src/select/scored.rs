@@ -7,7 +7,7 @@
 use super::{Footprint, LayerChoice, SetSelector, SlotRow};
 use crate::error::Result;
 use crate::scorer::{score_and_plan, GateUpScorer, LayerScoring};
-use crate::stream::slots::SlotMap;
+use crate::slots::SlotMap;
 use formats::manifest::Manifest;
 use std::path::Path;
 use std::sync::Arc;

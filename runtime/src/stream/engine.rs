@@ -10,12 +10,12 @@ use super::aligned::AlignedBuf;
 use super::budget::MemoryPlan;
 use super::io::{IoThread, LayerReads, RowSpan};
 use super::reader::{ReaderOptions, RecordReader};
-use super::slots::{Load, SlotMap};
 use crate::error::{Result, RuntimeError};
 use crate::ops::down_sum::{down_sum, down_sum_blocks};
 use crate::ops::record_sum::RecordRows;
 use crate::predictor::{NeuronRank, SetRule};
 use crate::select::{predicted::PredictedSelector, scored::ScoredSelector, SetSelector, SlotRow};
+use crate::slots::{Load, SlotMap};
 use half::f16;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -579,4 +579,25 @@ fn sum_slots(
         }
     }
     None
+}
+
+impl crate::model::StreamedMlp for StreamingEngine {
+    fn begin_token(&mut self) {
+        StreamingEngine::begin_token(self)
+    }
+    fn observe_first_layer(&mut self, gate_silu: &[f32], up: &[f32]) {
+        StreamingEngine::observe_first_layer(self, gate_silu, up)
+    }
+    fn after_first_layer(&mut self, hidden: &[f32]) -> Result<()> {
+        StreamingEngine::after_first_layer(self, hidden)
+    }
+    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
+        StreamingEngine::mlp(self, layer, xn, out)
+    }
+    fn abandon_token(&mut self) {
+        StreamingEngine::abandon_token(self)
+    }
+    fn scratch(&mut self) -> &mut Option<crate::model::DecodeState> {
+        &mut self.scratch
+    }
 }

@@ -7,8 +7,8 @@
 //! [`RowSpan`].
 
 use super::reader::{RecordReader, Run};
-use super::slots::Load;
 use crate::error::{Result, RuntimeError};
+use crate::slots::Load;
 use formats::manifest::RecordsLayout;
 use formats::records::{check_record, RECORD_ALIGN_BYTES, RECORD_HEADER_BYTES};
 use std::sync::mpsc::{channel, Receiver, Sender};

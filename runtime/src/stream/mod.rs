@@ -7,7 +7,6 @@ pub mod budget;
 pub mod engine;
 pub mod io;
 pub mod reader;
-pub mod slots;
 
 pub use budget::{parse_bytes, MemoryPlan};
 pub use engine::{DensePrefix, IoSettings, SelectorChoice, StreamSettings, StreamStats, StreamingEngine};
