@@ -137,3 +137,43 @@ fn chat_keeps_earlier_turns_in_the_cache() {
     assert!(replies.len() >= 3, "{replies:?}");
     assert!(err.contains("(conversation reset)"));
 }
+
+/// `runtime chat`: Ctrl-C during a reply stops that reply and the conversation goes on (the next
+/// turn reuses it); /help and unknown /commands never reach the model.
+#[test]
+fn ctrl_c_stops_a_reply_not_the_chat() {
+    use std::io::{Read, Write};
+    let bin = repo_root().join("target/release/runtime");
+    let mut child = std::process::Command::new(&bin)
+        .args(["chat", fixture_native_model().to_str().unwrap(), "--temp", "0", "-n", "400", "--threads", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"/help\n/frobnicate\nWrite a long story about a lighthouse keeper.\n").unwrap();
+    stdin.flush().unwrap();
+    // wait for the reply to start, then interrupt it
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    let n = stdout.read(&mut first).unwrap();
+    assert!(n > 0, "no reply began");
+    let status = std::process::Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap();
+    assert!(status.success());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stdin.write_all(b"Thanks.\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the chat ended with {:?}: {err}", out.status);
+    assert!(err.contains("unknown command /frobnicate") && err.contains("/reset starts over"), "{err}");
+    let turns: Vec<&str> = err.lines().filter(|l| l.starts_with("[prompt ")).collect();
+    assert_eq!(turns.len(), 2, "two turns reached the model: {err}");
+    assert!(turns[0].contains("stopped by Ctrl-C"), "{err}");
+    // the second turn reuses the first turn's cache, the stopped reply included
+    let reused: usize = turns[1].split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(reused > 0, "{err}");
+}

@@ -62,6 +62,26 @@ fn the_server_holds_its_budget_under_load() {
             assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
         }
     }
+    // 16 bodies of just under 1 MiB at once: each refused before it is rendered or tokenized
+    // whole (longer than the context can hold) or at the door (the bytes of bodies in flight)
+    let big = "word ".repeat(((1 << 20) - 200) / 5);
+    let statuses: Vec<u16> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..16)
+            .map(|_| {
+                let (s, big) = (&s, &big);
+                sc.spawn(move || {
+                    s.post(
+                        "/v1/chat/completions",
+                        &json!({"messages": [{"role": "user", "content": big}], "max_tokens": 8}),
+                    )
+                    .status
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(statuses.iter().all(|&c| c == 400 || c == 503), "{statuses:?}");
+    assert!(statuses.contains(&400), "{statuses:?}");
     let m = s.get("/metrics").body;
     let value = |name: &str| -> f64 {
         m.lines()
@@ -78,4 +98,41 @@ fn the_server_holds_its_budget_under_load() {
     let _ = std::fs::remove_dir(&group);
     eprintln!("serve under load: budget {budget}, limit {limit}, peak RSS {peak} ({:.3} of the budget), cgroup max usage {}, failcnt {}", peak as f64 / budget as f64, max_usage.trim(), failcnt.trim());
     assert!(peak <= limit, "peak RSS {peak} over the {limit}-byte limit");
+}
+
+/// Clients that send their headers and then stall hold no queue slot: with 100 of them
+/// connected, a normal request is answered at once, and each stalled one gets 408 after the body
+/// timeout. With an API key: `/health` needs none, the Bearer scheme is case-insensitive, and
+/// `GET /v1/models/{id}` (the openai client's `models.retrieve`) answers.
+#[test]
+fn stalled_clients_lock_nobody_out() {
+    use std::io::{Read, Write};
+    let model = fixture_native_model();
+    let s = Server::start(&[model.to_str().unwrap(), "--threads", "2", "--api-key", "k3y", "--queue", "4"], None);
+    let auth = [("Authorization", "bearer k3y"), ("Content-Type", "application/json")];
+    assert_eq!(http(&s.addr, "GET", "/health", &[], b"").status, 200, "/health needs no key");
+    assert_eq!(http(&s.addr, "GET", "/v1/models", &[], b"").status, 401);
+    let name = model.file_name().unwrap().to_str().unwrap();
+    let one = http(&s.addr, "GET", &format!("/v1/models/{name}"), &auth, b"");
+    assert!(one.status == 200 && one.json()["id"] == name, "{}", one.body);
+    assert_eq!(http(&s.addr, "GET", "/v1/models/gpt-4", &auth, b"").status, 404);
+    let stalled: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+            c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\nContent-Length: 1000\r\n\r\n{\"mess").unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let t0 = std::time::Instant::now();
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0});
+    let r = http(&s.addr, "POST", "/v1/chat/completions", &auth, body.to_string().as_bytes());
+    let waited = t0.elapsed();
+    assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+    assert!(waited < std::time::Duration::from_secs(8), "a normal client waited {waited:?} behind stalled ones");
+    let mut first = stalled.into_iter().next().unwrap();
+    first.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let mut reply = String::new();
+    let _ = first.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 408"), "a stalled client's reply: {reply}");
 }

@@ -36,6 +36,7 @@ def chat(content, stream, **kw):
 figures = {}
 models = client.models.list()
 assert [m.id for m in models.data] == [model], models
+assert client.models.retrieve(model).id == model
 
 # plain and streamed chat, equal at temperature 0
 t0 = time.time()

@@ -228,6 +228,11 @@ fn cli_refusals_name_the_flag() {
     let m = prepared().to_str().unwrap();
     let dir = prepared().parent().unwrap().to_str().unwrap().to_string();
     let model = model_dir();
+    let heldout = prepared().parent().unwrap().parent().unwrap().join("heldout.txt").to_str().unwrap().to_string();
+    // 10 MB of prompt: refused before it is tokenized whole
+    let huge_path = scratch("synthetic-huge-prompt").join("prompt.txt");
+    std::fs::write(&huge_path, "the hat sat on the mat ".repeat(10 << 20 >> 4)).unwrap();
+    let huge = huge_path.to_str().unwrap().to_string();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec!["run", m, "-p", "hat", "--mem-budget", "1MiB"], vec!["--mem-budget", "at least", "--ctx"]),
         (vec!["run", m, "-p", "hat", "-X", "warp=9"], vec!["unknown knob", "set-rule"]),
@@ -238,6 +243,20 @@ fn cli_refusals_name_the_flag() {
         (vec!["run", m, "-p", "hat", "-X", "neuron-rank=membership"], vec!["unknown knob"]),
         (vec!["run", m, "-p", "hat", "--strategy", "gate"], vec!["gate"]),
         (vec!["run", m, "-p", "hat", "--set-scale", "0.5"], vec!["--set-scale", "--mem-budget"]),
+        (vec!["run", m, "-p", "hat", "--set-scale", "1e-9", "--mem-budget", "1GiB"], vec!["--set-scale", "neurons"]),
+        (vec!["run", m, "-p", "hat", "--mem-budget", "18446744073709551616"], vec!["--mem-budget", "more bytes"]),
+        (vec!["run", m, "-p", "hat", "-n", "18446744073709551615"], vec!["-n 18446744073709551615"]),
+        (
+            vec!["run", m, "-p", "hat", "-X", "oracle-thresholds=/nonexistent"],
+            vec!["oracle-thresholds", "runtime perplexity"],
+        ),
+        (vec!["perplexity", m, "--text", &heldout, "--chunks", "0"], vec!["--chunks"]),
+        (
+            vec!["perplexity", model.to_str().unwrap(), "--text", &heldout, "-X", "oracle-thresholds=/nonexistent"],
+            vec!["/nonexistent"],
+        ),
+        (vec!["eval", m, "--limit", "0"], vec!["--limit"]),
+        (vec!["bench", m, "--prompt-file", &huge, "-n", "2"], vec!["the prompt is more than"]),
         (vec!["run", m, "-p", "hat", "--temp", "NaN"], vec!["--temp"]),
         (vec!["run", m, "-p", "hat", "--top-p", "1.5"], vec!["--top-p"]),
         (vec!["run", m, "-p", "hat", "-n", "0"], vec!["-n 0"]),
@@ -673,13 +692,18 @@ fn serve_checks_keys_bounds_its_queue_and_cancels_on_disconnect() {
         &[dir.to_str().unwrap(), "--ctx", "1024", "--threads", "1", "--api-key", "sekret", "--queue", "1"],
         None,
     );
-    for path in ["/health", "/v1/models", "/metrics"] {
+    for path in ["/v1/models", "/metrics"] {
         let r = s.get(path);
         assert_eq!(r.status, 401, "{path}");
         assert_eq!(r.json()["error"]["code"], "invalid_api_key");
         assert_eq!(http(&s.addr, "GET", path, &[("Authorization", "Bearer wrong")], b"").status, 401);
         assert_eq!(http(&s.addr, "GET", path, &[("Authorization", "Bearer sekret")], b"").status, 200);
+        // the scheme is case-insensitive (RFC 9110), the key is not
+        assert_eq!(http(&s.addr, "GET", path, &[("Authorization", "BEARER sekret")], b"").status, 200);
+        assert_eq!(http(&s.addr, "GET", path, &[("Authorization", "bearer SEKRET")], b"").status, 401);
     }
+    // a load balancer's probe carries no key
+    assert_eq!(s.get("/health").status, 200);
     let auth = [("Authorization", "Bearer sekret"), ("Content-Type", "application/json")];
     // one answered, one waiting, the rest refused
     let long = json!({"prompt": "the tent", "max_tokens": 1000, "temperature": 0}).to_string();

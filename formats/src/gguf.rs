@@ -329,6 +329,17 @@ impl GgufFile {
         })
     }
 
+    /// An optional key that must be an unsigned integer where present: None when absent, an
+    /// error naming the key when it holds another type (never silently dropped).
+    pub fn optional_u64(&self, key: &str) -> Result<Option<u64>> {
+        self.get(key).map(|_| self.require_u64(key)).transpose()
+    }
+
+    /// [`GgufFile::optional_u64`] for a number.
+    pub fn optional_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key).map(|_| self.require_f64(key)).transpose()
+    }
+
     pub fn require_str(&self, key: &str) -> Result<&str> {
         self.require(key)?.as_str().ok_or_else(|| FormatError::WrongKeyType {
             path: self.path.clone(),

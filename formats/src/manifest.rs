@@ -314,10 +314,14 @@ impl Manifest {
         Ok(())
     }
 
-    /// [`Manifest::verify_checksums`] once per artifact set: the stamp `.<manifest>.verified.json` beside the
-    /// manifest records the manifest's sha256 and every artifact's size and mtime after a
-    /// successful check; while they all match, the check is skipped. A folder that cannot be
-    /// written (a read-only device) is verified on every run.
+    /// [`Manifest::verify_checksums`] once per artifact set: the stamp `.<manifest>.verified.json`
+    /// beside the manifest records the manifest's sha256 and every artifact's identity after a
+    /// successful check: its device and inode, size, mtime and ctime. While they all match, the
+    /// check is skipped (a second run costs a stat per artifact). The ctime moves on every
+    /// write, `touch` and rename and cannot be set back, and a copy (`cp -a`, `rsync -a`, which
+    /// carry the stamp) has new inodes, so neither corruption that keeps the mtime nor a copied
+    /// stamp skips the hash. A folder that cannot be written (a read-only device) is verified on
+    /// every run.
     pub fn verify_checksums_cached(&self, manifest_path: &Path) -> Result<Verification> {
         let name = manifest_path.file_name().map_or("manifest.toml".into(), |n| n.to_string_lossy().into_owned());
         let stamp_path = manifest_path.with_file_name(format!(".{name}.verified.json"));
@@ -327,13 +331,14 @@ impl Manifest {
                 .iter()
                 .map(|a| {
                     let p = m.artifact_path(manifest_path, a);
+                    use std::os::unix::fs::MetadataExt;
                     let md = std::fs::metadata(&p).map_err(|e| FormatError::io(&p, e))?;
-                    let mtime_ns = md
-                        .modified()
-                        .ok()
-                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                        .map_or(0, |d| d.as_nanos() as u64);
-                    Ok(serde_json::json!({"path": a.path, "bytes": md.len(), "mtime_ns": mtime_ns}))
+                    let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+                    Ok(serde_json::json!({
+                        "path": a.path, "bytes": md.len(), "dev": md.dev(), "ino": md.ino(),
+                        "mtime_ns": ns(md.mtime(), md.mtime_nsec()).to_string(),
+                        "ctime_ns": ns(md.ctime(), md.ctime_nsec()).to_string(),
+                    }))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok(serde_json::json!({"manifest_sha256": sha256_file(manifest_path)?, "artifacts": files}))
@@ -494,6 +499,36 @@ mod tests {
         assert!(e.contains("thresholds.bin") && e.contains("differs"), "{e}");
         std::fs::write(d.join("thresholds.bin"), b"0123456789").unwrap();
         assert!(matches!(m.verify_checksums_cached(&p).unwrap(), Verification::Verified { .. }));
+        assert_eq!(m.verify_checksums_cached(&p).unwrap(), Verification::Cached);
+        // other bytes with the size and mtime kept (as a corruption or `touch -r` leaves them):
+        // the ctime moved, so verified again, and refused
+        let mtime = std::fs::metadata(d.join("thresholds.bin")).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = std::fs::OpenOptions::new().write(true).open(d.join("thresholds.bin")).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"7", 9).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        assert_eq!(std::fs::metadata(d.join("thresholds.bin")).unwrap().modified().unwrap(), mtime);
+        let e = m.verify_checksums_cached(&p).unwrap_err().to_string();
+        assert!(e.contains("thresholds.bin") && e.contains("differs"), "{e}");
+    }
+
+    #[test]
+    fn a_copied_stamp_does_not_skip_the_check() {
+        let guard = dir("verify-copy");
+        let d = guard.path();
+        let (a, b) = (d.join("a"), d.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        let m = sample(&a);
+        m.save(&a.join("manifest.toml")).unwrap();
+        assert!(matches!(m.verify_checksums_cached(&a.join("manifest.toml")).unwrap(), Verification::Verified { .. }));
+        // `cp -a`: the files, the stamp among them, with their mtimes
+        let status = std::process::Command::new("cp").arg("-a").arg(&a).arg(&b).status().unwrap();
+        assert!(status.success());
+        assert!(b.join(".manifest.toml.verified.json").exists());
+        let mb = Manifest::load(&b.join("manifest.toml")).unwrap();
+        assert!(matches!(mb.verify_checksums_cached(&b.join("manifest.toml")).unwrap(), Verification::Verified { .. }));
+        assert_eq!(mb.verify_checksums_cached(&b.join("manifest.toml")).unwrap(), Verification::Cached);
     }
 
     #[test]

@@ -119,8 +119,10 @@ impl ModelConfig {
                 self.max_position_embeddings
             ));
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad(format!("rms_norm_eps {} must be finite and positive", self.rms_norm_eps));
+        // (published models use 1e-6..1e-5; an epsilon near the activations' mean square
+        // flattens every norm's output, a garbage model that would still run)
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps <= 1e-2) {
+            return bad(format!("rms_norm_eps {} must be in (0, 0.01]", self.rms_norm_eps));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(format!("rope_theta {} must be finite and positive", self.rope_theta));

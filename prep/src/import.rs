@@ -115,7 +115,31 @@ impl Imported1 {
 }
 
 pub fn import(input: &Path, out: &Path, dtype: ImportDtype, show_progress: bool) -> Result<ImportSummary> {
-    import_as(input, out, dtype, None, show_progress)
+    import_as(input, out, dtype, None, false, show_progress)
+}
+
+/// The file an import writes first into its output folder: what marks a folder as an earlier
+/// `prep import`'s (which a later import may overwrite), as opposed to someone else's.
+pub const IMPORT_MARKER: &str = ".prep-import";
+
+/// Refuses to import into a folder that holds files and is not an earlier import's output
+/// (unless `overwrite`): a Hugging Face folder's own config.json and weights would be lost.
+fn check_output_folder(out: &Path, overwrite: bool) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
+    let names: Vec<String> =
+        entries.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    if names.is_empty() || overwrite || names.iter().any(|n| n == IMPORT_MARKER) {
+        return Ok(());
+    }
+    let mut shown: Vec<&str> = names.iter().map(String::as_str).take(3).collect();
+    shown.sort_unstable();
+    bail!(
+        "{}: not empty ({} entries: {}{}) and not an earlier prep import's output: importing would overwrite its config.json, tokenizer.json and model.safetensors; import into an empty folder (or overwrite it on purpose with --force)",
+        out.display(),
+        names.len(),
+        shown.join(", "),
+        if names.len() > 3 { ", ..." } else { "" }
+    )
 }
 
 /// `quantize`: every weight matrix requantized to that type (norms and biases stay F32).
@@ -124,11 +148,13 @@ pub fn import_as(
     out: &Path,
     dtype: ImportDtype,
     quantize: Option<QuantizeTo>,
+    overwrite: bool,
     show_progress: bool,
 ) -> Result<ImportSummary> {
     if !input.exists() {
         bail!("{}: no such file or directory", input.display());
     }
+    check_output_folder(out, overwrite)?;
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create output directory", out.display()))?;
     let (config, tokenizer, tensors) = if input.is_dir() {
         if dtype == ImportDtype::Native && quantize.is_none() {
@@ -138,6 +164,10 @@ pub fn import_as(
     } else {
         import_gguf(input, dtype, quantize, show_progress)?
     };
+    // before the first output file, so that an import cut short (killed, a full disk) leaves a folder a rerun may take
+    let marker = out.join(IMPORT_MARKER);
+    std::fs::write(&marker, format!("{{\"source\": {:?}}}\n", input.display().to_string()))
+        .with_context(|| format!("{}: cannot write", marker.display()))?;
     // The tokenizer must cover the embedding rows the model has.
     let tok_path = out.join(model_dir::TOKENIZER_FILE);
     let parameters: u64 = tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
@@ -288,8 +318,20 @@ fn gguf_config(g: &GgufFile) -> Result<(ModelConfig, Architecture)> {
     let n_vocab = g.require_str_array("tokenizer.ggml.tokens")?.len();
     let head_count = g.require_u64(&k("attention.head_count"))? as usize;
     let hidden = g.require_u64(&k("embedding_length"))? as usize;
-    let head_dim = g.get(&k("attention.key_length")).and_then(|v| v.as_u64()).map(|v| v as usize);
-    let eos = g.get("tokenizer.ggml.eos_token_id").and_then(|v| v.as_u64());
+    // optional keys: absent is a default, present with another type is an error
+    let head_dim = g.optional_u64(&k("attention.key_length"))?.map(|v| v as usize);
+    let eos = g.optional_u64("tokenizer.ggml.eos_token_id")?;
+    let vocab = g.optional_u64(&k("vocab_size"))?.map(|v| v as usize);
+    // the rotary dimension: llama.cpp rotates rope.dimension_count dimensions of each head; we
+    // rotate the whole head, so any other value would compute another model
+    let head_dim_of = head_dim.unwrap_or(hidden / head_count.max(1));
+    if let Some(d) = g.optional_u64(&k("rope.dimension_count"))?.filter(|&d| d as usize != head_dim_of) {
+        return Err(FormatError::invalid(
+            &g.path,
+            format!("{arch_name}.rope.dimension_count is {d}; only the whole head ({head_dim_of}) is rotated here"),
+        )
+        .into());
+    }
     let cfg = ModelConfig {
         model_type: arch_name.to_string(),
         architectures: vec![match arch {
@@ -300,16 +342,14 @@ fn gguf_config(g: &GgufFile) -> Result<(ModelConfig, Architecture)> {
         intermediate_size: g.require_u64(&k("feed_forward_length"))? as usize,
         num_hidden_layers: g.require_u64(&k("block_count"))? as usize,
         num_attention_heads: head_count,
-        num_key_value_heads: Some(
-            g.get(&k("attention.head_count_kv")).and_then(|v| v.as_u64()).unwrap_or(head_count as u64) as usize,
-        ),
+        num_key_value_heads: Some(g.optional_u64(&k("attention.head_count_kv"))?.unwrap_or(head_count as u64) as usize),
         head_dim: head_dim.filter(|&d| d != hidden / head_count),
         rms_norm_eps: g.require_f64(&k("attention.layer_norm_rms_epsilon"))?,
-        rope_theta: g.get(&k("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
-        vocab_size: g.get(&k("vocab_size")).and_then(|v| v.as_u64()).map(|v| v as usize).unwrap_or(n_vocab),
-        max_position_embeddings: g.get(&k("context_length")).and_then(|v| v.as_u64()).unwrap_or(2048) as usize,
+        rope_theta: g.optional_f64(&k("rope.freq_base"))?.unwrap_or(10000.0),
+        vocab_size: vocab.unwrap_or(n_vocab),
+        max_position_embeddings: g.optional_u64(&k("context_length"))?.unwrap_or(2048) as usize,
         tie_word_embeddings: g.tensor("output.weight").is_none(),
-        bos_token_id: g.get("tokenizer.ggml.bos_token_id").and_then(|v| v.as_u64()).map(|v| v as u32),
+        bos_token_id: g.optional_u64("tokenizer.ggml.bos_token_id")?.map(|v| v as u32),
         eos_token_id: eos.map(|v| serde_json::json!(v)),
         rope_scaling: None,
         torch_dtype: Some("float16".into()),

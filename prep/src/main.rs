@@ -45,6 +45,11 @@ enum Command {
         /// directory, or a GGUF dequantized exactly); norms and biases stay F32.
         #[arg(long, value_enum)]
         quantize: Option<import::QuantizeTo>,
+        /// Import into a folder that holds other files (its config.json, tokenizer.json and
+        /// model.safetensors are overwritten); without it such a folder is refused, unless an
+        /// earlier `prep import` made it.
+        #[arg(long)]
+        force: bool,
         /// Print one JSON object with the summary.
         #[arg(long)]
         json: bool,
@@ -278,9 +283,9 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Import { input, out, dtype, quantize, json } => {
+        Command::Import { input, out, dtype, quantize, force, json } => {
             let t0 = std::time::Instant::now();
-            let s = import::import_as(&input, &out, dtype, quantize, !json)?;
+            let s = import::import_as(&input, &out, dtype, quantize, force, !json)?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {

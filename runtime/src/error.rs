@@ -18,6 +18,10 @@ pub enum RuntimeError {
     #[error("the sequence needs {needed} positions but the context holds {ctx} (prompt of {prompt_tokens} tokens); use a shorter prompt or a larger --ctx")]
     ContextOverflow { needed: usize, ctx: usize, prompt_tokens: usize },
 
+    /// A prompt longer than the context can hold, found before it was tokenized whole.
+    #[error("the prompt is more than {max_tokens} tokens; the context holds {ctx}")]
+    PromptTooLong { max_tokens: usize, ctx: usize },
+
     #[error("--ctx {ctx} exceeds the model's max_position_embeddings {max}")]
     CtxTooLarge { ctx: usize, max: usize },
 

@@ -137,7 +137,7 @@ impl Session {
         if prompt.is_empty() {
             return Err(RuntimeError::Input("the prompt is empty".into()));
         }
-        let needed = prompt.len() + c.max_new_tokens;
+        let needed = prompt.len().saturating_add(c.max_new_tokens);
         if needed > self.ctx() {
             return Err(RuntimeError::ContextOverflow { needed, ctx: self.ctx(), prompt_tokens: prompt.len() });
         }
@@ -198,6 +198,12 @@ impl Session {
             logits = runner.forward(&[next], &mut self.cache, 0)?;
             self.tokens.push(next);
         }
+        if finish == FinishReason::Length {
+            // a reply cut by max_new_tokens inside a character's bytes ends before that character
+            // (the bytes decode to U+FFFD), never in a broken one
+            let whole = text.trim_end_matches('\u{FFFD}').len().max(printed);
+            text.truncate(whole);
+        }
         if finish != FinishReason::Cancelled && printed < text.len() {
             let _ = emit(&text[printed..], &mut first_text_s);
         }
@@ -228,7 +234,13 @@ pub fn generate(
     sampler: &mut Sampler,
     mut on_text: impl FnMut(&str),
 ) -> Result<GenerationReport> {
-    let prompt_ids = tok.encode(prompt, opts.add_special)?;
+    // (bounded: a prompt that cannot fit is refused before it is tokenized whole)
+    let prompt_ids = match tok.encode_at_most(prompt, opts.add_special, opts.ctx)? {
+        crate::tokenizer::Bounded::Fits(ids) => ids,
+        crate::tokenizer::Bounded::MoreThan(n) => {
+            return Err(RuntimeError::PromptTooLong { max_tokens: n, ctx: opts.ctx });
+        }
+    };
     // (the session refuses an empty prompt, or one that does not fit opts.ctx with the new tokens)
     let eos = runner.model.config.eos_token_ids();
     let (end_ids, mask): (&[u32], &[u32]) = if opts.stop_at_eos { (&eos, &[]) } else { (&[], &eos) };

@@ -21,6 +21,7 @@ pub mod sampler;
 pub mod scorer;
 pub mod select;
 pub mod serve;
+pub mod slots;
 pub mod stream;
 pub mod tensor;
 pub mod tokenizer;
@@ -177,7 +178,7 @@ impl<'a> Runner<'a> {
             RunnerMlp::Streamed(engine) => {
                 let mut logits = Vec::new();
                 for (t, &tok) in tokens.iter().enumerate() {
-                    let l = self.model.decode_step(tok, cache, engine)?;
+                    let l = self.model.decode_step(tok, cache, *engine)?;
                     if t >= logits_from {
                         logits.extend(l);
                     }
@@ -337,20 +338,28 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
 }
 
 /// Tokens of `prompt` as a run of `path` (a model directory or a manifest) sees them, with BOS:
-/// what sizes a run's KV cache before the model is loaded.
+/// what sizes a run's KV cache before the model is loaded. A prompt longer than the model's
+/// context is refused before it is tokenized whole.
 pub fn prompt_tokens(path: &Path, prompt: &str, add_special: bool) -> Result<usize> {
     if !path.exists() {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
-    let (tok_path, vocab, bos) = if path.is_file() {
+    let (tok_path, config) = if path.is_file() {
         let m = formats::manifest::Manifest::load(path)?;
-        (m.artifact_path_of(path, "tokenizer")?, m.model.vocab_size, m.model.bos_token_id)
+        (m.artifact_path_of(path, "tokenizer")?, m.model)
     } else {
         not_a_prepared_folder(path)?;
-        let c = formats::model_dir::ModelConfig::load(path)?;
-        (path.join(formats::model_dir::TOKENIZER_FILE), c.vocab_size, c.bos_token_id)
+        (path.join(formats::model_dir::TOKENIZER_FILE), formats::model_dir::ModelConfig::load(path)?)
     };
-    Ok(Tokenizer::load(&tok_path, vocab, bos)?.encode(prompt, add_special)?.len())
+    let max = config.max_position_embeddings;
+    match Tokenizer::load(&tok_path, config.vocab_size, config.bos_token_id)?.encode_at_most(
+        prompt,
+        add_special,
+        max,
+    )? {
+        tokenizer::Bounded::Fits(ids) => Ok(ids.len()),
+        tokenizer::Bounded::MoreThan(n) => Err(RuntimeError::PromptTooLong { max_tokens: n, ctx: max }),
+    }
 }
 
 /// A prepared model's folder is not a model directory: point at its manifest.

@@ -9,6 +9,10 @@ pub struct Tokenizer {
     /// Whether encoding with special tokens prepends a BOS token (as llama.cpp's add_bos).
     pub adds_bos: bool,
     pub bos_id: Option<u32>,
+    /// The most bytes of text one token stands for (its vocabulary string's length, which is
+    /// at least the bytes it decodes to): no text of more than `n x max_token_bytes` bytes is
+    /// `n` tokens or fewer.
+    pub max_token_bytes: usize,
 }
 
 impl Tokenizer {
@@ -35,7 +39,8 @@ impl Tokenizer {
             (Some(b), Some(&first)) => first == b && probe.get_ids().len() > 1,
             _ => false,
         };
-        Ok(Tokenizer { path: path.to_path_buf(), inner, adds_bos, bos_id })
+        let max_token_bytes = inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+        Ok(Tokenizer { path: path.to_path_buf(), inner, adds_bos, bos_id, max_token_bytes })
     }
 
     /// Encodes `text`; with `add_special`, adds what the tokenizer adds (BOS for Llama/Mistral).
@@ -46,6 +51,26 @@ impl Tokenizer {
             .encode_fast(text, add_special)
             .map_err(|e| RuntimeError::Tokenizer { path: self.path.clone(), message: e.to_string() })?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// [`Tokenizer::encode`], bounded: the tokens of `text`, or [`Bounded::MoreThan`] as soon
+    /// as more than `max_tokens` are certain, without tokenizing the rest. Prefixes of growing
+    /// length (cut where a word starts, which the pre-tokenizer splits anyway) are tokenized
+    /// until one passes `max_tokens` or the whole text is, so time and memory stay proportional
+    /// to what the context can hold, whatever the input's size.
+    pub fn encode_at_most(&self, text: &str, add_special: bool, max_tokens: usize) -> Result<Bounded> {
+        let mut take = max_tokens.saturating_mul(8).max(4096);
+        loop {
+            let cut = prefix_at_word(text, take);
+            let ids = self.encode(&text[..cut], add_special)?;
+            if ids.len() > max_tokens {
+                return Ok(Bounded::MoreThan(max_tokens));
+            }
+            if cut == text.len() {
+                return Ok(Bounded::Fits(ids));
+            }
+            take = take.saturating_mul(2);
+        }
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -66,5 +91,54 @@ impl Tokenizer {
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+}
+
+/// What [`Tokenizer::encode_at_most`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bounded {
+    /// The whole text's tokens, at most the bound.
+    Fits(Vec<u32>),
+    /// More tokens than the bound (the rest was not tokenized).
+    MoreThan(usize),
+}
+
+/// The longest prefix of `text` of at most `bytes` bytes that ends where a word starts (before
+/// whitespace that follows a non-space), or at a char boundary when there is no such place;
+/// the whole text when it is shorter.
+fn prefix_at_word(text: &str, bytes: usize) -> usize {
+    if text.len() <= bytes {
+        return text.len();
+    }
+    let mut end = bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &text[..end];
+    let at_word = head
+        .char_indices()
+        .rev()
+        .find(|&(i, c)| c.is_whitespace() && head[..i].chars().next_back().is_some_and(|p| !p.is_whitespace()));
+    match at_word {
+        Some((i, _)) if i > 0 => i,
+        _ => end.max(1).min(text.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_at_word;
+
+    #[test]
+    fn prefixes_end_where_a_word_starts() {
+        let text = "one two  three ".repeat(1000);
+        let cut = prefix_at_word(&text, 4096);
+        assert!(cut <= 4096 && cut > 4000, "{cut}");
+        assert!(text[cut..].starts_with(' ') && !text[..cut].ends_with(' '), "{:?}", &text[cut - 5..cut + 5]);
+        assert_eq!(prefix_at_word("short", 4096), 5);
+        // no space at all: a char boundary
+        let wide = "é".repeat(5000);
+        let cut = prefix_at_word(&wide, 4097);
+        assert!(wide.is_char_boundary(cut) && cut == 4096, "{cut}");
     }
 }

@@ -36,6 +36,14 @@ use worker::{Event, Job, Worker};
 /// Largest request body accepted (413 above it).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+/// How long a client may take to send its body once its headers are in (408 after it).
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Bytes of request bodies held at once across every client still sending one (503 beyond):
+/// a client that sends its headers and then stalls holds only what it sent, and nothing after
+/// [`BODY_TIMEOUT`]; the queue's slots go to requests whose body is in.
+pub const BODY_BYTES_IN_FLIGHT: usize = 4 << 20;
+
 pub struct ServeConfig {
     pub addr: SocketAddr,
     /// Requests waiting beyond the one being answered; past it, 503.
@@ -54,11 +62,16 @@ pub struct AppState {
     config: ServeConfig,
     /// The KV cache positions (a request's prompt plus max_tokens must fit).
     ctx: usize,
+    /// No text longer than this can fit `ctx` tokens (`ctx x Tokenizer::max_token_bytes`): a
+    /// request's text beyond it is refused before its template is rendered or it is tokenized.
+    max_prompt_bytes: usize,
     metrics: Arc<Metrics>,
-    /// Requests past the door (reading their body, queued, answered, streaming): the queue plus
-    /// the one being answered. Beyond that a request is refused before its body is read, so the
-    /// memory held for requests is bounded whatever the number of clients.
+    /// Requests whose body is in (checked, queued, answered, streaming): the queue plus the one
+    /// being answered; beyond that, 503. Together with `body_kib` the memory held for requests
+    /// is bounded whatever the number of clients.
     admitted: Arc<tokio::sync::Semaphore>,
+    /// KiB of bodies being received ([`BODY_BYTES_IN_FLIGHT`]).
+    body_kib: Arc<tokio::sync::Semaphore>,
     next_id: AtomicU64,
     created: u64,
 }
@@ -79,6 +92,7 @@ pub fn serve(
     on_listen: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
+    let max_prompt_bytes = ctx.saturating_mul(opened.tokenizer.max_token_bytes);
     let worker = Worker::new(opened, ctx, metrics.clone())?;
     // the admission semaphore bounds what waits here (see AppState::admitted)
     let (jobs, queue) = std::sync::mpsc::channel::<Job>();
@@ -94,8 +108,10 @@ pub fn serve(
         template_missing,
         config,
         ctx,
+        max_prompt_bytes,
         metrics,
         admitted,
+        body_kib: Arc::new(tokio::sync::Semaphore::new(BODY_BYTES_IN_FLIGHT / 1024)),
         next_id: AtomicU64::new(1),
         created: unix_now(),
     });
@@ -118,6 +134,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_by_id))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(|| async {
@@ -138,13 +155,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The API key, on every route but `/health` (a load balancer's probe carries none). The
+/// scheme is case-insensitive, as HTTP's auth schemes are (RFC 9110 11.1).
 async fn authorize(State(s): State<Arc<AppState>>, req: Request, next: axum::middleware::Next) -> Response {
-    if let Some(key) = &s.config.api_key {
+    if let Some(key) = s.config.api_key.as_ref().filter(|_| req.uri().path() != "/health") {
         let given = req
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
         if given != Some(key.as_str()) {
             let mut e = ApiError::status(
                 StatusCode::UNAUTHORIZED,
@@ -165,6 +186,21 @@ async fn health(State(s): State<Arc<AppState>>) -> Response {
 
 async fn models(State(s): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [{"id": s.config.model_name, "object": "model", "created": s.created, "owned_by": "local"}]})).into_response()
+}
+
+/// `GET /v1/models/{id}` (the OpenAI client's `models.retrieve`): the one model, or 404.
+async fn model_by_id(State(s): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    if id != s.config.model_name {
+        let mut e = ApiError::status(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no model '{id}': this server runs '{}'", s.config.model_name),
+        );
+        e.code = Some("model_not_found");
+        return e.into_response();
+    }
+    Json(json!({"id": s.config.model_name, "object": "model", "created": s.created, "owned_by": "local"}))
+        .into_response()
 }
 
 async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
@@ -196,17 +232,57 @@ fn busy(s: &AppState) -> ApiError {
     err
 }
 
-async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
-    let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s))?;
-    // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
-        ApiError::status(
-            StatusCode::PAYLOAD_TOO_LARGE,
+/// The request body, read within [`BODY_TIMEOUT`] and at most [`MAX_BODY_BYTES`], each frame's
+/// bytes counted against [`BODY_BYTES_IN_FLIGHT`] while it is read (returned when it is parsed).
+async fn read_body(s: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
+    use futures_util::StreamExt;
+    let read = async {
+        let mut frames = body.into_data_stream();
+        let mut bytes = Vec::new();
+        let mut held = Vec::new();
+        while let Some(frame) = frames.next().await {
+            let frame = frame.map_err(|e| {
+                ApiError::status(StatusCode::BAD_REQUEST, "invalid_request_error", format!("reading the body: {e}"))
+            })?;
+            if bytes.len() + frame.len() > MAX_BODY_BYTES {
+                return Err(ApiError::status(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    format!("the body exceeds {MAX_BODY_BYTES} bytes"),
+                ));
+            }
+            let kib = frame.len().div_ceil(1024) as u32;
+            held.push(s.body_kib.clone().try_acquire_many_owned(kib).map_err(|_| {
+                s.metrics.requests_rejected.fetch_add(1, Relaxed);
+                let mut e = ApiError::status(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    format!(
+                        "the server is receiving {BODY_BYTES_IN_FLIGHT} bytes of request bodies already; retry later"
+                    ),
+                );
+                e.retry_after_s = Some(1);
+                e
+            })?);
+            bytes.extend_from_slice(&frame);
+        }
+        Ok(bytes)
+    };
+    tokio::time::timeout(BODY_TIMEOUT, read).await.unwrap_or_else(|_| {
+        Err(ApiError::status(
+            StatusCode::REQUEST_TIMEOUT,
             "invalid_request_error",
-            format!("the body exceeds {MAX_BODY_BYTES} bytes"),
-        )
-    })?;
+            format!("the body did not arrive within {} s", BODY_TIMEOUT.as_secs()),
+        ))
+    })
+}
+
+async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
+    // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
+    let bytes = read_body(&s, body).await?;
     let req = api::parse(endpoint, &bytes)?;
+    drop(bytes);
+    let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s))?;
     // refused at the door when no prompt could fit; the engine checks prompt + max_tokens
     if let Some(m) = req.max_tokens.filter(|&m| m >= s.ctx) {
         return Err(ApiError::invalid(
@@ -215,6 +291,20 @@ async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Resp
                 s.ctx
             ),
             Some("max_tokens"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let text_bytes: usize = match &req.input {
+        Input::Messages(m) => m.iter().map(|m| m.content.len()).sum(),
+        Input::Prompt(p) => p.len(),
+    };
+    if text_bytes > s.max_prompt_bytes {
+        return Err(ApiError::invalid(
+            format!(
+                "the prompt's {text_bytes} bytes are more than the context of {} tokens can hold (runtime serve --ctx)",
+                s.ctx
+            ),
+            None,
         )
         .with_code("context_length_exceeded"));
     }

@@ -87,14 +87,25 @@ impl Worker {
             eprintln!("request {} {}: {} {}", job.id, job.endpoint.name(), e.status.as_u16(), e.message);
             let _ = job.events.send(Event::Failed(e));
         };
-        let prompt_ids = match self.opened.tokenizer.encode(&job.prompt, job.add_special) {
-            Ok(ids) => ids,
+        let ctx = self.session.ctx();
+        // bounded: a prompt that cannot fit is refused before it is tokenized whole
+        let prompt_ids = match self.opened.tokenizer.encode_at_most(&job.prompt, job.add_special, ctx) {
+            Ok(crate::tokenizer::Bounded::Fits(ids)) => ids,
+            Ok(crate::tokenizer::Bounded::MoreThan(n)) => {
+                self.metrics.requests_failed[ep].fetch_add(1, Relaxed);
+                return fail(
+                    ApiError::invalid(
+                        format!("the prompt is more than {n} tokens; the context holds {ctx} (runtime serve --ctx)"),
+                        None,
+                    )
+                    .with_code("context_length_exceeded"),
+                );
+            }
             Err(e) => {
                 self.metrics.requests_failed[ep].fetch_add(1, Relaxed);
                 return fail(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()));
             }
         };
-        let ctx = self.session.ctx();
         let refused = if prompt_ids.is_empty() {
             Some(ApiError::invalid("the prompt is empty", Some("prompt")))
         } else if prompt_ids.len() >= ctx {

@@ -10,7 +10,7 @@
 //! evenly (in bytes) over the sparse layers, up to every neuron. [`MemoryPlan::fit`] picks the
 //! largest `dense_prefix` (up to the manifest's default) whose plan fits the budget, and when even
 //! every layer after the dense prefix sparse does not fit, the largest set scale (down to
-//! [`MIN_SET_SCALE`]) that does.
+//! [`crate::select::MIN_SET_SCALE`]) that does.
 
 use super::engine::{DensePrefix, StreamSettings};
 use crate::error::{Result, RuntimeError};
@@ -23,14 +23,6 @@ use std::path::Path;
 /// tokenizer.json; RoPE holds no table, ops::rope). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see
 /// README.
 pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
-
-/// `fit` cuts sets to no less than this share of K_max (K_max is ~1.5x a layer's mean active
-/// count: below a quarter of it most active neurons are dropped).
-pub const MIN_SET_SCALE: f64 = 0.25;
-
-/// `fit` keeps no less than this share of a layer's neurons with the scorer (its sets are a
-/// share of n_ff, and it ranks every neuron each token: at 0.27 LAMBADA perplexity is 1.15x).
-pub const MIN_SCORER_SHARE: f64 = 0.10;
 
 /// The input embedding and the output head as resident.safetensors stores them (f16, or a
 /// GGUF's own blocks: Q4_K, Q6_K, ...).
@@ -190,7 +182,7 @@ impl MemoryPlan {
 
     /// The plan with the manifest's default dense prefix lowered as far as the budget needs
     /// (never below its `dense_prefix`), then, with every layer after it sparse, the set scale
-    /// lowered (from `s.set_scale`, in steps of 0.01, never below [`MIN_SET_SCALE`]); without a
+    /// lowered (from `s.set_scale`, in steps of 0.01, never below [`crate::select::MIN_SET_SCALE`]); without a
     /// budget, the default.
     pub fn fit(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings) -> Result<Self> {
         let (d0, default) = (inputs.d0, inputs.default_dense_from);
@@ -388,7 +380,12 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         "gb" => 1e9,
         other => return Err(format!("'{s}': unknown unit '{other}' (B, KiB, MiB, GiB, KB, MB, GB)")),
     };
-    Ok((v * mult) as u64)
+    // (a size past what a u64 holds is a typo, not a budget: never clamped)
+    let bytes = v * mult;
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("'{s}': more bytes than any machine has"));
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -399,6 +396,8 @@ mod tests {
         assert_eq!(super::parse_bytes("1.5GiB").unwrap(), 3 << 29);
         assert_eq!(super::parse_bytes("500MB").unwrap(), 500_000_000);
         assert!(super::parse_bytes("lots").is_err());
+        assert!(super::parse_bytes("18446744073709551616").unwrap_err().contains("more bytes"));
+        assert!(super::parse_bytes("1e30GiB").is_err());
         for bad in ["-5", "-1MiB", "NaN", "inf", "1e400GiB"] {
             assert!(super::parse_bytes(bad).is_err(), "{bad}");
         }

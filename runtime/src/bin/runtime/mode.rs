@@ -55,6 +55,9 @@ pub struct ModeArgs {
     /// plan and probe-storage measure an engine's run); else it runs in memory, batched.
     #[arg(skip)]
     pub engine: bool,
+    /// Set by `runtime perplexity`, the one command that takes `-X oracle-thresholds`.
+    #[arg(skip)]
+    pub perplexity: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -174,6 +177,9 @@ impl ModeArgs {
     /// cache positions a streamed run's plan holds.
     pub fn mode(&self, model: &Path, ctx: usize) -> Result<(PreparedMode, Experiment, Vec<String>)> {
         let x = Experiment::parse(&self.experiment)?;
+        if x.oracle_thresholds.is_some() && !self.perplexity {
+            anyhow::bail!("--experiment oracle-thresholds masks the activations of a perplexity run: use it with runtime perplexity");
+        }
         let mut notes = Vec::new();
         if !model.is_file() {
             // a model directory runs dense in memory: a streaming flag would silently do nothing
@@ -253,6 +259,19 @@ impl ModeArgs {
             SelectorChoice::Predictor { rule: x.set_rule.unwrap_or_default() }
         };
         let set_scale = self.set_scale.unwrap_or(if scorer || layers { SCORER_SET_SCALE } else { 1.0 });
+        // a set must hold at least one neuron: the scorer's, sketch's and layers' are shares of
+        // n_ff, the predictor's of each layer's K_max
+        let (unit, full) = match scorer || layers {
+            true => ("n_ff", manifest.model.intermediate_size),
+            false => ("K_max", manifest.sparsity.k_max.iter().copied().min().unwrap_or(0)),
+        };
+        if strategy != Strategy::Dense && set_scale * (full as f64) < 1.0 {
+            anyhow::bail!(
+                "--set-scale {set_scale}: sets of {:.3} neurons ({unit} is {full}); at least {:.2e} keeps one",
+                set_scale * full as f64,
+                1.0 / full.max(1) as f64
+            );
+        }
         // each strategy's default head (runtime::stream::auto::default_head), unless -X head= says
         let head = match x.head {
             Some(h) => h,

@@ -45,8 +45,14 @@ pub fn run(args: Args) -> Result<()> {
         None => "The history of the printing press begins in the fifteenth century, when".to_string(),
     };
     let (mut opened, _) = open(&manifest, &mode, ctx)?;
-    let prompt_tokens = opened.tokenizer.encode(prompt.trim_end(), true)?.len();
-    if prompt_tokens + n > ctx {
+    // bounded: a prompt that cannot fit is refused before it is tokenized whole
+    let prompt_tokens = match opened.tokenizer.encode_at_most(prompt.trim_end(), true, ctx)? {
+        runtime::tokenizer::Bounded::Fits(ids) => ids.len(),
+        runtime::tokenizer::Bounded::MoreThan(m) => {
+            return Err(runtime::RuntimeError::PromptTooLong { max_tokens: m, ctx }.into());
+        }
+    };
+    if prompt_tokens.saturating_add(n) > ctx {
         return Err(runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into());
     }
     let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;

@@ -47,6 +47,8 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+const HELP: &str = "/help lists these; /reset starts over; /quit (or Ctrl-D) ends; Ctrl-C stops a reply; a message that starts with / is sent as //...";
+
 /// The terminal chat: one line per user message; the session keeps the conversation's KV cache,
 /// so each turn computes only its new tokens.
 fn chat(
@@ -65,8 +67,23 @@ fn chat(
     let mut messages = opening.clone();
     let mut session = Session::new(&opened.model, ctx)?;
     let end_ids = runtime::chat::end_of_turn_ids(&opened.model.config, &opened.tokenizer);
+    // Ctrl-C during a reply stops the reply, and the conversation goes on; at the prompt it
+    // ends the chat, as in a shell
+    let replying = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (replying, stop) = (replying.clone(), stop.clone());
+        ctrlc::set_handler(move || {
+            if replying.load(std::sync::atomic::Ordering::SeqCst) {
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            } else {
+                eprintln!();
+                std::process::exit(130);
+            }
+        })?;
+    }
     if interactive {
-        eprintln!("chat: one line per message; /reset starts over, Ctrl-D or /quit ends");
+        eprintln!("chat: one line per message; {HELP}");
     }
     let mut lines = std::io::stdin().lock().lines();
     loop {
@@ -79,26 +96,42 @@ fn chat(
         match text {
             "" => continue,
             "/quit" | "/exit" => break,
+            "/help" => {
+                eprintln!("{HELP}");
+                continue;
+            }
             "/reset" => {
                 messages = opening.clone();
                 session.reset();
                 eprintln!("(conversation reset)");
                 continue;
             }
+            // (a message may start with a slash when it is doubled: "//etc" sends "/etc")
+            t if t.starts_with('/') && !t.starts_with("//") => {
+                eprintln!("unknown command {t}: {HELP}");
+                continue;
+            }
             _ => {}
         }
+        let text = text.strip_prefix('/').filter(|t| t.starts_with('/')).unwrap_or(text);
         messages.push(ChatMessage::new("user", text));
-        let prompt = template.render(&messages, true)?;
-        let (mut runner, tok) = opened.runner_and_tokenizer();
-        let ids = tok.encode(&prompt, false)?;
-        if ids.len() >= ctx {
+        // bounded before the template renders it or the tokenizer sees it whole
+        let text_bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        if text_bytes > ctx.saturating_mul(opened.tokenizer.max_token_bytes) {
             messages.pop();
-            eprintln!(
-                "the conversation is {} tokens and the context holds {ctx} (--ctx): /reset to start over",
-                ids.len()
-            );
+            eprintln!("the conversation is more than the context of {ctx} tokens holds (--ctx): /reset to start over");
             continue;
         }
+        let prompt = template.render(&messages, true)?;
+        let (mut runner, tok) = opened.runner_and_tokenizer();
+        let ids = match tok.encode_at_most(&prompt, false, ctx - 1)? {
+            runtime::tokenizer::Bounded::Fits(ids) => ids,
+            runtime::tokenizer::Bounded::MoreThan(_) => {
+                messages.pop();
+                eprintln!("the conversation is more than {ctx} tokens and the context holds {ctx} (--ctx): /reset to start over");
+                continue;
+            }
+        };
         let c = Continuation {
             prompt_ids: &ids,
             max_new_tokens: n.min(ctx - ids.len()),
@@ -107,11 +140,18 @@ fn chat(
             stop: &[],
         };
         let mut stdout = std::io::stdout();
+        stop.store(false, std::sync::atomic::Ordering::SeqCst);
+        replying.store(true, std::sync::atomic::Ordering::SeqCst);
         let r = session.generate(&mut runner, tok, &c, &mut sampler, |piece| {
             let _ = stdout.write_all(piece.as_bytes());
             let _ = stdout.flush();
-            std::ops::ControlFlow::Continue(())
-        })?;
+            match stop.load(std::sync::atomic::Ordering::SeqCst) {
+                true => std::ops::ControlFlow::Break(()),
+                false => std::ops::ControlFlow::Continue(()),
+            }
+        });
+        replying.store(false, std::sync::atomic::Ordering::SeqCst);
+        let r = r?;
         println!();
         eprintln!(
             "[prompt {} tokens, {} from earlier turns; {} generated at {:.1} tok/s{}]",
@@ -119,7 +159,11 @@ fn chat(
             r.reused_prompt_tokens,
             r.generated_tokens,
             r.decode_tok_per_s,
-            if r.finish_reason == runtime::generate::FinishReason::Length { ", cut at -n" } else { "" }
+            match r.finish_reason {
+                runtime::generate::FinishReason::Length => ", cut at -n",
+                runtime::generate::FinishReason::Cancelled => ", stopped by Ctrl-C",
+                _ => "",
+            }
         );
         messages.push(ChatMessage::new("assistant", &r.text));
     }

@@ -17,7 +17,7 @@ pub struct Args {
     #[arg(long, default_value = "data/eval/hellaswag/none/validation")]
     pub data: PathBuf,
     /// Score only the first N items.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub limit: Option<usize>,
     /// KV cache positions (a streamed run's plan holds them); an item longer than this is
     /// refused. HellaSwag's longest items take about 200.

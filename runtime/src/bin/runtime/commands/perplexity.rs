@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
     /// Score only the first N chunks.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub chunks: Option<usize>,
     #[command(flatten)]
     pub mode: ModeArgs,
@@ -28,6 +28,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let Args { model, text, ctx, chunks, threads: _, mode, json } = args;
+    let mode = ModeArgs { perplexity: true, ..mode };
     let (mut opened, x) = open(&model, &mode, ctx)?;
     let n_ff = opened.model.config.intermediate_size;
     let mut oracle = match &x.oracle_thresholds {

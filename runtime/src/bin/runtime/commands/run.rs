@@ -62,7 +62,9 @@ pub fn run(args: Args) -> Result<()> {
     };
     let ctx = match ctx {
         Some(c) => c,
-        None => runtime::prompt_tokens(&model, &prompt, !chat)? + n,
+        None => runtime::prompt_tokens(&model, &prompt, !chat)?
+            .checked_add(n)
+            .ok_or_else(|| anyhow::anyhow!("-n {n}: more tokens than any context holds"))?,
     };
     let (mut opened, _) = open(&model, &mode, ctx)?;
     let opts = GenerateOptions { max_new_tokens: n, ctx, stop_at_eos: !ignore_eos, add_special: !chat };
