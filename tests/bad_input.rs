@@ -198,7 +198,10 @@ fn prompt_longer_than_context() {
 fn ctx_beyond_the_model() {
     let m = fixture_model();
     let out = run_bin("runtime", &["run", m.to_str().unwrap(), "--prompt", "hi", "-n", "4", "--ctx", "100000"]);
-    assert_clean_error(&out, &["--ctx 100000 exceeds the model's max_position_embeddings 8192"]);
+    assert_clean_error(
+        &out,
+        &["--ctx", "a context of 100000 positions exceeds the model's max_position_embeddings 8192"],
+    );
 }
 
 #[test]

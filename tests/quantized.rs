@@ -583,7 +583,7 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
             && err.contains("dense needs")
             && err.contains("scorer needs")
             && err.contains("scorer with the 4-bit head needs")
-            && err.contains("--strategy sketch"),
+            && err.contains("the sketch strategy"),
         "{err}"
     );
 }

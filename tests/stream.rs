@@ -362,7 +362,7 @@ fn dense_from_moves_with_the_budget() {
     assert!(m26 < m27 && m27 < m28, "{m26} {m27} {m28}");
     let budget = (m27 + m28) / 2;
     let e = open(DensePrefix::Default, Some(budget)).err().expect("the default prefix does not fit").to_string();
-    assert!(e.contains("at least") && e.contains("--dense-prefix fit"), "{e}");
+    assert!(e.contains("at least") && e.contains("a fit dense prefix"), "{e}");
     let s = open(DensePrefix::Fit, Some(budget)).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
     assert_eq!(e.dense_prefix, 27, "the largest prefix within the budget");

@@ -168,7 +168,7 @@ fn fit_trades_set_size_for_memory_and_refuses_below_its_floor() {
     .err()
     .expect("below the floor")
     .to_string();
-    assert!(err.contains(&at_010.to_string()) && err.contains("0.10 x n_ff") && err.contains("--ctx"), "{err}");
+    assert!(err.contains(&at_010.to_string()) && err.contains("0.10 x n_ff") && err.contains("a context of"), "{err}");
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn settings_are_checked_when_built() {
             StreamSettings { selector: SelectorChoice::Scorer { resident_bonus: f32::NAN }, ..Default::default() },
             "resident bonus",
         ),
-        (StreamSettings { ctx: 0, ..Default::default() }, "--ctx 0"),
+        (StreamSettings { ctx: 0, ..Default::default() }, "context 0"),
     ] {
         let e = runtime::open(prepared(), &PreparedMode::Stream(settings)).err().expect("refused").to_string();
         assert!(e.contains(what), "{e}");

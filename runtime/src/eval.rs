@@ -176,7 +176,11 @@ pub fn evaluate(
     mut on_item: impl FnMut(usize, usize, f64),
 ) -> Result<EvalReport> {
     if task != "hellaswag" {
-        return Err(RuntimeError::Input(format!("--task {task}: unknown task (known: hellaswag)")));
+        return Err(RuntimeError::Setting {
+            setting: crate::error::Setting::Task,
+            value: task.to_string(),
+            why: "unknown task (known: hellaswag)".into(),
+        });
     }
     let file = hellaswag_file(data)?;
     let items = load_hellaswag(&file, limit)?;

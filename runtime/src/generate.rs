@@ -236,7 +236,7 @@ pub fn generate(
 ) -> Result<GenerationReport> {
     // (bounded: a prompt that cannot fit is refused before it is tokenized whole)
     let prompt_ids = match tok.encode_at_most(prompt, opts.add_special, opts.ctx)? {
-        crate::tokenizer::Bounded::Fits(ids) => ids,
+        crate::tokenizer::Bounded::Whole(ids) => ids,
         crate::tokenizer::Bounded::MoreThan(n) => {
             return Err(RuntimeError::PromptTooLong { max_tokens: n, ctx: opts.ctx });
         }

@@ -173,7 +173,7 @@ impl Ranker {
             RankerKind::Sketch => {
                 let path = m.artifact_path_of(manifest_path, SKETCH_ROLE).map_err(|_| {
                     RuntimeError::Input(format!(
-                        "{}: no {SKETCH_ROLE} artifact, which --strategy sketch ranks with (rerun make prepare)",
+                        "{}: no {SKETCH_ROLE} artifact, which the sketch strategy ranks with (rerun make prepare)",
                         manifest_path.display()
                     ))
                 })?;

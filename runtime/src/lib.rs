@@ -71,9 +71,9 @@ impl Default for InMemorySettings {
 impl InMemorySettings {
     /// Refuses values no run can use, naming the setting (as `StreamSettings::validate`).
     pub fn validate(&self) -> Result<()> {
-        stream::engine::check_share("set scale", self.set_scale)?;
+        stream::engine::check_share(error::Setting::SetScale, self.set_scale)?;
         if let Some(c) = self.slot_share {
-            stream::engine::check_share("slot share", c)?;
+            stream::engine::check_share(error::Setting::SlotShare, c)?;
         }
         Ok(())
     }
@@ -231,13 +231,16 @@ fn in_memory_prefix(
     match dense_prefix {
         stream::DensePrefix::Default => Ok(manifest.sparsity.default_dense_from()),
         stream::DensePrefix::Layer(l) if l >= d0 && l <= n => Ok(l),
-        stream::DensePrefix::Layer(l) => Err(RuntimeError::Input(format!(
-            "{}: --dense-prefix {l}: this preparation covers layers {d0}..{n} (the prepared dense prefix on)",
-            path.display()
-        ))),
-        stream::DensePrefix::Fit => Err(RuntimeError::Input(
-            "--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory".into(),
-        )),
+        stream::DensePrefix::Layer(l) => Err(RuntimeError::Setting {
+            setting: error::Setting::DensePrefix,
+            value: l.to_string(),
+            why: format!("{} covers layers {d0}..{n} (the prepared dense prefix on)", path.display()),
+        }),
+        stream::DensePrefix::Fit => Err(RuntimeError::Setting {
+            setting: error::Setting::DensePrefix,
+            value: "fit".into(),
+            why: "fit sizes a streamed run's memory plan: it needs a memory budget, and runs nothing in memory".into(),
+        }),
     }
 }
 
@@ -357,7 +360,7 @@ pub fn prompt_tokens(path: &Path, prompt: &str, add_special: bool) -> Result<usi
         add_special,
         max,
     )? {
-        tokenizer::Bounded::Fits(ids) => Ok(ids.len()),
+        tokenizer::Bounded::Whole(ids) => Ok(ids.len()),
         tokenizer::Bounded::MoreThan(n) => Err(RuntimeError::PromptTooLong { max_tokens: n, ctx: max }),
     }
 }

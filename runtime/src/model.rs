@@ -52,7 +52,7 @@ impl Mlp {
     pub fn resident(&self, layer: usize) -> Result<&DenseMlp> {
         match self {
             Mlp::Resident(w) => Ok(w),
-            Mlp::Streamed => Err(RuntimeError::Input(format!(
+            Mlp::Streamed => Err(RuntimeError::Internal(format!(
                 "layer {layer}'s MLP is on storage (records.bin): only the streaming engine runs it"
             ))),
         }
@@ -475,7 +475,10 @@ impl Model {
         let Some(role) = head.artifact_role() else { return Ok(()) };
         let Some(a) = manifest.artifacts.iter().find(|a| a.role == role) else {
             let (what, knob) = head.label();
-            return Err(RuntimeError::Input(format!("{}: this preparation has no {role} artifact (the {what} output head), which -X head={knob} needs: rerun make prepare", manifest_path.display())));
+            return Err(RuntimeError::Input(format!(
+                "{}: this preparation has no {role} artifact (the {what} output head, `{knob}`): rerun make prepare",
+                manifest_path.display()
+            )));
         };
         let c = &self.config;
         let path = manifest.artifact_path(manifest_path, a);

@@ -39,7 +39,11 @@ pub fn perplexity(
     })?;
     let tokens = tok.encode(&text, true)?;
     if ctx < 4 {
-        return Err(RuntimeError::Input(format!("--ctx {ctx} is too small")));
+        return Err(RuntimeError::Setting {
+            setting: crate::error::Setting::Context,
+            value: ctx.to_string(),
+            why: "too small to score (at least 4 positions)".into(),
+        });
     }
     if tokens.len() < 2 * ctx {
         return Err(RuntimeError::TextTooShort {

@@ -23,7 +23,11 @@ pub fn read_iops(file: &Path, block_bytes: u64, queue_depth: u32, seconds: f64, 
         )));
     }
     if !block_bytes.is_multiple_of(512) {
-        return Err(RuntimeError::Input(format!("--block-bytes {block_bytes}: O_DIRECT reads need a multiple of 512")));
+        return Err(RuntimeError::Setting {
+            setting: crate::error::Setting::BlockBytes,
+            value: block_bytes.to_string(),
+            why: "O_DIRECT reads need a multiple of 512".into(),
+        });
     }
     let qd = queue_depth as usize;
     let slot = (block_bytes as usize).div_ceil(4096) * 4096;

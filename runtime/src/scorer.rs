@@ -35,7 +35,7 @@ impl GateUpScorer {
     pub fn load(manifest_path: &Path, m: &Manifest) -> Result<Self> {
         let Some(a) = m.artifacts.iter().find(|a| a.role == "scorer") else {
             return Err(RuntimeError::Input(format!(
-                "{}: this preparation has no scorer artifact (4-bit gate/up, `prep scorer`), which --strategy scorer needs: rerun make prepare",
+                "{}: this preparation has no scorer artifact (4-bit gate/up, `prep scorer`), which the scorer strategy needs: rerun make prepare",
                 manifest_path.display()
             )));
         };

@@ -57,17 +57,18 @@ impl Tokenizer {
     /// as more than `max_tokens` are certain, without tokenizing the rest. Prefixes of growing
     /// length (cut where a word starts, which the pre-tokenizer splits anyway) are tokenized
     /// until one passes `max_tokens` or the whole text is, so time and memory stay proportional
-    /// to what the context can hold, whatever the input's size.
+    /// to what the context can hold, whatever the input's size. Once the whole text is
+    /// tokenized its tokens are returned, however many (the caller words the exact overflow).
     pub fn encode_at_most(&self, text: &str, add_special: bool, max_tokens: usize) -> Result<Bounded> {
         let mut take = max_tokens.saturating_mul(8).max(4096);
         loop {
             let cut = prefix_at_word(text, take);
             let ids = self.encode(&text[..cut], add_special)?;
+            if cut == text.len() {
+                return Ok(Bounded::Whole(ids));
+            }
             if ids.len() > max_tokens {
                 return Ok(Bounded::MoreThan(max_tokens));
-            }
-            if cut == text.len() {
-                return Ok(Bounded::Fits(ids));
             }
             take = take.saturating_mul(2);
         }
@@ -97,8 +98,9 @@ impl Tokenizer {
 /// What [`Tokenizer::encode_at_most`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Bounded {
-    /// The whole text's tokens, at most the bound.
-    Fits(Vec<u32>),
+    /// The whole text's tokens (more than the bound only when that was found out by
+    /// tokenizing all of it).
+    Whole(Vec<u32>),
     /// More tokens than the bound (the rest was not tokenized).
     MoreThan(usize),
 }

@@ -90,7 +90,7 @@ impl Worker {
         let ctx = self.session.ctx();
         // bounded: a prompt that cannot fit is refused before it is tokenized whole
         let prompt_ids = match self.opened.tokenizer.encode_at_most(&job.prompt, job.add_special, ctx) {
-            Ok(crate::tokenizer::Bounded::Fits(ids)) => ids,
+            Ok(crate::tokenizer::Bounded::Whole(ids)) => ids,
             Ok(crate::tokenizer::Bounded::MoreThan(n)) => {
                 self.metrics.requests_failed[ep].fetch_add(1, Relaxed);
                 return fail(

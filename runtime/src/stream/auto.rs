@@ -196,7 +196,7 @@ pub fn candidates(
 fn only_refused(manifest_path: &Path, name: &str, plan: Result<MemoryPlan>) -> Result<Result<MemoryPlan>> {
     match plan {
         Err(e) if !matches!(e, RuntimeError::BudgetTooSmall { .. }) => {
-            Err(RuntimeError::Input(format!("{}: sizing --strategy {name}: {e}", manifest_path.display())))
+            Err(RuntimeError::Input(format!("{}: sizing the {name} strategy: {e}", manifest_path.display())))
         }
         plan => Ok(plan),
     }
@@ -292,7 +292,7 @@ pub fn choose(
                 budget: *budget,
                 minimum: *minimum,
                 breakdown: format!(
-                    "no strategy fits ({}); the smallest, --strategy {}: {breakdown}",
+                    "no strategy fits ({}); the smallest, the {} strategy: {breakdown}",
                     skipped.join(", "),
                     smallest.name
                 ),

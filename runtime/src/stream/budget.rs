@@ -173,7 +173,7 @@ impl MemoryPlan {
                 RuntimeError::BudgetTooSmall { budget, minimum, breakdown } if default > d0 => RuntimeError::BudgetTooSmall {
                     budget,
                     minimum,
-                    breakdown: format!("{breakdown} (at the default dense prefix {default}; `--dense-prefix fit` runs more layers sparse, down to layer {d0})"),
+                    breakdown: format!("{breakdown} (at the default dense prefix {default}; a fit dense prefix runs more layers sparse, down to layer {d0})"),
                 },
                 e => e,
             }),
@@ -218,7 +218,7 @@ impl MemoryPlan {
         }
         let (budget, minimum, breakdown, scale) = refusal.expect("the prefix loop runs at least once");
         let mut also = format!(
-            "every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest --dense-prefix fit tries)"
+            "every layer from {d0} sparse with sets of {scale:.2} x {unit} (the smallest a fit dense prefix tries)"
         );
         if scale < s.set_scale {
             also += &format!("; at {:.2} x {unit}: {} MiB", s.set_scale, minimum_all_sparse >> 20);
@@ -310,7 +310,7 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for --ctx {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB (a smaller --ctx or --set-scale needs less)",
+                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for a context of {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
                         resident_bytes >> 20,
                         if own_head { format!(" + {} head {} MiB", s.head.label().0, head_artifact_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,

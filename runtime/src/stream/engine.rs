@@ -170,9 +170,13 @@ impl StreamSettings {
     /// Refuses values no run can use, naming the setting.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(RuntimeError::Input(what));
-        check_share("set scale", self.set_scale)?;
+        check_share(crate::error::Setting::SetScale, self.set_scale)?;
         if self.ctx == 0 {
-            return bad("--ctx 0: the KV cache needs at least one position".into());
+            return Err(RuntimeError::Setting {
+                setting: crate::error::Setting::Context,
+                value: "0".into(),
+                why: "the KV cache needs at least one position".into(),
+            });
         }
         if let SelectorChoice::Scorer { resident_bonus } = self.selector {
             if !(resident_bonus.is_finite() && resident_bonus >= 1.0) {
@@ -190,11 +194,11 @@ impl StreamSettings {
 }
 
 /// A share of a layer's neurons (set scale, slot share) must lie in (0, 1].
-pub fn check_share(what: &str, v: f64) -> Result<()> {
+pub fn check_share(setting: crate::error::Setting, v: f64) -> Result<()> {
     if v > 0.0 && v <= 1.0 {
         return Ok(());
     }
-    Err(RuntimeError::Input(format!("{what} {v}: expected a share in (0, 1]")))
+    Err(RuntimeError::Setting { setting, value: v.to_string(), why: "expected a share in (0, 1]".into() })
 }
 
 /// Where the sparse layers start.
@@ -511,7 +515,7 @@ impl StreamingEngine {
                     loads.len()
                 );
                 self.io.recycle(landed.rows);
-                return Err(RuntimeError::Input(what));
+                return Err(RuntimeError::Internal(what));
             }
             let buf = slots.buf.as_mut_slice();
             for (k, l) in landed.loads.iter().enumerate() {

@@ -127,7 +127,7 @@ fn main() {
         }
     };
     if let Err(e) = pool.install(|| cli.command.run()) {
-        eprintln!("runtime: error: {}", formats::error::display_chain(e.as_ref()));
+        eprintln!("runtime: error: {}", report::describe(&e));
         std::process::exit(1);
     }
 }

@@ -281,6 +281,9 @@ impl ModeArgs {
             if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() {
                 anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
+            if self.dense_prefix == Some(DensePrefix::Fit) {
+                anyhow::bail!("--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory");
+            }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
             let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers {
                 DensePrefix::Layer(manifest.sparsity.dense_prefix)

@@ -113,3 +113,33 @@ pub fn check_sampling(temp: f32, top_p: f32) -> Result<()> {
 pub fn no_template(model: &Path) -> String {
     format!("{}: the model has no chat template (chat_template.jinja, kept from the GGUF's tokenizer.chat_template by prep import; rerun make setup or make prepare)", model.display())
 }
+
+/// An error as this command line words it: the library names settings, this names their flags.
+pub fn describe(e: &anyhow::Error) -> String {
+    use runtime::error::Setting;
+    use runtime::RuntimeError;
+    let chain = formats::error::display_chain(e.as_ref());
+    let flag = |s: Setting| match s {
+        Setting::Context => "--ctx",
+        Setting::MemoryBudget => "--mem-budget",
+        Setting::DensePrefix => "--dense-prefix",
+        Setting::SetScale => "--set-scale",
+        Setting::SlotShare => "-X slot-share",
+        Setting::Task => "--task",
+        Setting::BlockBytes => "--block-bytes",
+    };
+    match e.downcast_ref::<RuntimeError>() {
+        Some(RuntimeError::Setting { setting, value, why }) => format!("{} {value}: {why}", flag(*setting)),
+        Some(RuntimeError::BudgetTooSmall { .. }) => {
+            format!("--mem-budget: {chain} (--ctx, --set-scale and --dense-prefix fit size the plan)")
+        }
+        Some(
+            RuntimeError::ContextOverflow { .. }
+            | RuntimeError::CtxTooLarge { .. }
+            | RuntimeError::PromptTooLong { .. },
+        ) => {
+            format!("--ctx: {chain}")
+        }
+        _ => chain,
+    }
+}

@@ -47,7 +47,7 @@ pub fn run(args: Args) -> Result<()> {
     let (mut opened, _) = open(&manifest, &mode, ctx)?;
     // bounded: a prompt that cannot fit is refused before it is tokenized whole
     let prompt_tokens = match opened.tokenizer.encode_at_most(prompt.trim_end(), true, ctx)? {
-        runtime::tokenizer::Bounded::Fits(ids) => ids.len(),
+        runtime::tokenizer::Bounded::Whole(ids) => ids.len(),
         runtime::tokenizer::Bounded::MoreThan(m) => {
             return Err(runtime::RuntimeError::PromptTooLong { max_tokens: m, ctx }.into());
         }

@@ -124,11 +124,15 @@ fn chat(
         }
         let prompt = template.render(&messages, true)?;
         let (mut runner, tok) = opened.runner_and_tokenizer();
-        let ids = match tok.encode_at_most(&prompt, false, ctx - 1)? {
-            runtime::tokenizer::Bounded::Fits(ids) => ids,
-            runtime::tokenizer::Bounded::MoreThan(_) => {
+        let ids = match tok.encode_at_most(&prompt, false, ctx)? {
+            runtime::tokenizer::Bounded::Whole(ids) if ids.len() < ctx => ids,
+            too_long => {
                 messages.pop();
-                eprintln!("the conversation is more than {ctx} tokens and the context holds {ctx} (--ctx): /reset to start over");
+                let n = match too_long {
+                    runtime::tokenizer::Bounded::Whole(ids) => ids.len().to_string(),
+                    runtime::tokenizer::Bounded::MoreThan(n) => format!("more than {n}"),
+                };
+                eprintln!("the conversation is {n} tokens and the context holds {ctx} (--ctx): /reset to start over");
                 continue;
             }
         };
