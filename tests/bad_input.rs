@@ -336,11 +336,12 @@ fn rewrite_gguf(path: &Path, edit: impl FnOnce(&mut Vec<(String, GgufValue)>, &m
 /// Hyperparameters no model can have are refused on import, naming the key; nothing is written.
 #[test]
 fn impossible_hyperparameters_are_refused_on_import() {
-    let cases: [(&str, f32, &str); 4] = [
+    let cases: [(&str, f32, &str); 5] = [
         ("llama.rope.freq_base", f32::NAN, "rope_theta NaN"),
         ("llama.attention.layer_norm_rms_epsilon", 0.0, "rms_norm_eps 0"),
         ("llama.attention.layer_norm_rms_epsilon", -1e-5, "rms_norm_eps -0.00000999"),
         ("llama.rope.freq_base", f32::INFINITY, "rope_theta inf"),
+        ("llama.attention.layer_norm_rms_epsilon", 1e30, "rms_norm_eps 1000000015047466"),
     ];
     for (i, (key, value, needle)) in cases.into_iter().enumerate() {
         let d = scratch(&format!("hyper-{i}"));
@@ -408,4 +409,62 @@ fn error_causes_are_printed_once() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The importer trusts nothing it reads: an optional key of the wrong type, a norm in a quantized
+/// type, a partial rotary dimension or a key with terminal escapes is refused, naming it; and
+/// it never overwrites a folder it did not make.
+#[test]
+fn the_importer_refuses_what_would_import_as_garbage() {
+    let s = |v: &str| GgufValue::String(v.into());
+    type Edit = Box<dyn Fn(&mut Vec<(String, GgufValue)>, &mut Vec<GgufTensorData>)>;
+    let set = |key: &'static str, v: GgufValue| -> Edit {
+        Box::new(move |md, _| {
+            md.retain(|(k, _)| k != key);
+            md.push((key.to_string(), v.clone()));
+        })
+    };
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (set("tokenizer.ggml.eos_token_id", GgufValue::F32(7.0)), &["tokenizer.ggml.eos_token_id", "unsigned integer"]),
+        (set("tokenizer.ggml.bos_token_id", s("6")), &["tokenizer.ggml.bos_token_id"]),
+        (set("llama.context_length", GgufValue::F32(2048.0)), &["llama.context_length"]),
+        (set("llama.rope.dimension_count", GgufValue::U32(0)), &["rope.dimension_count is 0"]),
+        (set("llama.rope.dimension_count", GgufValue::U32(65)), &["rope.dimension_count is 65"]),
+        (set("general.\u{1b}[31mname", s("x")), &["control characters", "\\u{1b}"]),
+        (
+            Box::new(|_, tensors| {
+                let t = tensors.iter_mut().find(|t| t.name == "blk.0.ffn_norm.weight").unwrap();
+                // 32 values as one Q8_0 block: a valid tensor of a type a norm never has
+                (t.ggml_type_id, t.bytes) = (8, vec![0u8; 34]);
+            }),
+            &["blk.0.ffn_norm.weight", "Q8_0", "F32 or F16"],
+        ),
+    ];
+    for (i, (edit, needles)) in cases.into_iter().enumerate() {
+        let d = scratch(&format!("importer-{i}"));
+        let g = d.join("bad.gguf");
+        tiny_gguf(&g, "llama", 0);
+        rewrite_gguf(&g, |md, tensors| edit(md, tensors));
+        let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", d.join("m").to_str().unwrap()]);
+        assert_clean_error(&out, needles);
+        assert!(!d.join("m/config.json").exists(), "{needles:?}: a config was written");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains('\u{1b}'), "an escape reached the terminal");
+    }
+    // a Hugging Face folder's own files are never overwritten; an earlier import's are
+    let d = scratch("importer-folder");
+    tiny_gguf(&d.join("tiny.gguf"), "llama", 0);
+    let theirs = d.join("hf");
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::write(theirs.join("config.json"), "{\"theirs\": true}").unwrap();
+    let g = d.join("tiny.gguf");
+    let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", theirs.to_str().unwrap()]);
+    assert_clean_error(&out, &["hf", "not empty", "--force"]);
+    assert_eq!(std::fs::read_to_string(theirs.join("config.json")).unwrap(), "{\"theirs\": true}");
+    let ours = d.join("ours");
+    for _ in 0..2 {
+        let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", ours.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", theirs.to_str().unwrap(), "--force"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -213,6 +213,11 @@ impl GgufFile {
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
             let key = c.string("metadata key")?;
+            // (a key is printed in messages: control characters, a terminal's escapes among
+            // them, are refused here, shown escaped)
+            if key.chars().any(char::is_control) {
+                return Err(c.corrupt(format!("metadata key {:?} holds control characters", key)));
+            }
             let type_id = c.u32(&key)?;
             let v = c.value(type_id, &key, 0)?;
             metadata.insert(key, v);
@@ -220,6 +225,9 @@ impl GgufFile {
         let mut raw = Vec::with_capacity(n_tensors as usize);
         for _ in 0..n_tensors {
             let name = c.string("tensor name")?;
+            if name.chars().any(char::is_control) {
+                return Err(c.corrupt(format!("tensor name {:?} holds control characters", name)));
+            }
             let n_dims = c.u32(&name)?;
             if n_dims == 0 || n_dims > 4 {
                 return Err(c.corrupt(format!("tensor '{name}': {n_dims} dimensions")));
@@ -300,6 +308,28 @@ impl GgufFile {
                     offset: w[1].file_offset,
                     what: format!("tensors '{}' and '{}' overlap", w[0].name, w[1].name),
                 });
+            }
+        }
+        // laid out as llama.cpp's writer lays them out: in the table's order, each at the end of
+        // the one before rounded up to the alignment, the first at the data region's start; so
+        // two tensors whose offsets were swapped (same sizes, other shapes) are refused, not
+        // computed. (Checked where every type's size is known.)
+        if tensors.iter().all(|t| GgmlType::from_id(t.ggml_type_id).is_some()) {
+            let mut expect = data_start;
+            for t in &tensors {
+                if t.file_offset != expect {
+                    return Err(FormatError::Corrupt {
+                        path: path.to_path_buf(),
+                        offset: t.file_offset,
+                        what: format!(
+                            "tensor '{}' starts at byte {} of the data region, where the table's order puts it at {}",
+                            t.name,
+                            t.file_offset - data_start,
+                            expect - data_start
+                        ),
+                    });
+                }
+                expect = (t.file_offset + t.n_bytes).div_ceil(alignment) * alignment;
             }
         }
         Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, mmap })
@@ -477,6 +507,30 @@ mod tests {
         let d = tempfile::Builder::new().prefix("formats-gguf-").tempdir().unwrap();
         let p = d.path().join(name);
         (d, p)
+    }
+
+    /// Two tensors of the same size whose table offsets were swapped would import as each
+    /// other's weights: the reader refuses a table out of the writer's order.
+    #[test]
+    fn swapped_tensor_offsets_are_refused() {
+        let (_d, p) = tmp("swapped.gguf");
+        let t =
+            |name: &str, ne: Vec<u64>| GgufTensorData { name: name.into(), ne, ggml_type_id: 0, bytes: vec![0; 64] };
+        write_gguf(&p, &[], &[t("first", vec![8, 2]), t("second", vec![16])]).unwrap();
+        assert!(GgufFile::open(&p).is_ok());
+        let mut b = std::fs::read(&p).unwrap();
+        // each offset field: after the name, n_dims (4), the dims (8 each) and the type (4)
+        let field = |b: &[u8], name: &str, dims: usize| {
+            let at = b.windows(name.len()).position(|w| w == name.as_bytes()).unwrap() + name.len();
+            at + 4 + 8 * dims + 4
+        };
+        let (fa, fb) = (field(&b, "first", 2), field(&b, "second", 1));
+        let (va, vb) = (b[fa..fa + 8].to_vec(), b[fb..fb + 8].to_vec());
+        b[fa..fa + 8].copy_from_slice(&vb);
+        b[fb..fb + 8].copy_from_slice(&va);
+        std::fs::write(&p, &b).unwrap();
+        let e = GgufFile::open(&p).err().expect("refused").to_string();
+        assert!(e.contains("tensor 'first'") && e.contains("the table's order puts it at 0"), "{e}");
     }
 
     #[test]

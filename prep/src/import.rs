@@ -376,6 +376,18 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
             (ImportDtype::Native, None) => "copying",
         },
     );
+    // norms and biases are F32 (or F16) in every GGUF llama.cpp writes: another type there is
+    // a damaged file that would import and run as garbage
+    for t in &g.tensors {
+        if (t.name.ends_with("norm.weight") || t.name.ends_with(".bias")) && !matches!(t.ggml_type_id, 0 | 1) {
+            bail!(
+                "{}: tensor '{}' is {}: a norm or bias must be F32 or F16",
+                path.display(),
+                t.name,
+                formats::ggml_quants::type_name(t.ggml_type_id)
+            );
+        }
+    }
     let tensors: Vec<Imported1> = g
         .tensors
         .par_iter()

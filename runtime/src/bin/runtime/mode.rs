@@ -282,7 +282,9 @@ impl ModeArgs {
                 anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             if self.dense_prefix == Some(DensePrefix::Fit) {
-                anyhow::bail!("--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory");
+                anyhow::bail!(
+                    "--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory"
+                );
             }
             // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
             let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers {
