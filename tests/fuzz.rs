@@ -1,6 +1,7 @@
 //! Fixed-seed mutation fuzzing of every reader of untrusted bytes: the GGUF reader (and the
 //! dequantizers it feeds), the safetensors header reader, the manifest, the record checker, and
-//! the scorer, predictor, centroid, threshold, importance and Q8_0-head loaders. Each input is a
+//! the scorer, predictor, centroid, threshold, importance and Q8_0-head loaders, and `prep import`
+//! on structured inputs (metadata of other types, tensor tables reordered). Each input is a
 //! real seed file (a small GGUF with quantized tensors, a record, the synthetic preparation's
 //! artifacts) mutated by bit flips, random bytes, extreme integers, truncation, insertion and
 //! deletion. A reader must return a value or an error: never panic, never hang (a call over
@@ -368,4 +369,166 @@ fn fuzz_thresholds() {
     fuzz("thresholds", &seed_of("capture/thresholds.json"), &work("thresholds").join("thresholds.json"), |p| {
         let _ = formats::thresholds::Thresholds::load(p);
     });
+}
+
+/// A tiny llama GGUF that imports and runs (d=32, ff=64, 1 layer, 8-token vocabulary): the seed
+/// of the importer's target.
+fn importable_gguf() -> (Vec<(String, GgufValue)>, Vec<GgufTensorData>) {
+    let s = |v: &str| GgufValue::String(v.into());
+    let tokens = ["a", "b", "c", "d", "ab", "cd", "<s>", "</s>"];
+    let md = vec![
+        ("general.architecture".to_string(), s("llama")),
+        ("llama.block_count".to_string(), GgufValue::U32(1)),
+        ("llama.context_length".to_string(), GgufValue::U32(256)),
+        ("llama.embedding_length".to_string(), GgufValue::U32(32)),
+        ("llama.feed_forward_length".to_string(), GgufValue::U32(64)),
+        ("llama.attention.head_count".to_string(), GgufValue::U32(2)),
+        ("llama.attention.head_count_kv".to_string(), GgufValue::U32(2)),
+        ("llama.rope.dimension_count".to_string(), GgufValue::U32(16)),
+        ("llama.rope.freq_base".to_string(), GgufValue::F32(10000.0)),
+        ("llama.attention.layer_norm_rms_epsilon".to_string(), GgufValue::F32(1e-5)),
+        ("tokenizer.ggml.model".to_string(), s("gpt2")),
+        ("tokenizer.ggml.pre".to_string(), s("smollm")),
+        ("tokenizer.ggml.tokens".to_string(), GgufValue::Array(tokens.iter().map(|t| s(t)).collect())),
+        ("tokenizer.ggml.merges".to_string(), GgufValue::Array(vec![s("a b"), s("c d")])),
+        ("tokenizer.ggml.bos_token_id".to_string(), GgufValue::U32(6)),
+        ("tokenizer.ggml.eos_token_id".to_string(), GgufValue::U32(7)),
+    ];
+    let t = |name: &str, ne: Vec<u64>| {
+        let n: u64 = ne.iter().product();
+        let bytes = (0..n).flat_map(|i| (((i * 37 % 101) as f32 - 50.0) / 500.0).to_le_bytes()).collect();
+        GgufTensorData { name: name.into(), ne, ggml_type_id: 0, bytes }
+    };
+    let norm = |name: &str| GgufTensorData {
+        name: name.into(),
+        ne: vec![32],
+        ggml_type_id: 0,
+        bytes: 1f32.to_le_bytes().repeat(32),
+    };
+    let tensors = vec![
+        t("token_embd.weight", vec![32, 8]),
+        norm("output_norm.weight"),
+        norm("blk.0.attn_norm.weight"),
+        t("blk.0.attn_q.weight", vec![32, 32]),
+        t("blk.0.attn_k.weight", vec![32, 32]),
+        t("blk.0.attn_v.weight", vec![32, 32]),
+        t("blk.0.attn_output.weight", vec![32, 32]),
+        norm("blk.0.ffn_norm.weight"),
+        t("blk.0.ffn_gate.weight", vec![32, 64]),
+        t("blk.0.ffn_up.weight", vec![32, 64]),
+        t("blk.0.ffn_down.weight", vec![64, 32]),
+    ];
+    (md, tensors)
+}
+
+/// One value of another GGUF type than `v`'s (the importer's metadata must be the right type).
+fn other_value(v: &GgufValue, rng: &mut Xorshift) -> GgufValue {
+    let pick = rng.next_u64();
+    let n = (pick >> 8) % 5000;
+    let candidates = [
+        GgufValue::F32(n as f32 + 0.5),
+        GgufValue::I32(-(n as i32)),
+        GgufValue::U64(n),
+        GgufValue::U8((n % 256) as u8),
+        GgufValue::Bool(n.is_multiple_of(2)),
+        GgufValue::String(format!("{n}")),
+        GgufValue::F64(f64::NAN),
+        GgufValue::Array(vec![GgufValue::U32(n as u32)]),
+        GgufValue::U32(0),
+        GgufValue::U32(u32::MAX),
+    ];
+    let c = candidates[(pick % candidates.len() as u64) as usize].clone();
+    if std::mem::discriminant(&c) == std::mem::discriminant(v) {
+        GgufValue::String("x".into())
+    } else {
+        c
+    }
+}
+
+/// The importer, structure-aware: each input is the seed with a metadata value of another type,
+/// a key dropped, a tensor of another type, shape or place in the table, or two tensors'
+/// bytes swapped, written as a valid GGUF; `prep import` must import it or refuse it with one
+/// error (exit 1), never panic, and what it imports must run or be refused.
+#[test]
+fn fuzz_importer_metadata_types_and_tensor_tables() {
+    let n = iterations().min(1000);
+    let d = work("import");
+    let mut rng = Xorshift(0x1a2b_3c4d);
+    let (md0, tensors0) = importable_gguf();
+    let (mut imported, mut refused) = (0, 0);
+    for i in 0..n {
+        let (mut md, mut tensors) = (md0.clone(), tensors0.clone());
+        let edits = 1 + rng.next_u64() % 2;
+        for _ in 0..edits {
+            match rng.next_u64() % 6 {
+                0 | 1 => {
+                    let k = (rng.next_u64() % md.len() as u64) as usize;
+                    md[k].1 = other_value(&md[k].1, &mut rng);
+                }
+                2 => {
+                    let k = (rng.next_u64() % md.len() as u64) as usize;
+                    md.remove(k);
+                }
+                3 => {
+                    // another type for a tensor, with that type's bytes for its shape
+                    let k = (rng.next_u64() % tensors.len() as u64) as usize;
+                    let (id, block_elems, block_bytes) =
+                        [(1, 1, 2), (8, 32, 34), (2, 32, 18), (3, 32, 20)][(rng.next_u64() % 4) as usize];
+                    let t = &mut tensors[k];
+                    if t.ne[0].is_multiple_of(block_elems) {
+                        let n: u64 = t.ne.iter().product();
+                        t.ggml_type_id = id;
+                        t.bytes = vec![0x11; (n / block_elems * block_bytes) as usize];
+                    }
+                }
+                4 => {
+                    // two tensors change places in the table (their offsets follow them)
+                    let (a, b) = (
+                        (rng.next_u64() % tensors.len() as u64) as usize,
+                        (rng.next_u64() % tensors.len() as u64) as usize,
+                    );
+                    tensors.swap(a, b);
+                }
+                _ => {
+                    // a tensor's shape transposed or cut
+                    let k = (rng.next_u64() % tensors.len() as u64) as usize;
+                    let t = &mut tensors[k];
+                    t.ne.reverse();
+                    if rng.next_u64().is_multiple_of(2) && t.ne[0] > 1 {
+                        t.ne[0] /= 2;
+                        t.bytes.truncate(t.bytes.len() / 2);
+                    }
+                }
+            }
+        }
+        let g = d.join("input.gguf");
+        write_gguf(&g, &md, &tensors).unwrap();
+        let out_dir = d.join(format!("m{}", i % 4));
+        let _ = std::fs::remove_dir_all(&out_dir);
+        let out = run_bin("prep", &["import", g.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let code = out.status.code();
+        if code == Some(0) {
+            imported += 1;
+            let r = run_bin("runtime", &["run", out_dir.to_str().unwrap(), "-p", "abcd", "-n", "2", "--json"]);
+            let rerr = String::from_utf8_lossy(&r.stderr);
+            assert!(
+                matches!(r.status.code(), Some(0) | Some(1)) && !rerr.contains("panicked"),
+                "input {i}: imported, then runtime run: {:?}\n{rerr}",
+                r.status
+            );
+        } else {
+            refused += 1;
+            let saved = repo_root().join("target/fuzz-crashes").join(format!("import-{i}.gguf"));
+            if code != Some(1) || err.contains("panicked") || err.lines().filter(|l| l.contains("error:")).count() != 1
+            {
+                std::fs::create_dir_all(saved.parent().unwrap()).unwrap();
+                std::fs::copy(&g, &saved).unwrap();
+                panic!("input {i}: prep import exited {:?} (saved to {}):\n{err}", out.status, saved.display());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    eprintln!("import: {n} structured inputs, {imported} imported (and run), {refused} refused with one error");
+    assert!(refused > 0 && imported > 0, "the mutations must reach both outcomes");
 }

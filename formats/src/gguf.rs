@@ -418,6 +418,7 @@ impl GgufFile {
 }
 
 /// One tensor to write: raw bytes already in `ggml_type_id`'s block layout.
+#[derive(Debug, Clone)]
 pub struct GgufTensorData {
     pub name: String,
     pub ne: Vec<u64>,

@@ -367,6 +367,16 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
         cfg.torch_dtype = None;
     }
     let tokenizer = crate::tokenizer_json::tokenizer_json_from_gguf(&g)?;
+    // the vocabulary must make a tokenizer now, not at the first run, and fit the embedding
+    let parsed: tokenizers::Tokenizer = tokenizer
+        .to_string()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{}: the GGUF's vocabulary does not make a tokenizer: {e}", path.display()))?;
+    let rows = g.tensor("token_embd.weight").and_then(|t| t.ne.get(1).copied()).unwrap_or(0) as usize;
+    let ids = parsed.get_vocab_size(true);
+    if rows > 0 && ids > rows {
+        bail!("{}: the vocabulary has {ids} tokens, but token_embd.weight has {rows} rows", path.display());
+    }
     let pb = progress(
         g.tensors.len(),
         show_progress,
