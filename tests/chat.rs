@@ -177,3 +177,32 @@ fn ctrl_c_stops_a_reply_not_the_chat() {
     let reused: usize = turns[1].split_whitespace().nth(3).unwrap().parse().unwrap();
     assert!(reused > 0, "{err}");
 }
+
+/// A reply cut by its token limit inside a character's bytes ends before that character: the
+/// fixture answers in katakana (3 bytes a character, spread over byte tokens), and no length
+/// gives a reply, or a streamed piece, with U+FFFD in it.
+#[test]
+fn a_cut_reply_never_ends_in_a_broken_character() {
+    use runtime::generate::{generate, GenerateOptions};
+    let (model, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let mut cut_inside = 0;
+    for n in 1..=6 {
+        let mut runner = runtime::Runner::dense(&model);
+        let opts = GenerateOptions { max_new_tokens: n, ctx: 64, stop_at_eos: true, add_special: true };
+        let mut streamed = String::new();
+        let r = generate(
+            &mut runner,
+            &tok,
+            "Write the Japanese word for cat:",
+            &opts,
+            &mut Sampler::new(0.0, 1.0, 0),
+            |p| streamed.push_str(p),
+        )
+        .unwrap();
+        let raw = tok.decode(&r.token_ids).unwrap();
+        cut_inside += raw.ends_with('\u{FFFD}') as usize;
+        assert!(!r.text.contains('\u{FFFD}') && !streamed.contains('\u{FFFD}'), "{n} tokens: {:?}", r.text);
+        assert!(raw.starts_with(&r.text) && streamed == r.text, "{n} tokens: {raw:?} {:?} {streamed:?}", r.text);
+    }
+    assert!(cut_inside > 0, "no length cut a character: the test would exercise nothing");
+}

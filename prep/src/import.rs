@@ -372,11 +372,6 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
         .to_string()
         .parse()
         .map_err(|e| anyhow::anyhow!("{}: the GGUF's vocabulary does not make a tokenizer: {e}", path.display()))?;
-    let rows = g.tensor("token_embd.weight").and_then(|t| t.ne.get(1).copied()).unwrap_or(0) as usize;
-    let ids = parsed.get_vocab_size(true);
-    if rows > 0 && ids > rows {
-        bail!("{}: the vocabulary has {ids} tokens, but token_embd.weight has {rows} rows", path.display());
-    }
     let pb = progress(
         g.tensors.len(),
         show_progress,
@@ -445,6 +440,11 @@ fn import_gguf(path: &Path, dtype: ImportDtype, quantize: Option<QuantizeTo>, sh
         .collect::<Result<_>>()?;
     pb.finish_and_clear();
     check_tensor_set(path, &cfg, arch, &tensors)?;
+    let rows = g.tensor("token_embd.weight").and_then(|t| t.ne.get(1).copied()).unwrap_or(0) as usize;
+    let ids = parsed.get_vocab_size(true);
+    if rows > 0 && ids > rows {
+        bail!("{}: the vocabulary has {ids} tokens, but token_embd.weight has {rows} rows", path.display());
+    }
     Ok((cfg, serde_json::to_string(&tokenizer)?, tensors))
 }
 
