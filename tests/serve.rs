@@ -136,3 +136,37 @@ fn stalled_clients_lock_nobody_out() {
     let _ = first.read_to_string(&mut reply);
     assert!(reply.starts_with("HTTP/1.1 408"), "a stalled client's reply: {reply}");
 }
+
+/// Same request, same reply at temperature 0, whatever was served before: the fixture streamed
+/// with the scorer (every row a layer holds counts, so rows left by an earlier request would
+/// change the next reply), a chat sent, then others, then the first again, streamed and plain.
+#[test]
+fn a_reply_depends_on_its_request_only() {
+    let dir = scratch("serve-same-reply");
+    let manifest = fixture_gguf_preparation(&dir, "native").join("manifest.toml");
+    let budget = (minimum_budget(&manifest, &["--ctx", "512", "--strategy", "scorer"]) + (4 << 20)).to_string();
+    let m = manifest.to_str().unwrap();
+    let s =
+        Server::start(&[m, "--mem-budget", &budget, "--strategy", "scorer", "--ctx", "512", "--threads", "2"], None);
+    let chat = |content: &str, stream: bool| {
+        let body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 24, "temperature": 0, "stream": stream});
+        let r = s.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}\n{}", r.body, s.log());
+        if !stream {
+            return r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        }
+        r.sse_data()
+            .iter()
+            .filter(|d| d.as_str() != "[DONE]")
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(String::from))
+            .collect::<String>()
+    };
+    let question = "Name three things people keep in a kitchen.";
+    let first = chat(question, false);
+    assert!(!first.is_empty());
+    chat("Write a short poem about the sea and its ships, with rhymes.", false);
+    chat("What is the capital of France? Answer in one word.", true);
+    assert_eq!(chat(question, false), first, "the same chat after others");
+    assert_eq!(chat(question, true), first, "the same chat, streamed");
+}

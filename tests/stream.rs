@@ -71,7 +71,9 @@ fn rows_read_are_exactly_the_deltas() {
     let mut s = stream_with(m, None, true); // unlimited: nothing is evicted, a row is read once
     let ids = s.tokenizer.encode("Once upon a time there was a small village by the sea where", true).unwrap();
     let mut cache = s.model.new_cache(64).unwrap();
-    s.runner().forward(&ids, &mut cache, ids.len() - 1).unwrap();
+    // every token through the decode path (logits wanted from the first): a prompt's batches
+    // stage whole layers instead
+    s.runner().forward(&ids, &mut cache, 0).unwrap();
     let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!("not streaming") };
     e.refresh_io_stats();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
@@ -714,4 +716,181 @@ fn the_reuse_simulation_counts_the_resident_bonus() {
     assert!(mean(&more) > mean(&one) + 0.02, "the bonus changed nothing: {more:?} against {one:?}");
     let t = formats::reuse_table::ReuseTable::load(&m.parent().unwrap().join("scorer/reuse.json")).unwrap();
     assert_eq!(t.scorer_resident_bonus, SCORER_RESIDENT_BONUS as f64);
+}
+
+/// The largest difference between two KV caches' filled positions, over every layer.
+fn kv_diff(a: &runtime::kv_cache::KvCache, b: &runtime::kv_cache::KvCache) -> f32 {
+    assert_eq!(a.len, b.len, "caches of different lengths");
+    let n = a.len * a.kv_dim;
+    let mut worst = 0f32;
+    for (x, y) in a.k.iter().zip(&b.k).chain(a.v.iter().zip(&b.v)) {
+        for (p, q) in x[..n].iter().zip(&y[..n]) {
+            worst = worst.max((p.to_f32() - q.to_f32()).abs());
+        }
+    }
+    worst
+}
+
+/// A prompt through the streaming engine goes in batches, each streamed layer's whole MLP
+/// staged from storage: its KV cache is the dense model's batched one, at the minimum budget
+/// too, whether staged from dense_mlp.safetensors (the native preparation: the GGUF's blocks)
+/// or from records.bin (f16); with every neuron kept, the logits of the token after it are the
+/// dense model's; a prompt longer than one batch goes in several; nothing of it is read
+/// through the slots.
+#[test]
+fn a_batched_prompt_streams_exactly() {
+    let native = fixture_gguf_preparation(&scratch("stream-batched-native"), "native").join("manifest.toml");
+    let text = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where the trees are tall and the air is cold. ".repeat(6);
+    for (manifest, budget) in [
+        (all_neurons().clone(), None),
+        (
+            default_sparse().clone(),
+            Some(minimum_budget(default_sparse(), &["--ctx", "256", "--strategy", "predictor"])),
+        ),
+        (native.clone(), Some(minimum_budget(&native, &["--ctx", "256", "--strategy", "predictor"]))),
+    ] {
+        // the reference: every layer dense, every row in memory, one batch
+        let mut dense = runtime::open(&manifest, &PreparedMode::Dense { head: runtime::HeadChoice::Resident }).unwrap();
+        let ids = dense.tokenizer.encode(&text, true).unwrap();
+        assert!(ids.len() > 64, "{} tokens", ids.len());
+        let m = ids.len() - 1;
+        let mut want_cache = dense.model.new_cache(256).unwrap();
+        let want = dense.runner().forward(&ids, &mut want_cache, m).unwrap();
+        let mut want_prompt = dense.model.new_cache(256).unwrap();
+        dense.runner().forward(&ids[..m], &mut want_prompt, m).unwrap();
+
+        let mut s = stream(&manifest, budget);
+        let batch = s.engine().unwrap().plan.prompt_batch;
+        let mut cache = s.model.new_cache(256).unwrap();
+        let got = s.runner().forward(&ids[..m], &mut cache, m).unwrap();
+        assert!(got.is_empty(), "no logits of a prompt");
+        let n_layers = s.model.config.num_hidden_layers;
+        let e = s.engine().unwrap();
+        e.refresh_io_stats();
+        assert_eq!(e.stats.prompt_tokens, m as u64, "{}: every prompt token in a batch", manifest.display());
+        assert_eq!((e.stats.tokens, e.stats.bytes_read), (0, 0), "nothing through the slots");
+        let batches = m.div_ceil(batch) as u64;
+        let sparse_layers = (e.dense_prefix..n_layers).count() as u64;
+        assert!(e.stats.prompt_bytes_read > 0 && sparse_layers > 0, "{}", manifest.display());
+        let per_layer = e.stats.prompt_bytes_read / (batches * sparse_layers);
+        eprintln!(
+            "{}: {m} prompt tokens in batches of {batch}, {sparse_layers} streamed layers staged, {:.1} MiB per layer",
+            manifest.display(),
+            per_layer as f64 / 1048576.0
+        );
+        let d = kv_diff(&cache, &want_prompt);
+        assert!(d <= 1e-2, "{}: the streamed prompt's KV cache differs by {d}", manifest.display());
+        if budget.is_none() {
+            // every neuron kept: the next token's logits are the dense model's
+            let last = s.runner().forward(&ids[m..], &mut cache, 0).unwrap();
+            let vocab = s.model.vocab_size();
+            let diff = max_abs_diff(&last, &want[..vocab]);
+            assert!(diff < BATCHED_VS_TOKEN_BY_TOKEN, "{}: logits differ by {diff}", manifest.display());
+        }
+    }
+}
+
+/// A record that fails its check while a prompt batch stages its layer fails the prompt with the
+/// record's layer, neuron and offset, leaves the cache where it was, and the same prompt fails
+/// the same way again (nothing of the failed batch is kept).
+#[test]
+fn a_corrupt_record_fails_the_prompt_batch() {
+    let m = default_sparse();
+    let src = m.parent().unwrap();
+    let dir = scratch("stream-batched-crc");
+    for f in ["manifest.toml", "records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    for d in ["cluster", "predictor", "capture", "importance", "scorer", "sketch", "layers"] {
+        std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
+    }
+    let manifest = formats::manifest::Manifest::load(m).unwrap();
+    let off = manifest.records.offset(28, 7) + 512 + 5;
+    let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();
+    bytes[off as usize] ^= 0x10;
+    std::fs::write(dir.join("records.bin"), &bytes).unwrap();
+    let s = runtime::stream::StreamSettings { ctx: 256, ..Default::default() };
+    let mut o = runtime::open_with(&dir.join("manifest.toml"), &PreparedMode::Stream(s), false).unwrap();
+    let ids = o.tokenizer.encode("One two three four five six seven eight nine ten", true).unwrap();
+    let mut cache = o.model.new_cache(256).unwrap();
+    for _ in 0..2 {
+        let e = o.runner().forward(&ids, &mut cache, ids.len()).expect_err("a corrupt record").to_string();
+        assert!(e.contains("layer 28, neuron 7") && e.contains("CRC32C"), "{e}");
+        assert_eq!(cache.len, 0, "a failed batch leaves nothing in the cache");
+    }
+}
+
+/// After a prompt, each streamed layer's slots hold the rows of the neurons the prompt used
+/// most (warm slots), byte-equal to the records' own: whole version-2 records and their down
+/// rows alone from the native preparation's GGUF blocks, whole f16 records from records.bin.
+/// The first decode token then reads fewer rows than from empty slots.
+#[test]
+fn warm_slots_hold_the_records_rows() {
+    let native = fixture_gguf_preparation(&scratch("stream-warm-native"), "native").join("manifest.toml");
+    let text = "In the morning the baker opens his shop, lights the ovens and sets out the bread. ".repeat(4);
+    for (manifest, strategy, name) in [
+        (native.clone(), runtime::stream::SelectorChoice::Scorer { resident_bonus: 2.0 }, "scorer"),
+        (native.clone(), runtime::stream::SelectorChoice::default(), "predictor"),
+        (default_sparse().clone(), runtime::stream::SelectorChoice::default(), "predictor"),
+    ] {
+        let m = formats::manifest::Manifest::load(&manifest).unwrap();
+        let rf = runtime::model::records_file_of(&manifest, &m).unwrap();
+        // slots for a little more than the sets: the prompt's working set cannot be all of it
+        let mut settings =
+            runtime::stream::StreamSettings { ctx: 256, selector: strategy, set_scale: 0.5, ..Default::default() };
+        settings.mem_budget_bytes = Some(1);
+        let minimum = match runtime::open(&manifest, &PreparedMode::Stream(settings.clone())) {
+            Err(runtime::RuntimeError::BudgetTooSmall { minimum, .. }) => minimum,
+            _ => panic!("{name}: a budget of one byte runs"),
+        };
+        settings.mem_budget_bytes = Some(minimum + (1 << 20));
+        let mut o = runtime::open(&manifest, &PreparedMode::Stream(settings.clone())).unwrap();
+        let ids = o.tokenizer.encode(&text, true).unwrap();
+        let mut cache = o.model.new_cache(256).unwrap();
+        o.runner().forward(&ids[..ids.len() - 1], &mut cache, ids.len() - 1).unwrap();
+        let e = o.engine().unwrap();
+        assert!(e.stats.warmed_rows > 0, "{}: no slot warmed", manifest.display());
+        let n_sparse = e.plan.capacity.len();
+        for si in 0..n_sparse {
+            let layer = e.dense_prefix + si;
+            let held = e.held_rows(si);
+            assert!(!held.is_empty(), "layer {layer} holds nothing");
+            for (j, row) in held {
+                let want: Vec<u8> = match (rf.shape, row.len()) {
+                    (Some(_), n) => {
+                        let b = rf.read_blocks(layer, j as usize).unwrap();
+                        if n == b.down.len() {
+                            b.down
+                        } else {
+                            [b.gate, b.up, b.down].concat()
+                        }
+                    }
+                    (None, _) => {
+                        let r = rf.read(layer, j as usize).unwrap();
+                        r.gate.iter().chain(&r.up).chain(&r.down_t).flat_map(|v| v.to_le_bytes()).collect()
+                    }
+                };
+                assert!(
+                    row == want.as_slice(),
+                    "{}: layer {layer}, neuron {j}: a warm slot differs from its record",
+                    manifest.display()
+                );
+            }
+        }
+        // the next token reads only what the prompt's working set lacks
+        let warm_read = {
+            o.runner().forward(&ids[ids.len() - 1..], &mut cache, 0).unwrap();
+            let e = o.engine().unwrap();
+            e.stats.rows_loaded
+        };
+        // the same prompt, then its slots emptied before the token
+        let mut cold = runtime::open(&manifest, &PreparedMode::Stream(settings)).unwrap();
+        let mut cache = cold.model.new_cache(256).unwrap();
+        cold.runner().forward(&ids[..ids.len() - 1], &mut cache, ids.len() - 1).unwrap();
+        cold.engine().unwrap().begin_sequence();
+        cold.runner().forward(&ids[ids.len() - 1..], &mut cache, 0).unwrap();
+        let cold_read = cold.engine().unwrap().stats.rows_loaded;
+        eprintln!("{} ({strategy:?}): first decode token reads {warm_read} rows after the prompt's warm slots, {cold_read} from empty slots", manifest.display());
+        assert!(warm_read < cold_read, "{warm_read} rows read after warm slots, {cold_read} cold");
+    }
 }

@@ -525,6 +525,16 @@ impl RecordFile {
         record_offset(self.first_layer, self.neurons_per_layer, self.record_bytes(), layer, neuron)
     }
 
+    /// Every record of `layer`, unchecked (`n_ff x record_bytes` bytes from [`RecordFile::offset`]
+    /// of its neuron 0): a caller checks each record as it uses it.
+    pub fn read_layer_bytes(&self, layer: usize) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        assert!(layer >= self.first_layer && layer < self.n_layers);
+        let mut buf = vec![0u8; self.neurons_per_layer * self.record_bytes()];
+        self.file.read_exact_at(&mut buf, self.offset(layer, 0)).map_err(|e| FormatError::io(&self.path, e))?;
+        Ok(buf)
+    }
+
     /// A version-2 record's blocks, checked (header, types, both CRC32Cs).
     pub fn read_blocks(&self, layer: usize, neuron: usize) -> Result<NeuronBlocks> {
         use std::os::unix::fs::FileExt;

@@ -28,6 +28,14 @@ pub struct BenchReport {
     pub read_bandwidth_bytes_per_s: f64,
     pub requests_per_token: f64,
     pub first_token_bytes_read: u64,
+    /// Prompt tokens computed in batches, how many at once, and what staging their streamed
+    /// layers read and waited.
+    pub prompt_batched_tokens: u64,
+    pub prompt_batch: usize,
+    pub prompt_bytes_read: u64,
+    pub prompt_wait_ms: f64,
+    /// Rows the prompt's staged layers put in slots before decode (warm slots).
+    pub warmed_rows: u64,
     pub peak_rss_bytes: u64,
     pub mem_budget_bytes: Option<u64>,
     pub planned_bytes: u64,
@@ -91,6 +99,10 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         sparse_compute_ms: a.sparse_compute_ms - b.sparse_compute_ms,
         io_busy_ms: a.io_busy_ms - b.io_busy_ms,
         computed_rows: a.computed_rows - b.computed_rows,
+        prompt_tokens: a.prompt_tokens - b.prompt_tokens,
+        prompt_bytes_read: a.prompt_bytes_read - b.prompt_bytes_read,
+        prompt_wait_ms: a.prompt_wait_ms - b.prompt_wait_ms,
+        warmed_rows: a.warmed_rows - b.warmed_rows,
         layers: a
             .layers
             .iter()
@@ -119,13 +131,15 @@ pub fn bench(
     }
     let mut cache = model.new_cache(ids.len() + n)?;
     let t0 = std::time::Instant::now();
-    // first token alone: its bytes are the cold start (full active sets)
-    let mut logits = model.decode_step(ids[0], &mut cache, engine)?;
+    // the prompt but its last token in batches (each streamed layer staged whole), then the last
+    // token through the decode path: its bytes are the cold start (full sets, empty slots)
+    let m = ids.len() - 1;
+    crate::Runner::streamed(model, engine).forward(&ids[..m], &mut cache, m)?;
     engine.refresh_io_stats();
-    let first_token_bytes_read = engine.stats.bytes_read;
-    for &t in &ids[1..] {
-        logits = model.decode_step(t, &mut cache, engine)?;
-    }
+    let batched_bytes_read = engine.stats.bytes_read;
+    let mut logits = model.decode_step(ids[m], &mut cache, engine)?;
+    engine.refresh_io_stats();
+    let first_token_bytes_read = engine.stats.bytes_read - batched_bytes_read;
     let prefill_s = t0.elapsed().as_secs_f64();
     engine.refresh_io_stats();
     let before = engine.stats.clone();
@@ -158,6 +172,11 @@ pub fn bench(
         read_bandwidth_bytes_per_s: if d.io_busy_ms > 0.0 { d.bytes_read as f64 / (d.io_busy_ms / 1e3) } else { 0.0 },
         requests_per_token: per(d.read_requests as f64),
         first_token_bytes_read,
+        prompt_batched_tokens: before.prompt_tokens,
+        prompt_batch: engine.plan.prompt_batch,
+        prompt_bytes_read: before.prompt_bytes_read,
+        prompt_wait_ms: before.prompt_wait_ms,
+        warmed_rows: before.warmed_rows,
         peak_rss_bytes: peak_rss_bytes(),
         mem_budget_bytes: engine.plan.budget_bytes,
         planned_bytes: engine.plan.total_bytes,

@@ -141,8 +141,15 @@ impl Session {
         if needed > self.ctx() {
             return Err(RuntimeError::ContextOverflow { needed, ctx: self.ctx(), prompt_tokens: prompt.len() });
         }
+        // a request's reply depends on its own tokens only: the engine's slots start empty, and
+        // the prompt's last tokens that choose the warm slots are computed again
+        let mut reusable = prompt.len() - 1;
+        if let Some(e) = runner.engine() {
+            e.begin_sequence();
+            reusable = reusable.min(prompt.len().saturating_sub(crate::stream::engine::WARM_WINDOW_TOKENS));
+        }
         let shared = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let reused = shared.min(prompt.len() - 1);
+        let reused = shared.min(reusable);
         self.tokens.truncate(reused);
         self.cache.len = reused;
         let t0 = std::time::Instant::now();

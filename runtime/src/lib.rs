@@ -141,10 +141,15 @@ impl Opened {
 }
 
 /// Turns tokens into logits: the model's batched forward pass (dense, or with an in-memory
-/// hook), or token by token through the streaming engine ([`Model::decode_step`]).
+/// hook), or through the streaming engine. The tokens before the first whose logits are wanted
+/// (a prompt, the first half of a perplexity chunk) are computed dense: by the streaming engine
+/// in batches, each streamed layer's whole MLP staged ([`Model::prompt_batch`]); the rest with
+/// the run's sets, token by token when streamed ([`Model::decode_step`]).
 pub struct Runner<'a> {
     pub model: &'a Model,
     mlp: RunnerMlp<'a>,
+    /// Told (tokens done, tokens in all) after each batch of a streamed prompt.
+    prompt_progress: Option<&'a mut dyn FnMut(usize, usize)>,
 }
 
 enum RunnerMlp<'a> {
@@ -154,34 +159,68 @@ enum RunnerMlp<'a> {
 
 impl<'a> Runner<'a> {
     pub fn dense(model: &'a Model) -> Self {
-        Runner { model, mlp: RunnerMlp::Resident(None) }
+        Runner { model, mlp: RunnerMlp::Resident(None), prompt_progress: None }
     }
 
     pub fn with_hook(model: &'a Model, hook: &'a mut dyn model::MlpHook) -> Self {
-        Runner { model, mlp: RunnerMlp::Resident(Some(hook)) }
+        Runner { model, mlp: RunnerMlp::Resident(Some(hook)), prompt_progress: None }
     }
 
     pub fn streamed(model: &'a Model, engine: &'a mut stream::StreamingEngine) -> Self {
-        Runner { model, mlp: RunnerMlp::Streamed(engine) }
+        Runner { model, mlp: RunnerMlp::Streamed(engine), prompt_progress: None }
+    }
+
+    /// Tells `f` (tokens done, tokens in all) after each batch of a streamed prompt (a progress
+    /// bar, a server's log).
+    pub fn with_prompt_progress(mut self, f: &'a mut dyn FnMut(usize, usize)) -> Self {
+        self.prompt_progress = Some(f);
+        self
     }
 
     /// Runs `tokens` at positions `cache.len ..` and returns the logits of tokens
     /// `logits_from..` as `[n_tokens - logits_from, vocab]`.
     pub fn forward(&mut self, tokens: &[u32], cache: &mut kv_cache::KvCache, logits_from: usize) -> Result<Vec<f32>> {
         match &mut self.mlp {
-            RunnerMlp::Resident(hook) => self.model.forward_observed(
-                tokens,
-                cache,
-                logits_from,
-                hook.as_mut().map(|h| &mut **h as &mut dyn model::MlpHook),
-            ),
+            RunnerMlp::Resident(None) => self.model.forward(tokens, cache, logits_from),
+            RunnerMlp::Resident(Some(hook)) => {
+                // as a streamed run computes them: the tokens before the first whose logits are
+                // wanted dense, the rest with the hook's sets
+                let split = logits_from.min(tokens.len());
+                if split < 2 {
+                    return self.model.forward_observed(tokens, cache, logits_from, Some(&mut **hook));
+                }
+                self.model.forward(&tokens[..split], cache, split)?;
+                self.model.forward_observed(&tokens[split..], cache, 0, Some(&mut **hook))
+            }
             RunnerMlp::Streamed(engine) => {
-                let mut logits = Vec::new();
-                for (t, &tok) in tokens.iter().enumerate() {
-                    let l = self.model.decode_step(tok, cache, *engine)?;
-                    if t >= logits_from {
-                        logits.extend(l);
+                if cache.len == 0 {
+                    engine.begin_sequence();
+                }
+                // the tokens whose logits are not wanted (a prompt, the first half of a
+                // perplexity chunk) go through in batches, each streamed layer's whole MLP
+                // staged (exact); the others token by token, as generated tokens do
+                let (prompt, scored) = tokens.split_at(logits_from.min(tokens.len()));
+                if prompt.len() >= 2 {
+                    let b = engine.plan.prompt_batch;
+                    let n_batches = prompt.len().div_ceil(b);
+                    // the window of the prompt's last tokens that chooses the warm slots
+                    let window_from = prompt.len().saturating_sub(stream::engine::WARM_WINDOW_TOKENS);
+                    for (i, batch) in prompt.chunks(b).enumerate() {
+                        let count_from = window_from.saturating_sub(i * b).min(batch.len());
+                        self.model.prompt_batch(batch, cache, *engine, i + 1 == n_batches, count_from)?;
+                        engine.count_prompt(batch.len());
+                        if let Some(f) = self.prompt_progress.as_mut() {
+                            f((i * engine.plan.prompt_batch + batch.len()).min(prompt.len()), prompt.len());
+                        }
                     }
+                } else {
+                    for &tok in prompt {
+                        self.model.decode_step(tok, cache, *engine)?;
+                    }
+                }
+                let mut logits = Vec::with_capacity(scored.len() * self.model.vocab_size());
+                for &tok in scored {
+                    logits.extend(self.model.decode_step(tok, cache, *engine)?);
                 }
                 Ok(logits)
             }

@@ -158,6 +158,19 @@ pub trait StreamedMlp {
     fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()>;
     /// The token failed part-way: nothing it planned may outlive it.
     fn abandon_token(&mut self);
+    /// A batch of prompt tokens starts (none of their logits is wanted): each streamed layer's
+    /// whole MLP is staged for it ([`StreamedMlp::staged_mlp`]), the first one's read now.
+    /// `last`: the prompt's last batch; rows `count_from..` of the batch are in the window that
+    /// chooses what the slots hold after the prompt.
+    fn begin_prompt(&mut self, last: bool, count_from: usize) -> Result<()>;
+    /// Streamed layer `layer`'s whole MLP, staged from storage for the batch (the next streamed
+    /// layer's read starts).
+    fn staged_mlp(&mut self, layer: usize) -> Result<DenseMlp>;
+    /// The batch's tokens went through the staged MLP of `layer`: `h` `[n, n_ff]` are their
+    /// coefficients `silu(gate . x) (up . x)`. The engine may keep rows of it (warm slots).
+    fn staged_mlp_done(&mut self, layer: usize, mlp: DenseMlp, h: &[f32]) -> Result<()>;
+    /// The batch failed part-way: what was asked of storage for it is dropped.
+    fn abandon_prompt(&mut self);
     /// The decode step's buffers, kept between tokens (None before the first).
     fn scratch(&mut self) -> &mut Option<DecodeState>;
 }
@@ -256,45 +269,73 @@ fn dense_mlp_file(manifest_path: &Path, manifest: &formats::manifest::Manifest) 
 
 /// (gate `[ff, d]`, up `[ff, d]`, down `[d, ff]`) of layer `l`, from its records.
 fn mlp_from_records(rf: &formats::records::RecordFile, l: usize, d: usize, ff: usize) -> Result<Mlp> {
-    if let Some(shape) = rf.shape {
-        // version 2: gate and up are the records' blocks; down [d, ff] is rebuilt in f16 from
-        // the Q8_0 columns (its rows run across neurons, so the columns cannot stay blocks)
+    let bytes = rf.read_layer_bytes(l)?;
+    Ok(Mlp::Resident(mlp_from_layer_records(&bytes, &rf.path, rf.offset(l, 0), l, d, ff, rf.shape)?))
+}
+
+/// Layer `l`'s MLP from `bytes`, its `ff` records as read from `path` at `file_offset`, each
+/// checked (header, CRC32C). Version 2: gate and up are the records' blocks; down `[d, ff]` is
+/// rebuilt in f16 from the Q8_0 columns (its rows run across neurons, so the columns cannot stay
+/// blocks). Version 1: f16 rows, down transposed back.
+pub(crate) fn mlp_from_layer_records(
+    bytes: &[u8],
+    path: &Path,
+    file_offset: u64,
+    l: usize,
+    d: usize,
+    ff: usize,
+    shape: Option<formats::records::RecordShape>,
+) -> Result<DenseMlp> {
+    let rb = shape.map_or(formats::records::record_bytes(d), |s| s.record_bytes());
+    if bytes.len() != ff * rb {
+        return Err(RuntimeError::Internal(format!(
+            "{}: layer {l}'s records are {} bytes, read {}",
+            path.display(),
+            ff * rb,
+            bytes.len()
+        )));
+    }
+    let record = |j: usize| (&bytes[j * rb..(j + 1) * rb], file_offset + (j * rb) as u64);
+    let mut down = vec![half::f16::ZERO; d * ff];
+    if let Some(shape) = shape {
         let (mut gate, mut up) =
             (Vec::with_capacity(ff * shape.gate_up_row_bytes()), Vec::with_capacity(ff * shape.gate_up_row_bytes()));
-        let mut down = vec![half::f16::ZERO; d * ff];
         let mut col = vec![0f32; d];
         for j in 0..ff {
-            let r = rf.read_blocks(l, j)?;
-            gate.extend_from_slice(&r.gate);
-            up.extend_from_slice(&r.up);
-            formats::ggml_quants::dequantize(shape.down, &r.down, &mut col);
+            let (r, off) = record(j);
+            let (g, u, dn) = formats::records::check_record_v2(r, path, off, l as u32, j as u32, &shape)?;
+            gate.extend_from_slice(g);
+            up.extend_from_slice(u);
+            formats::ggml_quants::dequantize(shape.down, dn, &mut col);
             for (i, &v) in col.iter().enumerate() {
                 down[i * ff + j] = half::f16::from_f32(v);
             }
         }
-        return Ok(Mlp::Resident(DenseMlp {
+        return Ok(DenseMlp {
             w_gate: Matrix::Quant(QMatrix::owned(shape.gate_up, ff, d, &gate)),
             w_up: Matrix::Quant(QMatrix::owned(shape.gate_up, ff, d, &up)),
             w_down: Matrix::F16(F16Matrix::owned(d, ff, down)),
-        }));
+        });
     }
     let mut gate = vec![half::f16::ZERO; ff * d];
     let mut up = vec![half::f16::ZERO; ff * d];
-    let mut down = vec![half::f16::ZERO; d * ff];
+    let f16_at = |b: &[u8], i: usize| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]);
     for j in 0..ff {
-        let r = rf.read(l, j)?;
-        gate[j * d..(j + 1) * d].copy_from_slice(&r.gate);
-        up[j * d..(j + 1) * d].copy_from_slice(&r.up);
-        // record j holds column j of down ([d, ff]) as a row
-        for (i, &v) in r.down_t.iter().enumerate() {
-            down[i * ff + j] = v;
+        let (r, off) = record(j);
+        formats::records::check_record(r, path, off, l as u32, j as u32, d)?;
+        let payload = &r[formats::records::RECORD_HEADER_BYTES..];
+        for i in 0..d {
+            gate[j * d + i] = f16_at(payload, i);
+            up[j * d + i] = f16_at(payload, d + i);
+            // record j holds column j of down ([d, ff]) as a row
+            down[i * ff + j] = f16_at(payload, 2 * d + i);
         }
     }
-    Ok(Mlp::Resident(DenseMlp {
+    Ok(DenseMlp {
         w_gate: Matrix::F16(F16Matrix::owned(ff, d, gate)),
         w_up: Matrix::F16(F16Matrix::owned(ff, d, up)),
         w_down: Matrix::F16(F16Matrix::owned(d, ff, down)),
-    }))
+    })
 }
 
 /// The layout of the manifest's version-2 records (None: version 1), an unknown type an error
@@ -307,6 +348,14 @@ pub(crate) fn records_shape(
         .records
         .shape(manifest.model.hidden_size)
         .map_err(|e| RuntimeError::Input(format!("{}: {e}", manifest_path.display())))
+}
+
+/// The manifest's records.bin (its `records` artifact), opened with its version and layout.
+pub fn records_file_of(
+    manifest_path: &Path,
+    manifest: &formats::manifest::Manifest,
+) -> Result<formats::records::RecordFile> {
+    records_file(manifest_path, manifest, &manifest.artifact_path_of(manifest_path, "records")?)
 }
 
 /// The manifest's records.bin, opened with its version and layout.
@@ -531,7 +580,6 @@ impl Model {
         logits_from: usize,
         mut observer: Option<&mut dyn MlpHook>,
     ) -> Result<Vec<f32>> {
-        let c = &self.config;
         let n = tokens.len();
         self.check_tokens(tokens, cache)?;
         if n > 1 && observer.as_ref().is_some_and(|o| o.single_token()) {
@@ -548,6 +596,45 @@ impl Model {
             }
             return Ok(logits);
         }
+        self.forward_batch(tokens, cache, logits_from, observer, None)
+    }
+
+    /// A batch of prompt tokens through a streamed model, none of whose logits is wanted: the
+    /// batched forward pass of [`Model::forward`], each streamed layer's whole MLP staged from
+    /// storage by `engine` ([`StreamedMlp::staged_mlp`]), so the prompt is computed exactly as
+    /// the dense model computes it. Appends the tokens' keys and values to the cache.
+    /// `last` and `count_from` as [`StreamedMlp::begin_prompt`] takes them.
+    pub fn prompt_batch(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        engine: &mut dyn StreamedMlp,
+        last: bool,
+        count_from: usize,
+    ) -> Result<()> {
+        self.check_tokens(tokens, cache)?;
+        let pos0 = cache.len;
+        engine.begin_prompt(last, count_from)?;
+        let r = self.forward_batch(tokens, cache, tokens.len(), None, Some(&mut *engine));
+        if r.is_err() {
+            engine.abandon_prompt();
+            cache.len = pos0;
+        }
+        r.map(|_| ())
+    }
+
+    /// The batched forward pass: every layer's attention for all `tokens`, then its MLP,
+    /// resident, replaced or observed by `observer`, or staged whole by `streamed`.
+    fn forward_batch(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        logits_from: usize,
+        mut observer: Option<&mut dyn MlpHook>,
+        mut streamed: Option<&mut dyn StreamedMlp>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
         let pos0 = cache.len;
         let mut s = DecodeState::new(c, n);
         self.embed(tokens, &mut s.x);
@@ -561,7 +648,14 @@ impl Model {
             if let Some(obs) = observer.as_mut().filter(|o| o.replaces_mlp(l)) {
                 obs.mlp(l, &s.xn, &mut s.proj)?;
             } else {
-                let w = lw.mlp.resident(l)?;
+                let staged = match (&lw.mlp, streamed.as_mut()) {
+                    (Mlp::Streamed, Some(engine)) => Some(engine.staged_mlp(l)?),
+                    _ => None,
+                };
+                let w = match &staged {
+                    Some(w) => w,
+                    None => lw.mlp.resident(l)?,
+                };
                 dense_gate_up(w, n, &s.xn, &mut s.gate, &mut s.up);
                 if let Some(obs) = observer.as_mut() {
                     obs.observe(l, &s.gate, &s.up);
@@ -569,6 +663,9 @@ impl Model {
                 }
                 mul_in_place(&mut s.gate, &s.up); // gate now holds silu(gate) * up
                 matmul(&s.gate, n, &w.w_down, &mut s.proj);
+                if let (Some(w), Some(engine)) = (staged, streamed.as_mut()) {
+                    engine.staged_mlp_done(l, w, &s.gate)?;
+                }
             }
             s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
             check_finite(&s.x, "the hidden state", Some(l))?;
@@ -577,7 +674,10 @@ impl Model {
             }
         }
         cache.len = pos0 + n;
-        let logits = self.head(&s.x[logits_from.min(n) * c.hidden_size..], n.saturating_sub(logits_from));
+        if logits_from >= n {
+            return Ok(Vec::new());
+        }
+        let logits = self.head(&s.x[logits_from * c.hidden_size..], n - logits_from);
         check_finite(&logits, "the logits", None)?;
         Ok(logits)
     }

@@ -3,13 +3,17 @@
 
 use formats::ggml_quants::GgmlType;
 use half::f16;
-use memmap2::Mmap;
 use std::sync::Arc;
 
+/// Bytes a matrix may borrow for its whole life: a mapped file (`memmap2::Mmap`), or an MLP
+/// staged from storage for a prompt (`stream::aligned::AlignedBuf`).
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 enum F16Data {
-    /// Bytes `byte_offset .. byte_offset + rows*cols*2` of a mapped file (2-byte aligned).
+    /// Bytes `byte_offset .. byte_offset + rows*cols*2` of a mapped file or a staged buffer
+    /// (2-byte aligned).
     Mapped {
-        map: Arc<Mmap>,
+        map: SharedBytes,
         byte_offset: usize,
     },
     Owned(Vec<f16>),
@@ -28,14 +32,16 @@ impl F16Matrix {
         F16Matrix { rows, cols, data: F16Data::Owned(data) }
     }
 
-    /// Borrows from a map when the bytes are 2-byte aligned; copies otherwise.
-    pub fn mapped(rows: usize, cols: usize, map: Arc<Mmap>, byte_offset: usize) -> Self {
+    /// Borrows from a map (or a staged buffer) when the bytes are 2-byte aligned; copies
+    /// otherwise.
+    pub fn mapped(rows: usize, cols: usize, map: SharedBytes, byte_offset: usize) -> Self {
         let n_bytes = rows * cols * 2;
-        assert!(byte_offset + n_bytes <= map.len());
-        if (map.as_ptr() as usize + byte_offset).is_multiple_of(std::mem::align_of::<f16>()) {
+        let all = (*map).as_ref();
+        assert!(byte_offset + n_bytes <= all.len());
+        if (all.as_ptr() as usize + byte_offset).is_multiple_of(std::mem::align_of::<f16>()) {
             F16Matrix { rows, cols, data: F16Data::Mapped { map, byte_offset } }
         } else {
-            let bytes = &map[byte_offset..byte_offset + n_bytes];
+            let bytes = &all[byte_offset..byte_offset + n_bytes];
             let v = bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect();
             F16Matrix::owned(rows, cols, v)
         }
@@ -44,7 +50,7 @@ impl F16Matrix {
     pub fn as_slice(&self) -> &[f16] {
         match &self.data {
             F16Data::Mapped { map, byte_offset } => {
-                bytemuck::cast_slice(&map[*byte_offset..*byte_offset + self.rows * self.cols * 2])
+                bytemuck::cast_slice(&(**map).as_ref()[*byte_offset..*byte_offset + self.rows * self.cols * 2])
             }
             F16Data::Owned(v) => v,
         }
@@ -64,7 +70,7 @@ impl F16Matrix {
 enum BlockData {
     /// Bytes `byte_offset .. byte_offset + rows * row_bytes` of a mapped file (2-byte aligned,
     /// as every GGML block type's fields are).
-    Mapped { map: Arc<Mmap>, byte_offset: usize },
+    Mapped { map: SharedBytes, byte_offset: usize },
     /// A copy, in u16s so that it is 2-byte aligned too.
     Owned(Vec<u16>),
 }
@@ -80,17 +86,19 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// Borrows from a map when the bytes are 2-byte aligned; copies otherwise.
-    pub fn mapped(ty: GgmlType, rows: usize, cols: usize, map: Arc<Mmap>, byte_offset: usize) -> Self {
+    /// Borrows from a map (or a staged buffer) when the bytes are 2-byte aligned; copies
+    /// otherwise.
+    pub fn mapped(ty: GgmlType, rows: usize, cols: usize, map: SharedBytes, byte_offset: usize) -> Self {
         assert!(ty.is_block_quantized() && cols.is_multiple_of(ty.block_elements()));
         let row_bytes = cols / ty.block_elements() * ty.block_bytes();
         let n_bytes = rows * row_bytes;
-        assert!(byte_offset + n_bytes <= map.len());
-        let data = if (map.as_ptr() as usize + byte_offset).is_multiple_of(2) {
+        let all = (*map).as_ref();
+        assert!(byte_offset + n_bytes <= all.len());
+        let data = if (all.as_ptr() as usize + byte_offset).is_multiple_of(2) {
             BlockData::Mapped { map, byte_offset }
         } else {
             BlockData::Owned(
-                map[byte_offset..byte_offset + n_bytes]
+                all[byte_offset..byte_offset + n_bytes]
                     .chunks_exact(2)
                     .map(|b| u16::from_ne_bytes([b[0], b[1]]))
                     .collect(),
@@ -110,7 +118,9 @@ impl QMatrix {
 
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
-            BlockData::Mapped { map, byte_offset } => &map[*byte_offset..*byte_offset + self.rows * self.row_bytes],
+            BlockData::Mapped { map, byte_offset } => {
+                &(**map).as_ref()[*byte_offset..*byte_offset + self.rows * self.row_bytes]
+            }
             BlockData::Owned(v) => bytemuck::cast_slice(v),
         }
     }

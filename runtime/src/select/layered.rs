@@ -87,6 +87,10 @@ impl SetSelector for LayeredSelector {
         Some(LayerChoice { set, loads })
     }
 
+    fn begin_sequence(&mut self) {
+        self.heat.iter_mut().for_each(|h| h.heat.fill(0.0));
+    }
+
     fn observe_coefficients(&mut self, si: usize, neurons: &[u32], h: &[f32]) {
         self.heat[si].update(neurons, h);
     }

@@ -144,6 +144,9 @@ pub trait SetSelector: Send {
     /// Drops what layers below `first_layer` would need (called once, with the plan's).
     fn keep_layers_from(&mut self, first_layer: usize);
 
+    /// A new sequence starts: forget whatever was learned from earlier ones.
+    fn begin_sequence(&mut self) {}
+
     /// Layer 0 ran dense: `gate_silu` and `up` `[n_ff]` are its activations.
     fn observe_first_layer(&mut self, _gate_silu: &[f32], _up: &[f32]) {}
 

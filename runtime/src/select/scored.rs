@@ -29,6 +29,10 @@ impl ScoredSelector {
 }
 
 impl SetSelector for ScoredSelector {
+    fn begin_sequence(&mut self) {
+        self.scoring.iter_mut().for_each(|l| l.heat.fill(0.0));
+    }
+
     fn rule(&self) -> String {
         "scorer".into()
     }

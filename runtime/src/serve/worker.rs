@@ -135,7 +135,17 @@ impl Worker {
             mask: &[],
             stop: &job.stop,
         };
-        let (mut runner, tok) = self.opened.runner_and_tokenizer();
+        // a prompt of more than one batch logs its progress
+        let id = &job.id;
+        let mut logged = false;
+        let mut log_progress = |done: usize, total: usize| {
+            if done < total || logged {
+                eprintln!("request {id}: prompt {done}/{total} tokens");
+                logged = true;
+            }
+        };
+        let (runner, tok) = self.opened.runner_and_tokenizer();
+        let mut runner = runner.with_prompt_progress(&mut log_progress);
         let events = &job.events;
         let r = self.session.generate(&mut runner, tok, &c, &mut sampler, |piece| {
             if events.send(Event::Text(piece.to_string())).is_err() {

@@ -50,3 +50,9 @@ impl Drop for AlignedBuf {
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}

@@ -121,6 +121,19 @@ impl<'a> Sizing<'a> {
     }
 }
 
+/// The fewest prompt tokens a streamed run computes at once (the minimum budget holds their
+/// activations), and the most.
+pub const PROMPT_BATCH_MIN: usize = 16;
+pub const PROMPT_BATCH_MAX: usize = 512;
+
+/// Activations of a batch of `n` prompt tokens: the forward pass's buffers (`model::DecodeState`),
+/// attention's output copy, and the activations quantized for the weights' kernels.
+pub fn prompt_activation_bytes(c: &formats::model_dir::ModelConfig, n: usize) -> u64 {
+    let hd = c.head_dim();
+    let (d, ff, q, kv) = (c.hidden_size, c.intermediate_size, c.num_attention_heads * hd, c.n_kv_heads() * hd);
+    (n * ((3 * d + 3 * q + 2 * kv + 2 * ff) * 4 + 2 * (d + ff))) as u64
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: Option<u64>,
@@ -140,6 +153,11 @@ pub struct MemoryPlan {
     pub scorer_bytes: u64,
     pub kv_cache_bytes: u64,
     pub staging_bytes: usize,
+    /// Prompt tokens computed at once (a streamed layer's whole MLP is read once per batch).
+    pub prompt_batch: usize,
+    /// A prompt batch's staged MLPs (the layer computed and the one being read) and its
+    /// activations.
+    pub prompt_bytes: u64,
     pub process_bytes: u64,
     pub record_bytes: usize,
     /// Bytes of one slot: a neuron's gate, up and downT rows (f16), or its downT row alone
@@ -290,6 +308,20 @@ impl MemoryPlan {
             None => ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64,
         };
         let prefix_from = if inputs.dense_mlp_layer_bytes.is_some() { "the GGUF's blocks" } else { "records" };
+        // a prompt batch: two streamed layers' MLPs staged at once (the one computed, the next
+        // one read), from the GGUF's blocks, or from records read and rebuilt
+        let stage_bytes = if dense_prefix == n_layers {
+            0
+        } else {
+            match &inputs.dense_mlp_layer_bytes {
+                Some(per_layer) => 2 * (per_layer[dense_prefix - d0..].iter().max().copied().unwrap_or(0) + 3 * 4096),
+                None => (2 * c.intermediate_size * full_row_bytes + c.intermediate_size * rb + 4096) as u64,
+            }
+        };
+        // warm slots: a block of down's rows in f32 at a time (stream/warm.rs)
+        let warm_bytes = (shape.map_or(32, |s| s.down.block_elements()) * c.intermediate_size * 4) as u64;
+        let stage_bytes = if stage_bytes > 0 { stage_bytes + warm_bytes } else { 0 };
+        let prompt_bytes_at = |n: usize| stage_bytes + prompt_activation_bytes(c, n);
         let fixed = resident_bytes
             + head_artifact_bytes
             + prefix_records_bytes
@@ -298,11 +330,27 @@ impl MemoryPlan {
             + scorer_bytes
             + kv_cache_bytes
             + staging_bytes as u64
+            + prompt_bytes_at(PROMPT_BATCH_MIN)
             + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
+        // a larger prompt batch reads every streamed MLP fewer times; it takes up to an eighth
+        // of what the budget leaves beyond the minimum (the rest goes to slots)
+        let prompt_batch = match s.mem_budget_bytes {
+            None => PROMPT_BATCH_MAX,
+            Some(b) => {
+                let spare = b.saturating_sub(minimum_bytes) / 8;
+                let mut n = PROMPT_BATCH_MIN;
+                while n < PROMPT_BATCH_MAX && prompt_bytes_at(2 * n) - prompt_bytes_at(PROMPT_BATCH_MIN) <= spare {
+                    n *= 2;
+                }
+                n
+            }
+        };
+        let prompt_bytes = prompt_bytes_at(prompt_batch);
+        let fixed = fixed - prompt_bytes_at(PROMPT_BATCH_MIN) + prompt_bytes;
         let capacity: Vec<usize> = match s.mem_budget_bytes {
             None => vec![n_ff; set_sizes.len()],
             Some(b) if b < minimum_bytes => {
@@ -310,7 +358,7 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for a context of {} {:.1} MiB, staging {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
+                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for a context of {} {:.1} MiB, staging {:.1} MiB, prompt batches of {PROMPT_BATCH_MIN} tokens {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
                         resident_bytes >> 20,
                         if own_head { format!(" + {} head {} MiB", s.head.label().0, head_artifact_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,
@@ -320,12 +368,13 @@ impl MemoryPlan {
                             format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0)
                         },
                         s.ctx, kv_cache_bytes as f64 / 1048576.0,
-                        staging_bytes as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
+                        staging_bytes as f64 / 1048576.0, prompt_bytes_at(PROMPT_BATCH_MIN) as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
                     ),
                 });
             }
             Some(b) => {
-                let extra_rows_per_layer = ((b - minimum_bytes) / set_sizes.len().max(1) as u64 / srb as u64) as usize;
+                let extra_rows_per_layer =
+                    ((b - fixed - min_slots) / set_sizes.len().max(1) as u64 / srb as u64) as usize;
                 set_sizes.iter().map(|&k| (k + extra_rows_per_layer).min(n_ff)).collect()
             }
         };
@@ -341,6 +390,8 @@ impl MemoryPlan {
             scorer_bytes,
             kv_cache_bytes,
             staging_bytes,
+            prompt_batch,
+            prompt_bytes,
             process_bytes,
             record_bytes: rb,
             slot_row_bytes: srb,

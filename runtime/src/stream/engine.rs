@@ -9,6 +9,7 @@
 use super::aligned::AlignedBuf;
 use super::budget::MemoryPlan;
 use super::io::{IoThread, LayerReads, RowSpan};
+use super::prompt::{PromptStager, StageSource};
 use super::reader::{ReaderOptions, RecordReader};
 use crate::error::{Result, RuntimeError};
 use crate::ops::down_sum::{down_sum, down_sum_blocks};
@@ -61,6 +62,14 @@ pub struct StreamStats {
     pub io_busy_ms: f64,
     /// Rows whose product was added, over tokens and layers.
     pub computed_rows: u64,
+    /// Prompt tokens computed in batches, each streamed layer's whole MLP staged.
+    pub prompt_tokens: u64,
+    /// Bytes those batches staged from storage.
+    pub prompt_bytes_read: u64,
+    /// Time the prompt batches waited for a staged layer.
+    pub prompt_wait_ms: f64,
+    /// Rows put in slots from the prompt's staged layers (warm slots), over layers.
+    pub warmed_rows: u64,
     pub layers: Vec<LayerStreamStats>,
 }
 
@@ -227,6 +236,11 @@ impl std::str::FromStr for DensePrefix {
     }
 }
 
+/// The prompt's last tokens (at most this many) choose what each streamed layer's slots hold
+/// when decode starts (warm slots). A run that reuses a cached prefix computes at least these
+/// again ([`crate::generate::Generator`]), so a reply never depends on what the cache held.
+pub const WARM_WINDOW_TOKENS: usize = 256;
+
 pub struct StreamingEngine {
     pub plan: MemoryPlan,
     /// Bytes one needed row's read takes from records.bin (a whole record, or its down row).
@@ -260,6 +274,18 @@ pub struct StreamingEngine {
     /// How a record's payload is laid out in a slot: a whole record ([`SlotRow::GateUpDown`]),
     /// or its down row alone ([`SlotRow::Down`]: f16, or version 2's down blocks).
     records: RecordRows,
+    /// Stages a prompt batch's streamed layers whole.
+    stager: PromptStager,
+    n_layers: usize,
+    /// Per sparse layer `[n_ff]`: each neuron's |coefficient| summed over the sequence's prompt
+    /// tokens so far.
+    prompt_use: Vec<Vec<f32>>,
+    /// The prompt batch computed now is the prompt's last: its staged layers fill the slots.
+    last_prompt_batch: bool,
+    /// The batch's rows from this one on count in `prompt_use`.
+    prompt_count_from: usize,
+    /// Staged layers give the records' rows byte for byte ([`StageSource::slots_can_warm`]).
+    slots_can_warm: bool,
 }
 
 impl StreamingEngine {
@@ -349,7 +375,13 @@ impl StreamingEngine {
                 register_staging: true,
             },
         )?;
-        let fallback = reader.fallback.clone();
+        let mut fallback = reader.fallback.clone();
+        let stage_source = StageSource::of(manifest_path, manifest, &records_path)?;
+        let slots_can_warm = stage_source.slots_can_warm();
+        let stager = PromptStager::start(stage_source)?;
+        if let (None, Some(f)) = (&fallback, &stager.fallback) {
+            fallback = Some(format!("prompts: {f}"));
+        }
         let n_sparse = c.num_hidden_layers - first;
         let io = IoThread::start(
             reader,
@@ -389,7 +421,105 @@ impl StreamingEngine {
             history: Vec::new(),
             record_sets: settings.record_sets,
             scratch: None,
+            stager,
+            n_layers: c.num_hidden_layers,
+            prompt_use: vec![vec![0.0; c.intermediate_size]; n_sparse],
+            last_prompt_batch: false,
+            prompt_count_from: 0,
+            slots_can_warm,
         })
+    }
+
+    /// A new sequence starts (a request, a perplexity chunk): every slot is emptied and the
+    /// selector forgets what it saw, so what a sequence computes depends on its own tokens only,
+    /// never on what ran before it.
+    pub fn begin_sequence(&mut self) {
+        for (layer, cap) in self.layers.iter_mut().zip(&self.plan.capacity) {
+            layer.map = SlotMap::new(self.h.len(), *cap);
+        }
+        for loads in &mut self.in_flight {
+            loads.clear();
+        }
+        self.prompt_use.iter_mut().for_each(|u| u.fill(0.0));
+        self.selector.begin_sequence();
+    }
+
+    /// A prompt batch starts (`last`: the prompt's last; its rows `count_from..` are in the
+    /// window that chooses the warm slots): the first streamed layer's MLP is asked of the
+    /// stager.
+    pub fn begin_prompt(&mut self, last: bool, count_from: usize) -> Result<()> {
+        self.last_prompt_batch = last;
+        self.prompt_count_from = count_from;
+        self.stager.drain();
+        if self.dense_prefix < self.n_layers {
+            self.stager.ask(self.dense_prefix)?;
+        }
+        Ok(())
+    }
+
+    /// Streamed layer `layer`'s whole MLP for the prompt batch: the next streamed layer's read
+    /// is asked for first, so it overlaps this layer's compute.
+    pub fn staged_mlp(&mut self, layer: usize) -> Result<crate::model::DenseMlp> {
+        if !self.stager.is_next(layer) {
+            return Err(RuntimeError::Internal(format!("layer {layer}'s MLP was not asked of the prompt stager")));
+        }
+        if layer + 1 < self.n_layers {
+            self.stager.ask(layer + 1)?;
+        }
+        let t0 = Instant::now();
+        let (_, mlp) = self.stager.take()?;
+        self.stats.prompt_wait_ms += t0.elapsed().as_secs_f64() * 1e3;
+        Ok(mlp)
+    }
+
+    /// The batch went through streamed layer `layer`'s staged MLP with coefficients `h`
+    /// `[n, n_ff]`: each neuron's use is added up, and after the prompt's last batch the layer's
+    /// slots hold the rows of the neurons the prompt used most (warm slots: decode starts with
+    /// the prompt's working set, read by the staging, not again).
+    pub fn staged_mlp_done(&mut self, layer: usize, mlp: crate::model::DenseMlp, h: &[f32]) -> Result<()> {
+        let si = layer - self.dense_prefix;
+        let use_ = &mut self.prompt_use[si];
+        for row in h.chunks_exact(use_.len()).skip(self.prompt_count_from) {
+            use_.iter_mut().zip(row).for_each(|(u, v)| *u += v.abs());
+        }
+        if !(self.last_prompt_batch && self.slots_can_warm) {
+            return Ok(());
+        }
+        let cap = self.layers[si].map.capacity();
+        let mut neurons: Vec<u32> = (0..use_.len() as u32).filter(|&j| use_[j as usize] > 0.0).collect();
+        if neurons.len() > cap {
+            neurons.select_nth_unstable_by(cap - 1, |&a, &b| {
+                use_[b as usize].total_cmp(&use_[a as usize]).then(a.cmp(&b))
+            });
+            neurons.truncate(cap);
+        }
+        neurons.sort_unstable();
+        let slots = &mut self.layers[si];
+        slots.map = SlotMap::new(use_.len(), cap);
+        let loads = slots.map.plan(&neurons, self.tick);
+        if let Err(e) =
+            super::warm::write_slot_rows(&mlp, self.selector.slot_row(), self.records, &loads, slots.buf.as_mut_slice())
+        {
+            loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+            return Err(e);
+        }
+        self.stats.warmed_rows += neurons.len() as u64;
+        Ok(())
+    }
+
+    /// What sparse layer `si`'s slots hold: (neuron, slot row) for every filled slot.
+    pub fn held_rows(&self, si: usize) -> Vec<(u32, &[u8])> {
+        let (slots, rb) = (&self.layers[si], self.plan.slot_row_bytes);
+        let bytes = slots.buf.as_slice();
+        (0..slots.map.capacity())
+            .filter(|&s| slots.map.neuron_of[s] != crate::slots::EMPTY)
+            .map(|s| (slots.map.neuron_of[s], &bytes[s * rb..(s + 1) * rb]))
+            .collect()
+    }
+
+    /// Prompt tokens `n` went through in a batch.
+    pub fn count_prompt(&mut self, n: usize) {
+        self.stats.prompt_tokens += n as u64;
     }
 
     /// The set rule ("soft8", "scorer").
@@ -408,6 +538,7 @@ impl StreamingEngine {
         self.stats.bytes_read = c.bytes_read;
         self.stats.read_requests = c.requests;
         self.stats.io_busy_ms = c.busy_ms;
+        self.stats.prompt_bytes_read = self.stager.bytes_read();
     }
 
     /// The current token failed part-way (a read, a check, a non-finite value): the slots planned
@@ -603,5 +734,17 @@ impl crate::model::StreamedMlp for StreamingEngine {
     }
     fn scratch(&mut self) -> &mut Option<crate::model::DecodeState> {
         &mut self.scratch
+    }
+    fn begin_prompt(&mut self, last: bool, count_from: usize) -> Result<()> {
+        StreamingEngine::begin_prompt(self, last, count_from)
+    }
+    fn staged_mlp_done(&mut self, layer: usize, mlp: crate::model::DenseMlp, h: &[f32]) -> Result<()> {
+        StreamingEngine::staged_mlp_done(self, layer, mlp, h)
+    }
+    fn staged_mlp(&mut self, layer: usize) -> Result<crate::model::DenseMlp> {
+        StreamingEngine::staged_mlp(self, layer)
+    }
+    fn abandon_prompt(&mut self) {
+        self.stager.drain()
     }
 }

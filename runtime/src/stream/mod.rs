@@ -6,7 +6,9 @@ pub mod auto;
 pub mod budget;
 pub mod engine;
 pub mod io;
+pub mod prompt;
 pub mod reader;
+pub mod warm;
 
 pub use budget::{parse_bytes, MemoryPlan};
 pub use engine::{DensePrefix, IoSettings, SelectorChoice, StreamSettings, StreamStats, StreamingEngine};

@@ -70,7 +70,22 @@ pub fn run(args: Args) -> Result<()> {
     let opts = GenerateOptions { max_new_tokens: n, ctx, stop_at_eos: !ignore_eos, add_special: !chat };
     let mut sampler = Sampler::new(temp, top_p, seed);
     let mut stdout = std::io::stdout();
-    let (mut runner, tokenizer) = opened.runner_and_tokenizer();
+    // a streamed prompt of more than one batch shows a bar on a terminal
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("prompt {pos}/{len} tokens {wide_bar} {per_sec}")
+            .expect("a valid template"),
+    );
+    let mut show = |done: usize, total: usize| {
+        if done < total || bar.position() > 0 {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+        if done == total {
+            bar.finish_and_clear();
+        }
+    };
+    let (runner, tokenizer) = opened.runner_and_tokenizer();
+    let mut runner = runner.with_prompt_progress(&mut show);
     let r = generate(&mut runner, tokenizer, &prompt, &opts, &mut sampler, |piece| {
         if !json {
             let _ = stdout.write_all(piece.as_bytes());
