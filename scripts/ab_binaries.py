@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Before/after of a change: two runtime binaries, each with its own mode flags (the CLI may
 differ between them), run `runtime bench` alternately under one cgroup memory limit (and an
-optional read throttle), the page cache dropped before every run. Prints the medians and the
-ratio b/a, and writes bench/results/ab-<tag>.json. Reuses bench_edge.py's cgroup v1/v2
+optional read throttle), the page cache dropped before every run. Prints the medians of the
+prompt's tok/s, decode tok/s and a chat turn's time (the prompt, then -n tokens) and their
+ratios b/a, and writes bench/results/ab-<tag>.json. Reuses bench_edge.py's cgroup v1/v2
 handling, page-cache drop and cleanup (root).
 
   python3 scripts/ab_binaries.py --manifest artifacts/qwen2.5-coder-1.5b/manifest.toml \\
@@ -32,11 +33,12 @@ def run(g, side, manifest, budget, n, prompt_file, threads, timeout):
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
     j = json.loads(out.stdout.strip().splitlines()[-1])
-    keep = ["decode_tok_per_s", "bytes_read_per_token", "rows_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "predictor_ms_per_token",
+    keep = ["prompt_tokens", "prefill_tok_per_s", "decode_tok_per_s", "bytes_read_per_token", "rows_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "predictor_ms_per_token",
             "sparse_mlp_ms_per_token", "set_rule", "set_scale", "head_q8", "peak_rss_bytes"]
     r = {k: j.get(k) for k in keep}
     r.update({"dense_prefix": j.get("dense_prefix", j.get("dense_from")), "major_faults": faults, "time_peak_rss_bytes": rss,
-              "seconds": time.time() - t0, "text": j.get("text")})
+              "seconds": time.time() - t0, "text": j.get("text"),
+              "chat_turn_s": j["prompt_tokens"] / j["prefill_tok_per_s"] + n / j["decode_tok_per_s"]})
     return r
 
 
@@ -50,6 +52,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--prompt-chars", type=int, default=200)
+    ap.add_argument("--prompt-file", default=None, help="the prompt (default: --prompt-chars of LAMBADA)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--tag", required=True)
@@ -57,9 +60,10 @@ def main():
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, be.on_signal)
     atexit.register(be.cleanup)
-    prompt_file = str(ROOT / f"target/ab-prompt-{os.getpid()}.txt")
-    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
-    atexit.register(lambda: Path(prompt_file).unlink(missing_ok=True))
+    prompt_file = a.prompt_file or str(ROOT / f"target/ab-prompt-{os.getpid()}.txt")
+    if not a.prompt_file:
+        Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
+        atexit.register(lambda: Path(prompt_file).unlink(missing_ok=True))
     limit = a.limit_mib << 20
     dev = be.device_of(Path(a.manifest).resolve().parent)
     g = be.Groups(f"np-ab-{os.getpid()}", limit, a.throttle << 20 if a.throttle else None, dev)
@@ -69,16 +73,20 @@ def main():
             r = run(g, getattr(a, side), a.manifest, int(limit * 0.9), a.n, prompt_file, a.threads, a.timeout)
             r["rep"] = rep
             runs[side].append(r)
-            print(f"rep {rep + 1} {side}: {r['decode_tok_per_s']:.2f} tok/s, {r['bytes_read_per_token'] / 2**20:.1f} MiB read/token, "
+            print(f"rep {rep + 1} {side}: prompt {r['prompt_tokens']} tokens {r['prefill_tok_per_s']:.1f} tok/s, chat turn {r['chat_turn_s']:.1f} s, "
+                  f"decode {r['decode_tok_per_s']:.2f} tok/s, {r['bytes_read_per_token'] / 2**20:.2f} MiB read/token, "
                   f"reuse {r['reuse_ratio']:.3f}, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
-    med = {side: statistics.median(r["decode_tok_per_s"] for r in rs) for side, rs in runs.items()}
+    medians = {k: {side: statistics.median(r[k] for r in rs) for side, rs in runs.items()}
+               for k in ("prefill_tok_per_s", "decode_tok_per_s", "chat_turn_s")}
+    med = medians["decode_tok_per_s"]
     ratio = med["b"] / med["a"]
-    print(f"median decode: a {med['a']:.2f} tok/s, b {med['b']:.2f} tok/s: b/a = {ratio:.2f}x "
-          f"(limit {a.limit_mib} MiB, throttle {a.throttle or 'none'}, {a.reps} reps alternated)")
+    for k, v in medians.items():
+        print(f"median {k}: a {v['a']:.2f}, b {v['b']:.2f}: b/a = {v['b'] / v['a']:.2f}x")
+    print(f"(limit {a.limit_mib} MiB, budget 90% of it, throttle {a.throttle or 'none'}, {a.reps} reps alternated)")
     out = ROOT / f"bench/results/ab-{a.tag}.json"
     out.write_text(json.dumps({"manifest": a.manifest, "limit_mib": a.limit_mib, "throttle_mib_per_s": a.throttle, "n": a.n,
-                               "prompt_chars": a.prompt_chars, "threads": a.threads, "a": a.a, "b": a.b, "runs": runs,
-                               "median_decode_tok_per_s": med, "ratio_b_over_a": ratio}, indent=1))
+                               "prompt_chars": a.prompt_chars, "prompt_file": a.prompt_file, "threads": a.threads, "a": a.a, "b": a.b,
+                               "runs": runs, "medians": medians, "median_decode_tok_per_s": med, "ratio_b_over_a": ratio}, indent=1))
     print(f"wrote {out}")
 
 

@@ -271,7 +271,8 @@ pub fn choose(
             let note = match (i, cands.iter().position(|c| c.plan.is_ok())) {
                 (i, Some(first)) if i != first => {
                     let f = &cands[first];
-                    Some(format!("--strategy auto runs {} with sets of {:.2} (with its default head, {} fits only with sets of {:.2})", c.label(), c.set_scale(), f.name, f.set_scale()))
+                    let also = if skipped.is_empty() { String::new() } else { format!("; {}", skipped.join(", ")) };
+                    Some(format!("--strategy auto runs {} with sets of {:.2} (with its default head, {} fits only with sets of {:.2}{also})", c.label(), c.set_scale(), f.name, f.set_scale()))
                 }
                 _ => (!skipped.is_empty()).then(|| {
                     format!(

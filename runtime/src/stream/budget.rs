@@ -155,8 +155,10 @@ pub struct MemoryPlan {
     pub staging_bytes: usize,
     /// Prompt tokens computed at once (a streamed layer's whole MLP is read once per batch).
     pub prompt_batch: usize,
-    /// A prompt batch's staged MLPs (the layer computed and the one being read) and its
-    /// activations.
+    /// Streamed layers' MLPs a prompt batch holds staged at once: 1, or 2 (the next one's read
+    /// overlaps the compute of the one before).
+    pub prompt_staged_layers: usize,
+    /// A prompt batch's staged MLPs, its activations and the warm-slot scratch.
     pub prompt_bytes: u64,
     pub process_bytes: u64,
     pub record_bytes: usize,
@@ -308,20 +310,31 @@ impl MemoryPlan {
             None => ((dense_prefix - d0) * c.intermediate_size * full_row_bytes) as u64,
         };
         let prefix_from = if inputs.dense_mlp_layer_bytes.is_some() { "the GGUF's blocks" } else { "records" };
-        // a prompt batch: two streamed layers' MLPs staged at once (the one computed, the next
-        // one read), from the GGUF's blocks, or from records read and rebuilt
-        let stage_bytes = if dense_prefix == n_layers {
-            0
+        // a prompt batch stages streamed layers' whole MLPs, the GGUF's blocks or records read
+        // and rebuilt: one at a time, or two (the one computed and the next one read)
+        let (stage_first, stage_second) = if dense_prefix == n_layers {
+            (0, 0)
         } else {
             match &inputs.dense_mlp_layer_bytes {
-                Some(per_layer) => 2 * (per_layer[dense_prefix - d0..].iter().max().copied().unwrap_or(0) + 3 * 4096),
-                None => (2 * c.intermediate_size * full_row_bytes + c.intermediate_size * rb + 4096) as u64,
+                Some(per_layer) => {
+                    let layer = per_layer[dense_prefix - d0..].iter().max().copied().unwrap_or(0) + 3 * 4096;
+                    (layer, layer)
+                }
+                None => {
+                    let built = (c.intermediate_size * full_row_bytes) as u64;
+                    (built + (c.intermediate_size * rb + 4096) as u64, built)
+                }
             }
         };
         // warm slots: a block of down's rows in f32 at a time (stream/warm.rs)
-        let warm_bytes = (shape.map_or(32, |s| s.down.block_elements()) * c.intermediate_size * 4) as u64;
-        let stage_bytes = if stage_bytes > 0 { stage_bytes + warm_bytes } else { 0 };
-        let prompt_bytes_at = |n: usize| stage_bytes + prompt_activation_bytes(c, n);
+        let warm_bytes = if stage_first > 0 {
+            (shape.map_or(32, |s| s.down.block_elements()) * c.intermediate_size * 4) as u64
+        } else {
+            0
+        };
+        let prompt_bytes_at = |n: usize, staged: u64| {
+            stage_first + (staged - 1) * stage_second + warm_bytes + prompt_activation_bytes(c, n)
+        };
         let fixed = resident_bytes
             + head_artifact_bytes
             + prefix_records_bytes
@@ -330,27 +343,30 @@ impl MemoryPlan {
             + scorer_bytes
             + kv_cache_bytes
             + staging_bytes as u64
-            + prompt_bytes_at(PROMPT_BATCH_MIN)
+            + prompt_bytes_at(PROMPT_BATCH_MIN, 1)
             + process_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
         let n_ff = c.intermediate_size;
-        // a larger prompt batch reads every streamed MLP fewer times; it takes up to an eighth
-        // of what the budget leaves beyond the minimum (the rest goes to slots)
-        let prompt_batch = match s.mem_budget_bytes {
-            None => PROMPT_BATCH_MAX,
+        // a prompt takes up to an eighth of what the budget leaves beyond the minimum (the rest
+        // goes to slots): first a second staged layer (its read overlaps the compute of the one
+        // before), then larger batches (every streamed MLP is read once per batch)
+        let (prompt_staged_layers, prompt_batch) = match s.mem_budget_bytes {
+            None => (2, PROMPT_BATCH_MAX),
             Some(b) => {
                 let spare = b.saturating_sub(minimum_bytes) / 8;
+                let base = prompt_bytes_at(PROMPT_BATCH_MIN, 1);
+                let staged = if prompt_bytes_at(PROMPT_BATCH_MIN, 2) - base <= spare { 2 } else { 1 };
                 let mut n = PROMPT_BATCH_MIN;
-                while n < PROMPT_BATCH_MAX && prompt_bytes_at(2 * n) - prompt_bytes_at(PROMPT_BATCH_MIN) <= spare {
+                while n < PROMPT_BATCH_MAX && prompt_bytes_at(2 * n, staged) - base <= spare {
                     n *= 2;
                 }
-                n
+                (staged as usize, n)
             }
         };
-        let prompt_bytes = prompt_bytes_at(prompt_batch);
-        let fixed = fixed - prompt_bytes_at(PROMPT_BATCH_MIN) + prompt_bytes;
+        let prompt_bytes = prompt_bytes_at(prompt_batch, prompt_staged_layers as u64);
+        let fixed = fixed - prompt_bytes_at(PROMPT_BATCH_MIN, 1) + prompt_bytes;
         let capacity: Vec<usize> = match s.mem_budget_bytes {
             None => vec![n_ff; set_sizes.len()],
             Some(b) if b < minimum_bytes => {
@@ -368,7 +384,7 @@ impl MemoryPlan {
                             format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0)
                         },
                         s.ctx, kv_cache_bytes as f64 / 1048576.0,
-                        staging_bytes as f64 / 1048576.0, prompt_bytes_at(PROMPT_BATCH_MIN) as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
+                        staging_bytes as f64 / 1048576.0, prompt_bytes_at(PROMPT_BATCH_MIN, 1) as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
                     ),
                 });
             }
@@ -391,6 +407,7 @@ impl MemoryPlan {
             kv_cache_bytes,
             staging_bytes,
             prompt_batch,
+            prompt_staged_layers,
             prompt_bytes,
             process_bytes,
             record_bytes: rb,

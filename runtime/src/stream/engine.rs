@@ -463,7 +463,7 @@ impl StreamingEngine {
         if !self.stager.is_next(layer) {
             return Err(RuntimeError::Internal(format!("layer {layer}'s MLP was not asked of the prompt stager")));
         }
-        if layer + 1 < self.n_layers {
+        if self.plan.prompt_staged_layers > 1 && layer + 1 < self.n_layers {
             self.stager.ask(layer + 1)?;
         }
         let t0 = Instant::now();
@@ -477,6 +477,18 @@ impl StreamingEngine {
     /// slots hold the rows of the neurons the prompt used most (warm slots: decode starts with
     /// the prompt's working set, read by the staging, not again).
     pub fn staged_mlp_done(&mut self, layer: usize, mlp: crate::model::DenseMlp, h: &[f32]) -> Result<()> {
+        self.warm_from_staged(layer, &mlp, h)?;
+        drop(mlp);
+        // one staged layer at a time: the next one's read starts now that this one is gone
+        // (overlapping the next layer's attention)
+        if self.plan.prompt_staged_layers == 1 && layer + 1 < self.n_layers {
+            self.stager.ask(layer + 1)?;
+        }
+        Ok(())
+    }
+
+    /// [`StreamingEngine::staged_mlp_done`]'s use counts and warm slots.
+    fn warm_from_staged(&mut self, layer: usize, mlp: &crate::model::DenseMlp, h: &[f32]) -> Result<()> {
         let si = layer - self.dense_prefix;
         let use_ = &mut self.prompt_use[si];
         for row in h.chunks_exact(use_.len()).skip(self.prompt_count_from) {
@@ -498,7 +510,7 @@ impl StreamingEngine {
         slots.map = SlotMap::new(use_.len(), cap);
         let loads = slots.map.plan(&neurons, self.tick);
         if let Err(e) =
-            super::warm::write_slot_rows(&mlp, self.selector.slot_row(), self.records, &loads, slots.buf.as_mut_slice())
+            super::warm::write_slot_rows(mlp, self.selector.slot_row(), self.records, &loads, slots.buf.as_mut_slice())
         {
             loads.iter().for_each(|l| slots.map.invalidate(l.slot));
             return Err(e);
