@@ -284,8 +284,15 @@ fn too_small_budget_gives_the_minimum() {
 #[test]
 fn runs_within_a_cgroup_memory_limit() {
     let m = default_sparse();
-    for (i, extra) in
-        [vec!["--strategy", "predictor"], vec!["--strategy", "scorer", "--set-scale", "0.3"]].into_iter().enumerate()
+    // a 511-token prompt: its batches stage whole layers inside the same plan
+    let prompt = repo_root().join("bench/prompt-512.txt");
+    let p = prompt.to_str().unwrap();
+    for (i, extra) in [
+        vec!["--strategy", "predictor", "--prompt-file", p, "--ctx", "640"],
+        vec!["--strategy", "scorer", "--set-scale", "0.3", "--prompt-file", p, "--ctx", "640"],
+    ]
+    .into_iter()
+    .enumerate()
     {
         let budget = minimum_budget(m, &extra) + (4 << 20);
         let limit = budget + budget / 10;
@@ -305,7 +312,13 @@ fn runs_within_a_cgroup_memory_limit() {
         if i == 1 {
             assert!(r["head_q8"].as_bool().unwrap() && r["set_rule"] == "scorer", "{r}");
         }
-        eprintln!("{extra:?}: budget {budget}, limit {limit}, peak RSS {rss}, failcnt {failcnt}");
+        assert!(r["prompt_tokens"].as_u64().unwrap() > 500, "{r}");
+        assert_eq!(r["prompt_batched_tokens"].as_u64(), Some(r["prompt_tokens"].as_u64().unwrap() - 1), "{r}");
+        eprintln!(
+            "{extra:?}: budget {budget}, limit {limit}, peak RSS {rss} ({:.3} of the budget), prompt batches of {}, failcnt {failcnt}",
+            rss as f64 / budget as f64,
+            r["prompt_batch"]
+        );
     }
 }
 

@@ -140,9 +140,9 @@ impl StageSource {
         }
     }
 
-    /// Layer `layer`'s MLP, read from `file` (opened on [`StageSource::path`]). A GGUF layer
-    /// lands in a buffer of `pool` that no staged layer borrows any more (two suffice: the layer
-    /// computed and the one read), so staging allocates nothing per layer.
+    /// Layer `layer`'s MLP, read from `file` (opened on [`StageSource::path`]) into a buffer of
+    /// `pool` that no staged layer borrows any more: a GGUF layer's matrices borrow it (two
+    /// suffice: the layer computed and the one read); records are rebuilt from it.
     fn stage(&self, file: &File, layer: usize, pool: &mut Vec<Arc<AlignedBuf>>) -> Result<DenseMlp> {
         match self {
             StageSource::DenseMlp { path, first_layer, layers } => {
@@ -150,14 +150,7 @@ impl StageSource {
                 // each tensor at its own aligned place in one buffer
                 let spans: Vec<(u64, usize)> = tensors.iter().map(|t| aligned_span(t.offset, t.bytes)).collect();
                 let largest = (0..layers.len()).map(|i| self.layer_read_bytes(first_layer + i)).max().unwrap_or(0);
-                let free = match pool.iter_mut().position(|b| Arc::get_mut(b).is_some()) {
-                    Some(i) => i,
-                    None => {
-                        pool.push(Arc::new(AlignedBuf::new(largest as usize)));
-                        pool.len() - 1
-                    }
-                };
-                let slot = &mut pool[free];
+                let slot = free_buffer(pool, largest as usize);
                 let buf = Arc::get_mut(slot).expect("no staged layer borrows it");
                 let mut at = 0;
                 for (t, &(start, len)) in tensors.iter().zip(&spans) {
@@ -182,8 +175,8 @@ impl StageSource {
                 let bytes = n_ff * record_bytes;
                 let offset = ((layer - first_layer) * bytes) as u64;
                 let (start, len) = aligned_span(offset, bytes);
-                let mut buf = AlignedBuf::new(len);
-                read_direct(file, path, start, buf.as_mut_slice(), (offset - start) as usize + bytes)?;
+                let buf = Arc::get_mut(free_buffer(pool, bytes + DIRECT_ALIGN_BYTES)).expect("a free buffer");
+                read_direct(file, path, start, &mut buf.as_mut_slice()[..len], (offset - start) as usize + bytes)?;
                 let at = (offset - start) as usize;
                 crate::model::mlp_from_layer_records(
                     &buf.as_slice()[at..at + bytes],
@@ -197,6 +190,19 @@ impl StageSource {
             }
         }
     }
+}
+
+/// A buffer of `pool` no staged layer borrows (of `len_bytes`: every staging of a source asks
+/// the same size), allocated the first time: staging allocates nothing per layer.
+fn free_buffer(pool: &mut Vec<Arc<AlignedBuf>>, len_bytes: usize) -> &mut Arc<AlignedBuf> {
+    let free = match pool.iter_mut().position(|b| b.len() >= len_bytes && Arc::get_mut(b).is_some()) {
+        Some(i) => i,
+        None => {
+            pool.push(Arc::new(AlignedBuf::new(len_bytes)));
+            pool.len() - 1
+        }
+    };
+    &mut pool[free]
 }
 
 /// The aligned read covering `bytes` at `offset`: (its start, its length).
