@@ -101,18 +101,24 @@ fn rows_read_are_exactly_the_deltas() {
     );
 }
 
-#[test]
-fn flipped_byte_is_a_crc_error() {
-    let m = all_neurons();
-    let src = m.parent().unwrap();
-    let dir = scratch("stream-crc");
+/// A scratch folder `name` holding a copy of the preparation's files (records.bin among them, to
+/// be corrupted) and links to its artifact folders (referenced relative to the manifest).
+fn copy_with_own_records(manifest: &Path, name: &str) -> PathBuf {
+    let src = manifest.parent().unwrap();
+    let dir = scratch(name);
     for f in ["manifest.toml", "records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    // the other artifacts are referenced relative to the manifest: link their folders
     for d in ["cluster", "predictor", "capture", "importance", "scorer", "sketch", "layers"] {
         std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
     }
+    dir
+}
+
+#[test]
+fn flipped_byte_is_a_crc_error() {
+    let m = all_neurons();
+    let dir = copy_with_own_records(m, "stream-crc");
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     // every artifact, the tokenizer too, lies inside the folder (it is what goes to a device)
     let tok_rel = &manifest.artifacts.iter().find(|a| a.role == "tokenizer").unwrap().path;
@@ -809,14 +815,7 @@ fn a_batched_prompt_streams_exactly() {
 #[test]
 fn a_corrupt_record_fails_the_prompt_batch() {
     let m = default_sparse();
-    let src = m.parent().unwrap();
-    let dir = scratch("stream-batched-crc");
-    for f in ["manifest.toml", "records.bin", "resident.safetensors", "tokenizer.json", "chat_template.jinja"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    for d in ["cluster", "predictor", "capture", "importance", "scorer", "sketch", "layers"] {
-        std::os::unix::fs::symlink(src.join(d), dir.join(d)).unwrap();
-    }
+    let dir = copy_with_own_records(m, "stream-batched-crc");
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     let off = manifest.records.offset(28, 7) + 512 + 5;
     let mut bytes = std::fs::read(dir.join("records.bin")).unwrap();

@@ -210,7 +210,7 @@ impl<'a> Runner<'a> {
                         self.model.prompt_batch(batch, cache, *engine, i + 1 == n_batches, count_from)?;
                         engine.count_prompt(batch.len());
                         if let Some(f) = self.prompt_progress.as_mut() {
-                            f((i * engine.plan.prompt_batch + batch.len()).min(prompt.len()), prompt.len());
+                            f(i * b + batch.len(), prompt.len());
                         }
                     }
                 } else {

@@ -123,6 +123,16 @@ impl StageSource {
         }
     }
 
+    /// Bytes of the buffer any of its layers is read into (the largest layer's aligned reads).
+    fn buffer_bytes(&self) -> usize {
+        match self {
+            StageSource::DenseMlp { first_layer, layers, .. } => {
+                (0..layers.len()).map(|i| self.layer_read_bytes(first_layer + i)).max().unwrap_or(0) as usize
+            }
+            StageSource::Records { n_ff, record_bytes, .. } => n_ff * record_bytes + DIRECT_ALIGN_BYTES,
+        }
+    }
+
     /// The file staging reads.
     pub fn path(&self) -> &Path {
         match self {
@@ -143,14 +153,19 @@ impl StageSource {
     /// Layer `layer`'s MLP, read from `file` (opened on [`StageSource::path`]) into a buffer of
     /// `pool` that no staged layer borrows any more: a GGUF layer's matrices borrow it (two
     /// suffice: the layer computed and the one read); records are rebuilt from it.
-    fn stage(&self, file: &File, layer: usize, pool: &mut Vec<Arc<AlignedBuf>>) -> Result<DenseMlp> {
+    fn stage(
+        &self,
+        file: &File,
+        layer: usize,
+        pool: &mut Vec<Arc<AlignedBuf>>,
+        buffer_bytes: usize,
+    ) -> Result<DenseMlp> {
         match self {
             StageSource::DenseMlp { path, first_layer, layers } => {
                 let tensors = &layers[layer - first_layer];
                 // each tensor at its own aligned place in one buffer
                 let spans: Vec<(u64, usize)> = tensors.iter().map(|t| aligned_span(t.offset, t.bytes)).collect();
-                let largest = (0..layers.len()).map(|i| self.layer_read_bytes(first_layer + i)).max().unwrap_or(0);
-                let slot = free_buffer(pool, largest as usize);
+                let slot = free_buffer(pool, buffer_bytes);
                 let buf = Arc::get_mut(slot).expect("no staged layer borrows it");
                 let mut at = 0;
                 for (t, &(start, len)) in tensors.iter().zip(&spans) {
@@ -175,7 +190,7 @@ impl StageSource {
                 let bytes = n_ff * record_bytes;
                 let offset = ((layer - first_layer) * bytes) as u64;
                 let (start, len) = aligned_span(offset, bytes);
-                let buf = Arc::get_mut(free_buffer(pool, bytes + DIRECT_ALIGN_BYTES)).expect("a free buffer");
+                let buf = Arc::get_mut(free_buffer(pool, buffer_bytes)).expect("a free buffer");
                 read_direct(file, path, start, &mut buf.as_mut_slice()[..len], (offset - start) as usize + bytes)?;
                 let at = (offset - start) as usize;
                 crate::model::mlp_from_layer_records(
@@ -193,7 +208,7 @@ impl StageSource {
 }
 
 /// A buffer of `pool` no staged layer borrows (of `len_bytes`: every staging of a source asks
-/// the same size), allocated the first time: staging allocates nothing per layer.
+/// [`StageSource::buffer_bytes`]), allocated the first time: staging allocates nothing per layer.
 fn free_buffer(pool: &mut Vec<Arc<AlignedBuf>>, len_bytes: usize) -> &mut Arc<AlignedBuf> {
     let free = match pool.iter_mut().position(|b| b.len() >= len_bytes && Arc::get_mut(b).is_some()) {
         Some(i) => i,
@@ -268,8 +283,9 @@ impl PromptStager {
             .name("prompt-stager".into())
             .spawn(move || {
                 let mut pool = Vec::new();
+                let buffer_bytes = source.buffer_bytes();
                 for layer in asked {
-                    let r = source.stage(&file, layer, &mut pool);
+                    let r = source.stage(&file, layer, &mut pool, buffer_bytes);
                     if r.is_ok() {
                         counter.fetch_add(source.layer_read_bytes(layer), Relaxed);
                     }
