@@ -69,7 +69,12 @@ pub fn run_bin(name: &str, args: &[&str]) -> Output {
 /// The minimum budget `runtime bench <manifest> [extra]` needs, from the engine's own refusal
 /// of a 1 MiB budget.
 pub fn minimum_budget(manifest: &Path, extra: &[&str]) -> u64 {
-    let mut args = vec!["bench", manifest.to_str().unwrap(), "--mem-budget", "1MiB", "-n", "1"];
+    minimum_budget_of("bench", manifest, &[&["-n", "1"], extra].concat())
+}
+
+/// The smallest `--mem-budget` `runtime <command> <manifest> [extra]` accepts, from its refusal.
+pub fn minimum_budget_of(command: &str, manifest: &Path, extra: &[&str]) -> u64 {
+    let mut args = vec![command, manifest.to_str().unwrap(), "--mem-budget", "1MiB"];
     args.extend(extra);
     let probe = run_bin("runtime", &args);
     let e = String::from_utf8_lossy(&probe.stderr);

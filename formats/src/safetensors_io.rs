@@ -132,8 +132,9 @@ impl MappedSafetensors {
         Ok(self.bytes(e))
     }
 
-    /// Tells the kernel that `name` is read a row at a time at random (MADV_RANDOM): a page
-    /// fault then reads that page, not the default read-ahead window around it.
+    /// Tells the kernel that `name` is read a row at a time at random (MADV_RANDOM): a fault
+    /// in a neighbouring tensor then reads its own page, not a read-ahead window reaching into
+    /// this one.
     pub fn advise_random(&self, name: &str) -> Result<()> {
         let e = self
             .tensors
@@ -142,6 +143,55 @@ impl MappedSafetensors {
         self.mmap
             .advise_range(memmap2::Advice::Random, e.byte_range.start, e.byte_range.len())
             .map_err(|err| FormatError::io(&self.path, err))
+    }
+
+    /// Tensor `name`'s rows, read on demand with `pread` instead of through the map: a table
+    /// read a row at a time whose pages must not stay in the process (the input embedding of
+    /// a streamed run). A mapped row faults in its neighbours too (the kernel maps the cached
+    /// pages around a fault), so a map read a row per token ends up holding the whole table.
+    pub fn rows_of(&self, name: &str) -> Result<TensorRows> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })?;
+        let rows = e.shape.first().copied().unwrap_or(0);
+        let row_bytes = e.byte_range.len().checked_div(rows).unwrap_or(0);
+        let file = std::fs::File::open(&self.path).map_err(|err| FormatError::io(&self.path, err))?;
+        Ok(TensorRows {
+            file,
+            path: self.path.clone(),
+            tensor: name.to_string(),
+            offset: e.byte_range.start as u64,
+            rows,
+            row_bytes,
+        })
+    }
+}
+
+/// The rows of one tensor of a safetensors file, each read when asked for
+/// ([`MappedSafetensors::rows_of`]); nothing is held between reads.
+pub struct TensorRows {
+    file: std::fs::File,
+    path: PathBuf,
+    tensor: String,
+    /// Byte offset of row 0 in the file.
+    offset: u64,
+    pub rows: usize,
+    /// Stored bytes of one row (f16 values, or one row of GGML blocks).
+    pub row_bytes: usize,
+}
+
+impl TensorRows {
+    /// Row `r`'s stored bytes into `out` `[row_bytes]`.
+    pub fn read_row(&self, r: usize, out: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        assert!(r < self.rows && out.len() == self.row_bytes, "row {r} of {} rows", self.rows);
+        let at = self.offset + (r * self.row_bytes) as u64;
+        self.file.read_exact_at(out, at).map_err(|e| FormatError::Corrupt {
+            path: self.path.clone(),
+            offset: at,
+            what: format!("reading row {r} of tensor '{}': {e}", self.tensor),
+        })
     }
 }
 
@@ -350,4 +400,37 @@ pub fn write_raw_safetensors(
         })
         .collect::<Result<_>>()?;
     write_views(path, views, metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows read with `pread` equal the mapped rows, and a file cut short is an error naming it
+    /// and the offset.
+    #[test]
+    fn rows_read_from_the_file_equal_the_mapped_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let data: Vec<f16> = (0..7 * 5).map(|i| f16::from_f32(i as f32 * 0.25 - 3.0)).collect();
+        let other = F16Tensor { name: "b".into(), shape: vec![3], data: vec![f16::ONE; 3] };
+        let t = F16Tensor { name: "a".into(), shape: vec![7, 5], data };
+        write_f16_safetensors(&path, &[t, other], None).unwrap();
+        let m = MappedSafetensors::open(&path).unwrap();
+        let rows = m.rows_of("a").unwrap();
+        assert_eq!((rows.rows, rows.row_bytes), (7, 10));
+        let mapped = m.bytes(&m.tensors["a"]);
+        let mut row = vec![0u8; 10];
+        for r in [0, 3, 6] {
+            rows.read_row(r, &mut row).unwrap();
+            assert_eq!(row, mapped[r * 10..(r + 1) * 10]);
+        }
+        assert!(matches!(m.rows_of("c"), Err(FormatError::MissingTensor { .. })));
+        let end = m.tensors["a"].byte_range.end as u64;
+        drop(m);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(end - 4).unwrap();
+        let e = rows.read_row(6, &mut row).unwrap_err().to_string();
+        assert!(e.contains("t.safetensors") && e.contains("row 6 of tensor 'a'"), "{e}");
+    }
 }

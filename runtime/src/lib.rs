@@ -383,6 +383,16 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
 /// what sizes a run's KV cache before the model is loaded. A prompt longer than the model's
 /// context is refused before it is tokenized whole.
 pub fn prompt_tokens(path: &Path, prompt: &str, add_special: bool) -> Result<usize> {
+    let (tokenizer, max) = load_tokenizer(path)?;
+    match tokenizer.encode_at_most(prompt, add_special, max)? {
+        tokenizer::Bounded::Whole(ids) => Ok(ids.len()),
+        tokenizer::Bounded::MoreThan(n) => Err(RuntimeError::PromptTooLong { max_tokens: n, ctx: max }),
+    }
+}
+
+/// The tokenizer of `path` (a model directory or a manifest) without its model, and the
+/// model's context.
+pub fn load_tokenizer(path: &Path) -> Result<(Tokenizer, usize)> {
     if !path.exists() {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
@@ -393,15 +403,8 @@ pub fn prompt_tokens(path: &Path, prompt: &str, add_special: bool) -> Result<usi
         not_a_prepared_folder(path)?;
         (path.join(formats::model_dir::TOKENIZER_FILE), formats::model_dir::ModelConfig::load(path)?)
     };
-    let max = config.max_position_embeddings;
-    match Tokenizer::load(&tok_path, config.vocab_size, config.bos_token_id)?.encode_at_most(
-        prompt,
-        add_special,
-        max,
-    )? {
-        tokenizer::Bounded::Whole(ids) => Ok(ids.len()),
-        tokenizer::Bounded::MoreThan(n) => Err(RuntimeError::PromptTooLong { max_tokens: n, ctx: max }),
-    }
+    let t = Tokenizer::load(&tok_path, config.vocab_size, config.bos_token_id)?;
+    Ok((t, config.max_position_embeddings))
 }
 
 /// A prepared model's folder is not a model directory: point at its manifest.

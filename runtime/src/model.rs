@@ -105,6 +105,9 @@ pub struct ModelWeights {
     pub head_q8: Option<formats::head_q8::Q8Head>,
     /// Which head the logits come from ([`Model::use_head`]).
     pub head: HeadChoice,
+    /// Some in a streamed run whose embedding is not its head: the lookup reads each token's
+    /// row from the file (`embed`'s pages are never touched, so they are never held).
+    pub embed_rows: Option<formats::safetensors_io::TensorRows>,
 }
 
 /// Sees (and may sparsify) the MLP activations of every layer during a batched forward pass
@@ -430,16 +433,35 @@ impl Model {
         let c = &manifest.model;
         let rf = records_file(manifest_path, manifest, &records_path)?;
         let mapped = MappedSafetensors::open(&resident)?;
-        if !c.tie_word_embeddings || head != HeadChoice::Resident {
-            // the input embedding is read one row per token (MemoryPlan does not hold it)
+        // the input embedding is read one row per token (MemoryPlan does not hold it) unless
+        // it is the head
+        let embed_rows = if !c.tie_word_embeddings || head != HeadChoice::Resident {
             mapped.advise_random(model_dir::EMBED_TOKENS)?;
-        }
+            Some(mapped.rows_of(model_dir::EMBED_TOKENS)?)
+        } else {
+            None
+        };
         let mut files = vec![mapped];
         files.extend(dense_mlp_file(manifest_path, manifest)?);
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_prefix, streamed_from: dense_prefix };
         let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)?;
         model.use_head(manifest_path, manifest, head)?;
+        if let Some(rows) = &embed_rows {
+            let e = &model.weights.embed;
+            if rows.rows != e.rows() || rows.row_bytes * e.rows() != e.n_bytes() {
+                return Err(RuntimeError::Input(format!(
+                    "{}: {} is {} rows of {} bytes, not the embedding's {} x {}",
+                    resident.display(),
+                    model_dir::EMBED_TOKENS,
+                    rows.rows,
+                    rows.row_bytes,
+                    e.rows(),
+                    e.cols()
+                )));
+            }
+        }
+        model.weights.embed_rows = embed_rows;
         Ok(model)
     }
 
@@ -504,6 +526,7 @@ impl Model {
             lm_head,
             head_q8: None,
             head: HeadChoice::Resident,
+            embed_rows: None,
         };
         let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(ROPE_MAX_POSITIONS));
         Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
@@ -637,7 +660,7 @@ impl Model {
         let n = tokens.len();
         let pos0 = cache.len;
         let mut s = DecodeState::new(c, n);
-        self.embed(tokens, &mut s.x);
+        self.embed(tokens, &mut s.x)?;
         for (l, lw) in self.weights.layers.iter().enumerate() {
             self.attention_block(l, lw, n, pos0, cache, &mut s);
             // --- MLP block: down(silu(gate(xn)) * up(xn)) ---
@@ -693,7 +716,7 @@ impl Model {
         let pos = cache.len;
         let mut s = engine.scratch().take().unwrap_or_else(|| DecodeState::new(c, 1));
         engine.begin_token();
-        self.embed(&[token], &mut s.x);
+        self.embed(&[token], &mut s.x)?;
         let logits = (|| -> Result<Vec<f32>> {
             for (l, lw) in self.weights.layers.iter().enumerate() {
                 self.attention_block(l, lw, 1, pos, cache, &mut s);
@@ -739,12 +762,25 @@ impl Model {
         Ok(())
     }
 
-    /// `x` `[n, d]` = the embedding rows of `tokens`.
-    fn embed(&self, tokens: &[u32], x: &mut [f32]) {
+    /// `x` `[n, d]` = the embedding rows of `tokens` (read from the file in a streamed run).
+    fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let d = self.config.hidden_size;
-        for (t, &tok) in tokens.iter().enumerate() {
-            self.weights.embed.row_f32(tok as usize, &mut x[t * d..(t + 1) * d]);
+        let e = &self.weights.embed;
+        match &self.weights.embed_rows {
+            None => {
+                for (t, &tok) in tokens.iter().enumerate() {
+                    e.row_f32(tok as usize, &mut x[t * d..(t + 1) * d]);
+                }
+            }
+            Some(rows) => {
+                let mut row = vec![0u8; rows.row_bytes];
+                for (t, &tok) in tokens.iter().enumerate() {
+                    rows.read_row(tok as usize, &mut row)?;
+                    e.decode_row(&row, &mut x[t * d..(t + 1) * d]);
+                }
+            }
         }
+        Ok(())
     }
 
     /// Layer `l`'s attention block for `n` tokens at positions `pos0..`: `s.x += o_proj(GQA

@@ -44,6 +44,27 @@ pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 /// [`BODY_TIMEOUT`]; the queue's slots go to requests whose body is in.
 pub const BODY_BYTES_IN_FLIGHT: usize = 4 << 20;
 
+/// Bytes an event of a streamed reply adds to its token's text (an SSE chunk's JSON).
+const EVENT_BYTES_PER_TOKEN: usize = 256;
+
+/// The HTTP side's own memory: its thread, the tokio runtime, each connection's buffers.
+const HTTP_RUNTIME_BYTES: u64 = 2 << 20;
+
+/// What the server holds for its requests beyond the engine's plan, whatever clients send:
+/// bodies being received ([`BODY_BYTES_IN_FLIGHT`], counted by their buffers' capacity and
+/// held until parsed); one body at a time parsed into its JSON value and request (the HTTP
+/// side is one thread, and a request too long for the context is refused before the next
+/// await); every admitted request (the queue and the one answered) with its text, rendered
+/// template and reply, each at most `ctx` tokens of the longest token's bytes, and its reply's
+/// events; and the HTTP runtime. A streamed run's plan counts it (`StreamSettings::host_bytes`).
+pub fn held_bytes(queue_capacity: usize, ctx: usize, max_token_bytes: usize) -> u64 {
+    let max_text = ctx as u64 * max_token_bytes as u64;
+    let per_request = 3 * max_text + (ctx * EVENT_BYTES_PER_TOKEN) as u64;
+    (BODY_BYTES_IN_FLIGHT + 2 * MAX_BODY_BYTES) as u64
+        + (queue_capacity as u64 + 1).saturating_mul(per_request)
+        + HTTP_RUNTIME_BYTES
+}
+
 pub struct ServeConfig {
     pub addr: SocketAddr,
     /// Requests waiting beyond the one being answered; past it, 503.
@@ -232,13 +253,14 @@ fn busy(s: &AppState) -> ApiError {
     err
 }
 
-/// The request body, read within [`BODY_TIMEOUT`] and at most [`MAX_BODY_BYTES`], each frame's
-/// bytes counted against [`BODY_BYTES_IN_FLIGHT`] while it is read (returned when it is parsed).
-async fn read_body(s: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
+/// The request body, read within [`BODY_TIMEOUT`] and at most [`MAX_BODY_BYTES`], its buffer's
+/// capacity counted against [`BODY_BYTES_IN_FLIGHT`] (the permits come back with it: they are
+/// returned once it is parsed).
+async fn read_body(s: &AppState, body: Body) -> Result<(Vec<u8>, Vec<tokio::sync::OwnedSemaphorePermit>), ApiError> {
     use futures_util::StreamExt;
     let read = async {
         let mut frames = body.into_data_stream();
-        let mut bytes = Vec::new();
+        let mut bytes: Vec<u8> = Vec::new();
         let mut held = Vec::new();
         while let Some(frame) = frames.next().await {
             let frame = frame.map_err(|e| {
@@ -251,7 +273,14 @@ async fn read_body(s: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
                     format!("the body exceeds {MAX_BODY_BYTES} bytes"),
                 ));
             }
-            let kib = frame.len().div_ceil(1024) as u32;
+            let need = bytes.len() + frame.len();
+            if need <= bytes.capacity() {
+                bytes.extend_from_slice(&frame);
+                continue;
+            }
+            // grow by doubling (up to the largest body), each new KiB of capacity counted
+            let grown = need.max(2 * bytes.capacity()).min(MAX_BODY_BYTES);
+            let kib = (grown.div_ceil(1024) - bytes.capacity().div_ceil(1024)) as u32;
             held.push(s.body_kib.clone().try_acquire_many_owned(kib).map_err(|_| {
                 s.metrics.requests_rejected.fetch_add(1, Relaxed);
                 let mut e = ApiError::status(
@@ -264,9 +293,10 @@ async fn read_body(s: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
                 e.retry_after_s = Some(1);
                 e
             })?);
+            bytes.reserve_exact(grown - bytes.len());
             bytes.extend_from_slice(&frame);
         }
-        Ok(bytes)
+        Ok((bytes, held))
     };
     tokio::time::timeout(BODY_TIMEOUT, read).await.unwrap_or_else(|_| {
         Err(ApiError::status(
@@ -279,9 +309,9 @@ async fn read_body(s: &AppState, body: Body) -> Result<Vec<u8>, ApiError> {
 
 async fn answer(s: Arc<AppState>, endpoint: Endpoint, body: Body) -> Result<Response, ApiError> {
     // the body is parsed as JSON whatever its Content-Type says (curl -d sends form's)
-    let bytes = read_body(&s, body).await?;
+    let (bytes, body_permits) = read_body(&s, body).await?;
     let req = api::parse(endpoint, &bytes)?;
-    drop(bytes);
+    drop((bytes, body_permits));
     let permit = s.admitted.clone().try_acquire_owned().map_err(|_| busy(&s))?;
     // refused at the door when no prompt could fit; the engine checks prompt + max_tokens
     if let Some(m) = req.max_tokens.filter(|&m| m >= s.ctx) {

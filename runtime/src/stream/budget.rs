@@ -161,6 +161,8 @@ pub struct MemoryPlan {
     /// A prompt batch's staged MLPs, its activations and the warm-slot scratch.
     pub prompt_bytes: u64,
     pub process_bytes: u64,
+    /// What the program around the engine holds for its input (the server's requests).
+    pub host_bytes: u64,
     pub record_bytes: usize,
     /// Bytes of one slot: a neuron's gate, up and downT rows (f16), or its downT row alone
     /// with the scorer.
@@ -274,9 +276,8 @@ impl MemoryPlan {
         // read a row per token, as an untied one): that head takes its place.
         let own_head = s.head != crate::model::HeadChoice::Resident;
         let resident_head_bytes = if own_head { rh.head_bytes } else { 0 };
-        let row_read_embedding = !c.tie_word_embeddings || own_head;
-        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes
-            + if row_read_embedding { 4 << 20 } else { 0 };
+        // (a row-read embedding's rows are read into a buffer of one row, `Model::embed`)
+        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes;
         let head_artifact_bytes = match s.head {
             crate::model::HeadChoice::Resident => 0,
             crate::model::HeadChoice::Q8 => formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size),
@@ -344,7 +345,8 @@ impl MemoryPlan {
             + kv_cache_bytes
             + staging_bytes as u64
             + prompt_bytes_at(PROMPT_BATCH_MIN, 1)
-            + process_bytes;
+            + process_bytes
+            + s.host_bytes;
         let set_sizes = crate::predictor::scaled_set_sizes(&fp.full_sets, set_scale);
         let min_slots: u64 = set_sizes.iter().map(|&k| (k * srb) as u64).sum();
         let minimum_bytes = fixed + min_slots;
@@ -374,7 +376,7 @@ impl MemoryPlan {
                     budget: b,
                     minimum: minimum_bytes,
                     breakdown: format!(
-                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for a context of {} {:.1} MiB, staging {:.1} MiB, prompt batches of {PROMPT_BATCH_MIN} tokens {:.1} MiB, process {} MiB, slots for sets of {:.2} x {unit} {:.1} MiB",
+                        "resident {} MiB{}, dense layers {d0}..{dense_prefix} from {prefix_from} {} MiB, {}, KV cache for a context of {} {:.1} MiB, staging {:.1} MiB, prompt batches of {PROMPT_BATCH_MIN} tokens {:.1} MiB, process {} MiB{}, slots for sets of {:.2} x {unit} {:.1} MiB",
                         resident_bytes >> 20,
                         if own_head { format!(" + {} head {} MiB", s.head.label().0, head_artifact_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,
@@ -384,7 +386,9 @@ impl MemoryPlan {
                             format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0)
                         },
                         s.ctx, kv_cache_bytes as f64 / 1048576.0,
-                        staging_bytes as f64 / 1048576.0, prompt_bytes_at(PROMPT_BATCH_MIN, 1) as f64 / 1048576.0, process_bytes >> 20, set_scale, min_slots as f64 / 1048576.0
+                        staging_bytes as f64 / 1048576.0, prompt_bytes_at(PROMPT_BATCH_MIN, 1) as f64 / 1048576.0, process_bytes >> 20,
+                        if s.host_bytes > 0 { format!(", the server's requests {:.1} MiB", s.host_bytes as f64 / 1048576.0) } else { String::new() },
+                        set_scale, min_slots as f64 / 1048576.0
                     ),
                 });
             }
@@ -410,6 +414,7 @@ impl MemoryPlan {
             prompt_staged_layers,
             prompt_bytes,
             process_bytes,
+            host_bytes: s.host_bytes,
             record_bytes: rb,
             slot_row_bytes: srb,
             set_scale,

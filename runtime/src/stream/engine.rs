@@ -158,6 +158,10 @@ pub struct StreamSettings {
     pub io: IoSettings,
     /// Keep every token's sets in `StreamingEngine::history` (tests, analysis).
     pub record_sets: bool,
+    /// Memory the program around the engine holds for its own input, counted in the plan
+    /// beside the process allowance: the server's requests (`crate::serve::held_bytes`); 0
+    /// for a single run.
+    pub host_bytes: u64,
 }
 
 impl Default for StreamSettings {
@@ -171,6 +175,7 @@ impl Default for StreamSettings {
             head: crate::model::HeadChoice::Resident,
             io: IoSettings::default(),
             record_sets: false,
+            host_bytes: 0,
         }
     }
 }

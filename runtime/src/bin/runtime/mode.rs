@@ -58,6 +58,9 @@ pub struct ModeArgs {
     /// Set by `runtime perplexity`, the one command that takes `-X oracle-thresholds`.
     #[arg(skip)]
     pub perplexity: bool,
+    /// Set by `runtime serve`: what its requests hold, counted in a streamed run's plan.
+    #[arg(skip)]
+    pub host_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -322,8 +325,17 @@ impl ModeArgs {
         }
         let dense_prefix =
             self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
-        let mut s =
-            StreamSettings { mem_budget_bytes, ctx, dense_prefix, set_scale, selector, head, io, record_sets: false };
+        let mut s = StreamSettings {
+            mem_budget_bytes,
+            ctx,
+            dense_prefix,
+            set_scale,
+            selector,
+            head,
+            io,
+            record_sets: false,
+            host_bytes: self.host_bytes,
+        };
         if self.strategy == Strategy::Auto && mem_budget_bytes.is_some() && (scorer || layers) {
             if let Some((choice, head, note)) = runtime::stream::auto::choose(model, &manifest, &s, x.head)? {
                 s.selector = match choice {

@@ -40,6 +40,10 @@ pub fn run(args: Args) -> Result<()> {
     if api_key.as_deref() == Some("") {
         anyhow::bail!("--api-key is empty");
     }
+    // a streamed run's plan counts what the requests hold
+    let (tokenizer, _) = runtime::load_tokenizer(&model)?;
+    let mode = ModeArgs { host_bytes: runtime::serve::held_bytes(queue, ctx, tokenizer.max_token_bytes), ..mode };
+    drop(tokenizer);
     let (opened, _) = open(&model, &mode, ctx)?;
     let template = runtime::chat_template(&model, &opened)?;
     if template.is_none() {
