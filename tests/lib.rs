@@ -94,19 +94,22 @@ pub fn bench_in_memory_cgroup(
     limit_bytes: u64,
     extra: &[&str],
 ) -> (Output, String) {
+    let budget = budget.to_string();
+    let mut args = vec!["bench", manifest.to_str().unwrap(), "--mem-budget", &budget, "-n", "24", "--json"];
+    args.extend(extra);
+    runtime_in_memory_cgroup(name, limit_bytes, &args)
+}
+
+/// Runs `runtime <args>` inside a fresh cgroup v1 memory group limited to `limit_bytes`:
+/// its output and the group's failcnt.
+pub fn runtime_in_memory_cgroup(name: &str, limit_bytes: u64, args: &[&str]) -> (Output, String) {
     let cg = Path::new("/sys/fs/cgroup/memory");
     assert!(cg.join("memory.limit_in_bytes").exists(), "cgroup v1 memory controller not mounted at {}", cg.display());
     let group = cg.join(format!("np-test-{}-{name}", std::process::id()));
     std::fs::create_dir(&group).unwrap();
     std::fs::write(group.join("memory.limit_in_bytes"), limit_bytes.to_string()).unwrap();
     let bin = repo_root().join("target/release/runtime");
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec {} bench {} --mem-budget {budget} -n 24 {} --json",
-        group.display(),
-        bin.display(),
-        manifest.display(),
-        extra.join(" ")
-    );
+    let script = format!("echo $$ > {}/cgroup.procs && exec {} {}", group.display(), bin.display(), args.join(" "));
     let out = Command::new("sh").arg("-c").arg(&script).output().unwrap();
     let failcnt = std::fs::read_to_string(group.join("memory.failcnt")).unwrap_or_default();
     let _ = std::fs::remove_dir(&group);

@@ -145,7 +145,9 @@ fn stalled_clients_lock_nobody_out() {
 fn a_reply_depends_on_its_request_only() {
     let dir = scratch("serve-same-reply");
     let manifest = fixture_gguf_preparation(&dir, "native").join("manifest.toml");
-    let budget = (minimum_budget_of("serve", &manifest, &["--ctx", "512", "--strategy", "scorer", "--port", "0"]) + (4 << 20)).to_string();
+    let budget = (minimum_budget_of("serve", &manifest, &["--ctx", "512", "--strategy", "scorer", "--port", "0"])
+        + (4 << 20))
+        .to_string();
     let m = manifest.to_str().unwrap();
     let s =
         Server::start(&[m, "--mem-budget", &budget, "--strategy", "scorer", "--ctx", "512", "--threads", "2"], None);

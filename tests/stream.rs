@@ -286,7 +286,8 @@ fn too_small_budget_gives_the_minimum() {
 
 /// Runs `runtime bench` in a fresh cgroup v1 memory group limited to budget + 10%: with the
 /// predictor, and with the 4-bit scorer and the Q8_0 head (whose f16 head, and the tied
-/// embedding, must then stay out of memory).
+/// embedding, must then stay out of memory); then `runtime perplexity`. Each peak RSS inside
+/// its budget.
 #[test]
 fn runs_within_a_cgroup_memory_limit() {
     let m = default_sparse();
@@ -310,7 +311,7 @@ fn runs_within_a_cgroup_memory_limit() {
         );
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let rss = r["peak_rss_bytes"].as_u64().unwrap();
-        assert!(rss <= limit, "{extra:?}: peak RSS {rss} over the limit {limit}");
+        assert!(rss <= budget, "{extra:?}: peak RSS {rss} over the budget {budget}");
         assert!(
             r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0,
             "{r}"
@@ -326,6 +327,44 @@ fn runs_within_a_cgroup_memory_limit() {
             r["prompt_batch"]
         );
     }
+    // perplexity scores half of every chunk: its logits are taken a row at a time, so scoring
+    // 256 positions holds what scoring one does
+    let text = repo_root().join("data/text/lambada-500.txt");
+    let budget = minimum_budget(m, &["--strategy", "scorer", "--ctx", "512"]) + (4 << 20);
+    let limit = budget + budget / 10;
+    let b = budget.to_string();
+    let (out, failcnt) = runtime_in_memory_cgroup(
+        "perplexity",
+        limit,
+        &[
+            "perplexity",
+            m.to_str().unwrap(),
+            "--strategy",
+            "scorer",
+            "--mem-budget",
+            &b,
+            "--ctx",
+            "512",
+            "--chunks",
+            "1",
+            "--text",
+            text.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "perplexity under a {limit}-byte limit failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rss = r["peak_rss_bytes"].as_u64().unwrap();
+    assert!(r["tokens_scored"] == 255 && r["perplexity"].as_f64().unwrap().is_finite(), "{r}");
+    eprintln!(
+        "perplexity: budget {budget}, peak RSS {rss} ({:.3} of the budget), failcnt {failcnt}",
+        rss as f64 / budget as f64
+    );
+    assert!(rss <= budget, "perplexity: peak RSS {rss} over the budget {budget}");
 }
 
 /// The quality figures come from `--in-memory` (batched); streaming must compute the same.

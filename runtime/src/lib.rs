@@ -180,17 +180,35 @@ impl<'a> Runner<'a> {
     /// Runs `tokens` at positions `cache.len ..` and returns the logits of tokens
     /// `logits_from..` as `[n_tokens - logits_from, vocab]`.
     pub fn forward(&mut self, tokens: &[u32], cache: &mut kv_cache::KvCache, logits_from: usize) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.forward_each(tokens, cache, logits_from, &mut |row| logits.extend_from_slice(row))?;
+        Ok(logits)
+    }
+
+    /// [`Runner::forward`], each wanted token's logits `[vocab]` handed to `each` in order
+    /// instead of collected: a streamed run then holds one row of logits at a time, whatever
+    /// the number of tokens scored (a perplexity chunk's half).
+    pub fn forward_each(
+        &mut self,
+        tokens: &[u32],
+        cache: &mut kv_cache::KvCache,
+        logits_from: usize,
+        each: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
+        let vocab = self.model.vocab_size();
+        let mut rows = |logits: Vec<f32>| logits.chunks_exact(vocab).for_each(&mut *each);
         match &mut self.mlp {
-            RunnerMlp::Resident(None) => self.model.forward(tokens, cache, logits_from),
+            RunnerMlp::Resident(None) => rows(self.model.forward(tokens, cache, logits_from)?),
             RunnerMlp::Resident(Some(hook)) => {
                 // as a streamed run computes them: the tokens before the first whose logits are
                 // wanted dense, the rest with the hook's sets
                 let split = logits_from.min(tokens.len());
                 if split < 2 {
-                    return self.model.forward_observed(tokens, cache, logits_from, Some(&mut **hook));
+                    rows(self.model.forward_observed(tokens, cache, logits_from, Some(&mut **hook))?);
+                } else {
+                    self.model.forward(&tokens[..split], cache, split)?;
+                    rows(self.model.forward_observed(&tokens[split..], cache, 0, Some(&mut **hook))?);
                 }
-                self.model.forward(&tokens[..split], cache, split)?;
-                self.model.forward_observed(&tokens[split..], cache, 0, Some(&mut **hook))
             }
             RunnerMlp::Streamed(engine) => {
                 if cache.len == 0 {
@@ -218,13 +236,12 @@ impl<'a> Runner<'a> {
                         self.model.decode_step(tok, cache, *engine)?;
                     }
                 }
-                let mut logits = Vec::with_capacity(scored.len() * self.model.vocab_size());
                 for &tok in scored {
-                    logits.extend(self.model.decode_step(tok, cache, *engine)?);
+                    each(&self.model.decode_step(tok, cache, *engine)?);
                 }
-                Ok(logits)
             }
         }
+        Ok(())
     }
 
     /// The streaming engine, when this runner streams.

@@ -54,7 +54,6 @@ pub fn perplexity(
     }
     let n_chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
     let first = ctx / 2;
-    let vocab = model.vocab_size();
     let mut cache = model.new_cache(ctx)?;
     let (mut nll, mut count) = (0f64, 0usize);
     let t0 = std::time::Instant::now();
@@ -64,13 +63,16 @@ pub fn perplexity(
             chunk[0] = tok.bos_id.expect("adds_bos implies a bos id");
         }
         cache.clear();
-        let logits = runner.forward(&chunk, &mut cache, first)?; // [ctx - first, vocab]
-        for j in first..ctx - 1 {
-            let row = &logits[(j - first) * vocab..(j - first + 1) * vocab];
-            let target = tokens[i * ctx + j + 1] as usize;
-            nll += log_sum_exp(row) - row[target] as f64;
-            count += 1;
-        }
+        // the logits of positions first..ctx, a row at a time; the last predicts past the chunk
+        let mut j = first;
+        runner.forward_each(&chunk, &mut cache, first, &mut |row| {
+            if j + 1 < ctx {
+                let target = tokens[i * ctx + j + 1] as usize;
+                nll += log_sum_exp(row) - row[target] as f64;
+                count += 1;
+            }
+            j += 1;
+        })?;
         on_chunk(i + 1, n_chunks, (nll / count as f64).exp());
     }
     let seconds = t0.elapsed().as_secs_f64();

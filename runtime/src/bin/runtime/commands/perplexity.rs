@@ -74,6 +74,7 @@ pub fn run(args: Args) -> Result<()> {
         let mut v = serde_json::to_value(&r)?;
         v["oracle_sparsity"] = oracle_json.unwrap_or(serde_json::Value::Null);
         v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
+        v["peak_rss_bytes"] = runtime::bench::peak_rss_bytes().into();
         println!("{v}");
     } else {
         eprintln!();
