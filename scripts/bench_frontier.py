@@ -110,10 +110,13 @@ def run_rt_json(cmd):
 
 
 def run_ours(g, manifest, budget, prompt_file, n, threads, timeout, experiment=()):
-    cmd = [RT, "bench", str(manifest), "-n", str(n), "--prompt-file", prompt_file, "--threads", str(threads), "--json"] + sum((["-X", x] for x in experiment), [])
+    cmd = [RT, "bench", str(manifest), "-n", str(n), "--prompt-file", prompt_file, "--ctx", str(edge.LLAMA_CTX),
+           "--threads", str(threads), "--json"] + sum((["-X", x] for x in experiment), [])
     if budget:
         cmd += ["--mem-budget", str(budget)]
-    return edge.run_bench(g, cmd, timeout)
+    j = edge.run_bench(g, cmd, timeout)
+    j["prompt_tok_per_s"], j["chat_turn_s"] = j.get("prefill_tok_per_s"), edge.chat_turn_s(j)
+    return j
 
 
 def derived_device(device, mib_s, llama_calibration, fault_read_bytes_per_s=None):
@@ -282,7 +285,8 @@ def main():
     ap.add_argument("--systems", default="llama.cpp,ours")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("-n", type=int, default=16, help="tokens generated per run (both systems)")
-    ap.add_argument("--prompt-chars", type=int, default=200)
+    ap.add_argument("--prompt-file", default="bench/prompt-512.txt", help="the prompt of every run (default: 511 tokens, a chat turn's)")
+    ap.add_argument("--prompt-chars", type=int, default=None, help="instead: this many characters of the held-out LAMBADA text")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run; a configuration that times out is not run at smaller budgets")
     ap.add_argument("--long-run-s", type=float, default=LONG_RUN_S, help="a configuration whose first run took longer gets one rep")
@@ -330,10 +334,7 @@ def main():
             sys.exit(f"bench-frontier: {g} and the records are on different devices: the throttle would not apply to both")
     if a.probe:
         a.device = probe_device(manifest, a)
-    prompt_file = str(ROOT / f"target/bench-frontier-prompt-{os.getpid()}.txt")
-    Path(prompt_file).parent.mkdir(parents=True, exist_ok=True)
-    Path(prompt_file).write_text(open(ROOT / "data/text/lambada-500.txt").read()[:a.prompt_chars])
-    atexit.register(lambda: Path(prompt_file).unlink(missing_ok=True))
+    prompt_file = edge.prompt_file_for(a, "bench-frontier")
     fractions = [None if f == "none" else float(f) for f in a.fractions.split(",")]
     fractions.sort(key=lambda f: -(f or 9))  # largest first: a timed-out configuration skips the smaller ones
     throttles = [None if t == "none" else int(t) for t in a.throttles.split(",")]
@@ -403,7 +404,7 @@ def main():
         edge.drop_caches()
         try:
             if system == "llama.cpp":
-                r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout)
+                r = edge.run_llama(g, str(ggufs[q]), prompt_file, a.n, a.threads, a.timeout, limit)
             else:
                 r = run_ours(g, manifest, budget_of(fr), prompt_file, a.n, a.threads, a.timeout, a.ours_experiment)
                 r["budget_bytes"] = budget_of(fr)
@@ -448,7 +449,7 @@ def main():
            "ggufs": {q: str(g.relative_to(ROOT)) for q, g in ggufs.items()},
            "requantized_note": f"every GGUF but {SHIPPED[a.model][1]} was made by llama-quantize --allow-requantize from that 4-bit file" if use_llama else None,
            "device_file": a.device, "device_probed": a.probe, "threads": a.threads, "reps": a.reps, "tokens": a.n, "timeout_s": a.timeout, "long_run_s": a.long_run_s, "budget_share_for_ours": a.budget_share, "ours_experiment": a.ours_experiment,
-           "llama_cpp_openmp": "OMP_WAIT_POLICY=PASSIVE (as bench-edge)",
+           "llama_cpp_openmp": "its default OpenMP threads; built as it ships (repacking on, -nr where its copy of the weights cannot fit the limit)",
            "perplexity_text": os.path.relpath(a.text, ROOT), "perplexity_chunks": a.ppl_chunks, "hellaswag_items": a.hellaswag,
            "quality": quality, "runs": runs}
     predict(res, manifest, a.device)
@@ -496,8 +497,10 @@ def finish(res, out):
                 if not rs:
                     continue
                 ok = [r["decode_tok_per_s"] for r in rs if r.get("decode_tok_per_s")]
+                axis = lambda k: statistics.median(v) if (v := [r[k] for r in rs if r.get(k)]) else None  # noqa: E731
                 s = {"system": system, "quant": q, "budget_fraction": fr, "limit_mib": rs[0]["limit_mib"], "throttle_mib_per_s": th,
                      "decode_tok_per_s": statistics.median(ok) if ok else None, "reps": len(ok),
+                     "prompt_tok_per_s": axis("prompt_tok_per_s"), "chat_turn_s": axis("chat_turn_s"),
                      "status": "ran" if ok else ("refused" if any(r.get("refused") for r in rs) else "timed out" if any(r.get("timed_out") for r in rs)
                                                   else "killed by the memory limit" if any(r.get("returncode") in (137, -9) for r in rs) else "failed"),
                      "perplexity_ratio": rs[0]["perplexity_ratio"], "hellaswag_ratio": rs[0]["hellaswag_ratio"], "predicted_tok_per_s": rs[0]["predicted_tok_per_s"]}
@@ -601,6 +604,13 @@ def markdown(res, settings):
     if fc and res.get("llama_cpp_fault_read_bytes_per_s"):
         lines += [f"The planner's llama.cpp page-fault rate, {res['llama_cpp_fault_read_bytes_per_s'] / 1e9:.2f} GB/s, is calibrated on llama.cpp {fc['quant']} "
                   f"at {fc['budget_fraction']:.0%} (it re-reads all its per-token bytes there); that setting's prediction is not counted.", ""]
+    def turn(s):
+        """The prompt axis beside decode: prompt tok/s and a chat turn's seconds."""
+        if not s.get("chat_turn_s"):
+            return ""
+        return f"; prompt {s['prompt_tok_per_s']:.1f} tok/s, turn {s['chat_turn_s']:.1f} s"
+
+    lines += ["Each cell: decode tok/s; the prompt's tok/s and a chat turn's time (the prompt, then the reply).", ""]
     for th in sorted({s["throttle_mib_per_s"] for s in settings}, key=lambda t: t or 0):
         lines += [f"Read throttle: {f'{th} MiB/s' if th else 'none'}", "",
                   "| budget | " + " | ".join(f"llama.cpp {q}" for q in quants) + " | ours (strategy, ppl / HS) | predicted ours / measured | verdict |",
@@ -609,13 +619,13 @@ def markdown(res, settings):
             row = [f"{fr * 100:.0f}% ({fr * res['f16_bytes'] / 2**20:,.0f} MiB)" if fr else "none"]
             for q in quants:
                 s = next((s for s in settings if (s["system"], s["quant"], s["budget_fraction"], s["throttle_mib_per_s"]) == ("llama.cpp", q, fr, th)), None)
-                row.append("" if s is None else tps(s["decode_tok_per_s"]) if s["decode_tok_per_s"] else s["status"])
+                row.append("" if s is None else tps(s["decode_tok_per_s"]) + turn(s) if s["decode_tok_per_s"] else s["status"])
             o = next((s for s in settings if (s["system"], s["budget_fraction"], s["throttle_mib_per_s"]) == ("ours", fr, th)), None)
             if o is None:
                 row += ["", "", ""]
             elif o["decode_tok_per_s"]:
                 qs = (f"{o['perplexity_ratio']:.2f}x" if o["perplexity_ratio"] else "?") + (f" / {o['hellaswag_ratio']:.2f}x" if o["hellaswag_ratio"] else "")
-                row.append(f"**{tps(o['decode_tok_per_s'])}** ({o.get('set_rule')}, {qs})")
+                row.append(f"**{tps(o['decode_tok_per_s'])}**{turn(o)} ({o.get('set_rule')}, {qs})")
                 pr = o.get("predicted_tok_per_s")
                 mr = o.get("predicted_tok_per_s_measured_reuse")
                 row.append((f"{tps(pr)} ({o['prediction_error']:+.0%})" if pr else "") + (f"; reuse {o['reuse_ratio']:.2f}: {tps(mr)} ({o['prediction_error_measured_reuse']:+.0%})" if mr else ""))
