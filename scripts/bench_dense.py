@@ -1,7 +1,7 @@
 """make bench-dense: where the whole model fits, `runtime run` (dense, in memory) against
 llama.cpp as users run it, on the same weights and thread count, runs interleaved, medians and
-ratios. Three axes: the prompt's tok/s, decode tok/s, and a chat turn's time (a 511-token prompt,
-bench/prompt-512.txt, then 128 generated). llama.cpp twice, both with their default OpenMP
+ratios. Three axes: the prompt's tok/s, decode tok/s after the prompt (llama-bench's tg at that
+depth), and a chat turn's time (the prompt of bench/prompt-512.txt, then 128 generated). llama.cpp twice, both with their default OpenMP
 threads: as it ships (baseline/bin: CMake defaults, native SIMD, weight repacking), and the mmap
 build (baseline/bin-mmap: no repacking, explicit AVX2, computing from its map as an edge board
 does). One row per pair (our model directory, the GGUF llama.cpp reads): the fixture's F16
@@ -44,17 +44,19 @@ def ours(model):
 
 
 def llama_bench(tool, gguf, n_prompt):
-    # pp: the prompt alone; tg: decode; pg: the prompt then the reply, timed together (a chat turn)
+    # pp: the prompt alone; tg at depth n_prompt: decode after the prompt, as ours is measured;
+    # pg: the prompt then the reply, timed together (a chat turn)
     out = subprocess.run([tool, "-m", gguf, "-t", str(args.threads), "-p", str(n_prompt), "-n", str(args.n_gen),
-                          "-pg", f"{n_prompt},{args.n_gen}", "-r", "1", "-o", "json"],
+                          "-pg", f"{n_prompt},{args.n_gen}", "-d", f"0,{n_prompt}", "-r", "1", "-o", "json"],
                          capture_output=True, text=True, check=True).stdout
     res = {}
     for row in json.loads(out):
-        if row["n_prompt"] and row["n_gen"]:
+        deep = row.get("n_depth", 0) > 0
+        if row["n_prompt"] and row["n_gen"] and not deep:
             res["chat_turn_s"] = (row["n_prompt"] + row["n_gen"]) / row["avg_ts"]
-        elif row["n_prompt"]:
+        elif row["n_prompt"] and not row["n_gen"] and not deep:
             res["prompt"] = row["avg_ts"]
-        else:
+        elif row["n_gen"] and not row["n_prompt"] and deep:
             res["decode"] = row["avg_ts"]
     return res
 

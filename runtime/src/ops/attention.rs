@@ -6,8 +6,10 @@
 //! out: `[n_tokens, n_heads * head_dim]` (n_tokens = q.len() / q_dim). Query head `h` reads kv
 //! head `h / (n_heads / n_kv_heads)`.
 //!
-//! Work is split into (head, block of 4 consecutive tokens): the 4 queries share every key
-//! load (4 dot products per key row) and every value row load.
+//! Work is split into (kv head, block of 4 consecutive tokens): the block's queries of every
+//! head that reads that kv head (4 x the group) share each key row's load and conversion
+//! (dot products 4 queries at a time) and each value row's. A decoded token is one block: its
+//! group of heads shares the whole cache's reads.
 
 use crate::ops::{simd, softmax::softmax};
 use half::f16;
@@ -28,52 +30,56 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
     let group = s.n_heads / s.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let n_blocks = n_tokens.div_ceil(TOKENS_PER_TASK);
-    // Each task returns its `[tokens in block, head_dim]` outputs; they are scattered after.
-    let results: Vec<Vec<f32>> = (0..s.n_heads * n_blocks)
+    // Each task returns the outputs `[queries, head_dim]` of its queries, (token, head) in
+    // order, token-major; they are scattered after.
+    let results: Vec<Vec<f32>> = (0..s.n_kv_heads * n_blocks)
         .into_par_iter()
         .map(|task| {
-            let (h, b) = (task % s.n_heads, task / s.n_heads);
+            let (kvh, b) = (task % s.n_kv_heads, task / s.n_kv_heads);
             let t0 = b * TOKENS_PER_TASK;
             let nt = TOKENS_PER_TASK.min(n_tokens - t0);
-            let kvh = h / group;
-            let qrow = |t: usize| &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-            let qs = [qrow(t0), qrow(t0 + 1.min(nt - 1)), qrow(t0 + 2.min(nt - 1)), qrow(t0 + 3.min(nt - 1))];
-            let n_keys = pos0 + t0 + nt; // keys visible to the last token of the block
-                                         // scores: [TOKENS_PER_TASK, n_keys]
-            let mut scores = vec![0f32; TOKENS_PER_TASK * n_keys];
-            let mut k = vec![0f32; hd];
+            // query i: token t0 + i / group, head kvh * group + i % group
+            let nq = nt * group;
+            let query = |i: usize| {
+                let (t, h) = (t0 + i / group, kvh * group + i % group);
+                &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
+            };
+            let visible = |i: usize| pos0 + t0 + i / group + 1; // causal: keys 0..=own position
+            let n_keys = pos0 + t0 + nt; // keys visible to the block's last token
+                                         // scores: [nq, n_keys]
+            let mut scores = vec![0f32; nq * n_keys];
+            let mut row = vec![0f32; hd];
             for p in 0..n_keys {
-                k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut k);
-                let d = simd::dot4_f32(&k, qs[0], qs[1], qs[2], qs[3]);
-                for (i, di) in d.iter().enumerate() {
-                    scores[i * n_keys + p] = di * scale;
+                k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut row);
+                for c in (0..nq).step_by(4) {
+                    let qi = |j: usize| query((c + j).min(nq - 1));
+                    let d = simd::dot4_f32(&row, qi(0), qi(1), qi(2), qi(3));
+                    for (j, dj) in d.iter().enumerate().take(nq - c) {
+                        scores[(c + j) * n_keys + p] = dj * scale;
+                    }
                 }
             }
-            let mut o = vec![0f32; nt * hd];
-            for i in 0..nt {
-                let visible = pos0 + t0 + i + 1; // causal: keys 0..=own position
-                let row = &mut scores[i * n_keys..i * n_keys + visible];
-                softmax(row);
-                weighted_sum_of_rows(row, v_cache, kv_dim, kvh * hd, &mut o[i * hd..(i + 1) * hd]);
+            for i in 0..nq {
+                softmax(&mut scores[i * n_keys..i * n_keys + visible(i)]);
+            }
+            let mut o = vec![0f32; nq * hd];
+            for p in 0..n_keys {
+                v_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut row);
+                for (i, oi) in o.chunks_exact_mut(hd).enumerate() {
+                    if p < visible(i) {
+                        simd::axpy(scores[i * n_keys + p], &row, oi);
+                    }
+                }
             }
             o
         })
         .collect();
     for (task, o) in results.iter().enumerate() {
-        let (h, b) = (task % s.n_heads, task / s.n_heads);
+        let (kvh, b) = (task % s.n_kv_heads, task / s.n_kv_heads);
         for (i, oi) in o.chunks_exact(hd).enumerate() {
-            let t = b * TOKENS_PER_TASK + i;
+            let (t, h) = (b * TOKENS_PER_TASK + i / group, kvh * group + i % group);
             out[t * q_dim + h * hd..t * q_dim + (h + 1) * hd].copy_from_slice(oi);
         }
-    }
-}
-
-/// `out = sum_p w[p] * rows[p * stride + col .. + out.len()]` (f16 rows, f32 sums).
-fn weighted_sum_of_rows(w: &[f32], rows: &[f16], stride: usize, col: usize, out: &mut [f32]) {
-    let width = out.len();
-    out.fill(0.0);
-    for (p, &wp) in w.iter().enumerate() {
-        simd::axpy_f16(wp, &rows[p * stride + col..p * stride + col + width], out);
     }
 }
 
@@ -109,9 +115,14 @@ mod tests {
 
     #[test]
     fn blocked_matches_naive() {
-        let s = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 40 };
-        let (q_dim, kv_dim) = (160, 80);
-        for (pos0, n) in [(0usize, 1usize), (0, 7), (5, 6), (9, 1)] {
+        for (n_heads, n_kv_heads) in [(4, 2), (4, 4), (9, 3), (12, 2)] {
+            check(AttentionShape { n_heads, n_kv_heads, head_dim: 40 });
+        }
+    }
+
+    fn check(s: AttentionShape) {
+        let (q_dim, kv_dim) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+        for (pos0, n) in [(0usize, 1usize), (0, 7), (5, 6), (9, 1), (300, 1), (30, 9)] {
             let total = pos0 + n;
             let q: Vec<f32> = (0..n * q_dim).map(|i| ((i * 37 % 23) as f32 - 11.0) / 10.0).collect();
             let k: Vec<f16> = (0..total * kv_dim).map(|i| f16::from_f32(((i * 13 % 19) as f32 - 9.0) / 10.0)).collect();
