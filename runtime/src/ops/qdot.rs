@@ -252,36 +252,64 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
+    /// Two adjacent f16 at `p` (a block's d and m, or an activation block's d and s) as f32
+    /// lanes 0 and 1, by F16C.
+    ///
+    /// # Safety
+    /// `p` points at 4 readable bytes.
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    unsafe fn two_f16(p: *const u8) -> __m128 {
+        // SAFETY (caller): 4 readable bytes; unaligned read.
+        _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { (p as *const i32).read_unaligned() }))
+    }
+
+    /// A Q4_1 block's unpacked nibbles `q` and its `[d, m]` (lanes 0, 1) against one Q8_1
+    /// block, into `acc` (the scaled integer product, 8 lanes) and `mins` (lane 1: m x s, the
+    /// minimum's term; lane 0 unused).
+    #[inline(always)]
+    unsafe fn q4_1_block(q: __m256i, dm: __m128, y: &BlockQ8_1, acc: &mut __m256, mins: &mut __m128) {
+        // SAFETY (caller): AVX2/FMA/F16C; y's d and s are adjacent (#[repr(C)]); y.qs is 32
+        // bytes, unaligned load.
+        unsafe {
+            let p = _mm_mul_ps(dm, two_f16(y as *const BlockQ8_1 as *const u8)); // [d x yd, m x ys]
+            *mins = _mm_add_ps(*mins, p);
+            let qy = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+            *acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), dot_us8(q, qy), *acc);
+        }
+    }
+
+    /// Lane 1 of `v`.
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    fn lane1(v: __m128) -> f32 {
+        _mm_cvtss_f32(_mm_movehdup_ps(v))
+    }
+
+    /// One chain of adds in block order, as llama.cpp's AVX2 kernel sums (a near-tie between
+    /// two tokens then parts as it does); [`dot4_q4_1_q8_1`] sums in the same order, so a
+    /// token's result does not depend on the batch it is computed in.
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot_q4_1_q8_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut summs = 0f32;
+        let (mut acc, mut mins) = (_mm256_setzero_ps(), _mm_setzero_ps());
         for (b, y) in row.chunks_exact(Q4_1_BYTES).zip(x) {
-            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            summs += m * y.s.to_f32();
-            // SAFETY: y.qs is 32 bytes; unaligned load.
-            let qy = unsafe { _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i) };
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d.to_f32()), dot_us8(nibbles(&b[4..]), qy), acc);
+            // SAFETY: b is a block, d and m at its start; AVX2/FMA/F16C enabled here.
+            unsafe { q4_1_block(nibbles(&b[4..]), two_f16(b.as_ptr()), y, &mut acc, &mut mins) };
         }
-        hsum(acc) + summs
+        hsum(acc) + lane1(mins)
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot4_q4_1_q8_1(row: &[u8], xs: [&[BlockQ8_1]; 4]) -> [f32; 4] {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut summs = [0f32; 4];
+        let (mut acc, mut mins) = ([_mm256_setzero_ps(); 4], [_mm_setzero_ps(); 4]);
         for (k, b) in row.chunks_exact(Q4_1_BYTES).enumerate() {
-            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
             let q = nibbles(&b[4..]);
+            // SAFETY: b is a block, d and m at its start.
+            let dm = unsafe { two_f16(b.as_ptr()) };
             for t in 0..4 {
-                let y = &xs[t][k];
-                summs[t] += m * y.s.to_f32();
-                // SAFETY: y.qs is 32 bytes; unaligned load.
-                let qy = unsafe { _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i) };
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d.to_f32()), dot_us8(q, qy), acc[t]);
+                // SAFETY: AVX2/FMA/F16C enabled here.
+                unsafe { q4_1_block(q, dm, &xs[t][k], &mut acc[t], &mut mins[t]) };
             }
         }
-        [hsum(acc[0]) + summs[0], hsum(acc[1]) + summs[1], hsum(acc[2]) + summs[2], hsum(acc[3]) + summs[3]]
+        [0, 1, 2, 3].map(|t| hsum(acc[t]) + lane1(mins[t]))
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
@@ -412,7 +440,13 @@ mod tests {
     /// the f32 summation order), and both against the dequantized f32 product.
     #[test]
     fn simd_kernels_equal_portable_and_the_dequantized_product() {
-        let blocks = 48;
+        // an odd count too: the last block of a row without a partner
+        for blocks in [48, 7] {
+            kernels_at(blocks);
+        }
+    }
+
+    fn kernels_at(blocks: usize) {
         let x: Vec<f32> = random_bytes(blocks * QK, 3).iter().map(|&v| v as f32 / 128.0 - 1.0).collect();
         let (x0, x1) = (quantize_q8_0(&x), quantize_q8_1(&x));
         let xq: Vec<f32> = x0.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d.to_f32())).collect();
