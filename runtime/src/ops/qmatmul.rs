@@ -180,10 +180,11 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
                                                           // tokens in groups, so a group's activations stay in cache across the rows
             for t0 in (0..n_tokens).step_by(TOKENS_PER_GROUP) {
                 let group = &xs[t0..(t0 + TOKENS_PER_GROUP).min(n_tokens)];
+                let q8_1 = q8_1_rows(w.ty, group);
                 for r in 0..n_rows {
                     let row = w.row(r0 + r);
                     let mut k = 0;
-                    if let Some(q8_1) = q8_1_rows(w.ty, group) {
+                    if let Some(q8_1) = &q8_1 {
                         while k + 4 <= group.len() {
                             let d = qdot::dot4_q4_1_q8_1(row, [q8_1[k], q8_1[k + 1], q8_1[k + 2], q8_1[k + 3]]);
                             for i in 0..4 {
