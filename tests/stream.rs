@@ -304,14 +304,7 @@ fn runs_within_a_cgroup_memory_limit() {
         let budget = minimum_budget(m, &extra) + (4 << 20);
         let limit = budget + budget / 10;
         let (out, failcnt) = bench_in_memory_cgroup(&i.to_string(), m, budget, limit, &extra);
-        assert!(
-            out.status.success(),
-            "bench {extra:?} under a {limit}-byte limit failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let rss = r["peak_rss_bytes"].as_u64().unwrap();
-        assert!(rss <= budget, "{extra:?}: peak RSS {rss} over the budget {budget}");
+        let (r, rss) = within_budget(&format!("bench {extra:?}"), &out, budget, limit);
         assert!(
             r["bytes_read_per_token"].as_f64().unwrap() >= 0.0 && r["decode_tok_per_s"].as_f64().unwrap() > 0.0,
             "{r}"
@@ -352,19 +345,22 @@ fn runs_within_a_cgroup_memory_limit() {
             "--json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "perplexity under a {limit}-byte limit failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rss = r["peak_rss_bytes"].as_u64().unwrap();
+    let (r, rss) = within_budget("perplexity", &out, budget, limit);
     assert!(r["tokens_scored"] == 255 && r["perplexity"].as_f64().unwrap().is_finite(), "{r}");
     eprintln!(
         "perplexity: budget {budget}, peak RSS {rss} ({:.3} of the budget), failcnt {failcnt}",
         rss as f64 / budget as f64
     );
-    assert!(rss <= budget, "perplexity: peak RSS {rss} over the budget {budget}");
+}
+
+/// A run under a `limit`-byte cgroup succeeded and its JSON's peak RSS is inside `budget`:
+/// the JSON and that peak.
+fn within_budget(what: &str, out: &std::process::Output, budget: u64, limit: u64) -> (serde_json::Value, u64) {
+    assert!(out.status.success(), "{what} under a {limit}-byte limit failed: {}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rss = r["peak_rss_bytes"].as_u64().unwrap();
+    assert!(rss <= budget, "{what}: peak RSS {rss} over the budget {budget}");
+    (r, rss)
 }
 
 /// The quality figures come from `--in-memory` (batched); streaming must compute the same.

@@ -447,20 +447,7 @@ impl Model {
         let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_prefix, streamed_from: dense_prefix };
         let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)?;
         model.use_head(manifest_path, manifest, head)?;
-        if let Some(rows) = &embed_rows {
-            let e = &model.weights.embed;
-            if rows.rows != e.rows() || rows.row_bytes * e.rows() != e.n_bytes() {
-                return Err(RuntimeError::Input(format!(
-                    "{}: {} is {} rows of {} bytes, not the embedding's {} x {}",
-                    resident.display(),
-                    model_dir::EMBED_TOKENS,
-                    rows.rows,
-                    rows.row_bytes,
-                    e.rows(),
-                    e.cols()
-                )));
-            }
-        }
+        // (the same tensor entry as `embed`, whose shape `assemble` checked)
         model.weights.embed_rows = embed_rows;
         Ok(model)
     }

@@ -183,14 +183,11 @@ impl Matrix {
     /// A row of this matrix's type given as its stored bytes (`n_bytes / rows`, read from its
     /// file) as f32 into `out` `[cols]`.
     pub fn decode_row(&self, bytes: &[u8], out: &mut [f32]) {
-        match self {
-            Matrix::F16(_) => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-            Matrix::Quant(m) => formats::ggml_quants::dequantize(m.ty, bytes, out),
-        }
+        let ty = match self {
+            Matrix::F16(_) => formats::ggml_quants::GgmlType::F16,
+            Matrix::Quant(m) => m.ty,
+        };
+        formats::ggml_quants::dequantize(ty, bytes, out)
     }
 
     /// Row `r` as f16 (a quantized row dequantized).
