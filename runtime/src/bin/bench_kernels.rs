@@ -1,13 +1,14 @@
 //! `bench-kernels` (`make bench-kernels`): one thread, one Qwen2.5-1.5B-sized matrix-vector
 //! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours where
 //! we have one (Q4_1, Q5_0: candle's x86 path is scalar). Prints GB/s of weights read and the
-//! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_K, Q6_K,
-//! Q4_0 and Q8_0, ours for Q4_1 and Q5_0 (`ops::qmatmul`). Then the sparse MLP's down sum over
+//! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_0 and
+//! Q8_0, ours for Q4_1, Q5_0, Q4_K and Q6_K (`ops::qmatmul`); for Q4_K and Q6_K also our
+//! prompt kernel, one row against 4 tokens a pass (`ops::kquant_dot`), per token. Then the sparse MLP's down sum over
 //! one layer's rows for each records down type (`[pack] down`), against Q8_0's time.
 
 use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
 use formats::ggml_quants::{self, GgmlType};
-use runtime::ops::{down_sum, qdot};
+use runtime::ops::{down_sum, kquant_dot, qdot};
 use std::time::Instant;
 
 const ROWS: usize = 8960;
@@ -60,6 +61,21 @@ fn ours(raw: &[u8], dot: impl Fn(&[u8]) -> f32) -> f64 {
     t.elapsed().as_secs_f64() / REPS as f64
 }
 
+/// Seconds per matvec of a k-quant matrix (`raw`, ROWS rows) with our kernel `dot`, one row
+/// against T activations a pass (a prompt's T tokens; the time is per token).
+fn ours_k<const T: usize>(raw: &[u8], dot: impl Fn(&[u8]) -> [f32; T]) -> f64 {
+    let rb = raw.len() / ROWS;
+    let mut out = vec![0f32; ROWS];
+    let t = Instant::now();
+    for _ in 0..REPS {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = dot(&raw[r * rb..(r + 1) * rb])[T - 1];
+        }
+    }
+    std::hint::black_box(&out);
+    t.elapsed().as_secs_f64() / REPS as f64 / T as f64
+}
+
 fn main() {
     let w = weights();
     let x: Vec<f32> = (0..COLS).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
@@ -75,10 +91,21 @@ fn main() {
         println!("{line}");
         rows.push(serde_json::json!({"type": name, "candle_gb_per_s": gbs(bytes, s), "ours_gb_per_s": own.map(|o| gbs(bytes, o))}));
     };
-    let (s, b, _) = candle::<ck::BlockQ4K>(&w, &x);
-    report("Q4_K", (s, b), None);
-    let (s, b, _) = candle::<ck::BlockQ6K>(&w, &x);
-    report("Q6_K", (s, b), None);
+    let xk = qdot::quantize_q8_k(&x);
+    let (s, b, raw) = candle::<ck::BlockQ4K>(&w, &x);
+    report("Q4_K", (s, b), Some(ours_k(&raw, |row| kquant_dot::dot_q4_k([row], [&xk[..]])[0])));
+    report(
+        "Q4_K, 4 tokens a pass (per token)",
+        (s, b),
+        Some(ours_k(&raw, |row| kquant_dot::dot_q4_k([row], [&xk[..]; 4])[0])),
+    );
+    let (s, b, raw) = candle::<ck::BlockQ6K>(&w, &x);
+    report("Q6_K", (s, b), Some(ours_k(&raw, |row| kquant_dot::dot_q6_k([row], [&xk[..]])[0])));
+    report(
+        "Q6_K, 4 tokens a pass (per token)",
+        (s, b),
+        Some(ours_k(&raw, |row| kquant_dot::dot_q6_k([row], [&xk[..]; 4])[0])),
+    );
     let (s, b, _) = candle::<ck::BlockQ4_0>(&w, &x);
     report("Q4_0", (s, b), None);
     let (s, b, _) = candle::<ck::BlockQ8_0>(&w, &x);

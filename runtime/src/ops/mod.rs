@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod down_sum;
+pub mod kquant_dot;
 pub mod layernorm;
 pub mod matmul;
 pub mod qdot;

@@ -10,6 +10,7 @@
 //! Q8_0/Q8_1 activation blocks are ours (`ops::qdot`), quantized as llama.cpp's x86 build does.
 //! x: `[n_tokens, cols]` f32, w: `[rows, cols]` blocks, out: `[n_tokens, rows]` f32.
 
+use crate::ops::kquant_dot;
 use crate::ops::qdot::{self, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::tensor::QMatrix;
 use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, GgmlType as Blocks};
@@ -110,14 +111,26 @@ fn as_candle_q8_k(a: &[BlockQ8K]) -> &[ck::BlockQ8K] {
 #[inline]
 pub fn dot_row(ty: GgmlType, row: &[u8], cols: usize, x: &QActivation) -> f32 {
     match (ty, x) {
-        (GgmlType::Q4K, QActivation::Q8K(a)) => BlockQ4K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
-        (GgmlType::Q5K, QActivation::Q8K(a)) => BlockQ5K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
-        (GgmlType::Q6K, QActivation::Q8K(a)) => BlockQ6K::vec_dot(cols, blocks(row), as_candle_q8_k(a)),
+        (GgmlType::Q4K, QActivation::Q8K(a)) => kquant_dot::dot_q4_k([row], [a])[0][0],
+        (GgmlType::Q6K, QActivation::Q8K(a)) => kquant_dot::dot_q6_k([row], [a])[0][0],
+        (GgmlType::Q5K, QActivation::Q8K(a)) => candle_dot_q8_k(GgmlType::Q5K, row, a),
         (GgmlType::Q4_0, QActivation::Q8_0(a)) => BlockQ4_0::vec_dot(cols, blocks(row), as_candle_q8_0(a)),
         (GgmlType::Q8_0, QActivation::Q8_0(a)) => ck::BlockQ8_0::vec_dot(cols, blocks(row), as_candle_q8_0(a)),
         (GgmlType::Q5_0, QActivation::Q8_0(a)) => qdot::dot_q5_0_q8_0(row, a),
         (GgmlType::Q4_1, QActivation::Q8_1(a)) => qdot::dot_q4_1_q8_1(row, a),
         (t, _) => panic!("no block kernel for {} with this activation type", t.name()),
+    }
+}
+
+/// candle-core's one-row kernel for a k-quant row against Q8_K blocks (the portable and NEON
+/// path of [`crate::ops::kquant_dot`]).
+pub(crate) fn candle_dot_q8_k(ty: GgmlType, row: &[u8], x: &[BlockQ8K]) -> f32 {
+    let cols = x.len() * qdot::QK_K;
+    match ty {
+        GgmlType::Q4K => BlockQ4K::vec_dot(cols, blocks(row), as_candle_q8_k(x)),
+        GgmlType::Q5K => BlockQ5K::vec_dot(cols, blocks(row), as_candle_q8_k(x)),
+        GgmlType::Q6K => BlockQ6K::vec_dot(cols, blocks(row), as_candle_q8_k(x)),
+        t => panic!("{} is not a k-quant", t.name()),
     }
 }
 
@@ -156,13 +169,52 @@ pub fn quantize_rows(at: ActivationType, x: &[f32], cols: usize) -> Vec<QActivat
     x.par_chunks(cols).map(|row| QActivation::quantize(at, row)).collect()
 }
 
-/// The Q8_1 blocks of a group of activation rows, when `ty` is Q4_1 (which has a 4-token
-/// kernel).
-fn q8_1_rows(ty: GgmlType, group: &[QActivation]) -> Option<Vec<&[BlockQ8_1]>> {
-    if ty != GgmlType::Q4_1 {
-        return None;
+/// A group of activation rows viewed as the blocks of a weight type with a 4-token kernel
+/// (Q4_1, Q4_K, Q6_K); each 4-token product equals the one-token kernel's bit for bit.
+enum TokenBlocks<'a> {
+    Q8_1(Vec<&'a [BlockQ8_1]>),
+    Q8K(Vec<&'a [BlockQ8K]>),
+    None,
+}
+
+impl<'a> TokenBlocks<'a> {
+    fn of(ty: GgmlType, group: &'a [QActivation]) -> Self {
+        let q8_1 = || {
+            group
+                .iter()
+                .map(|x| if let QActivation::Q8_1(b) = x { Some(b.as_slice()) } else { None })
+                .collect::<Option<Vec<_>>>()
+        };
+        let q8k = || {
+            group
+                .iter()
+                .map(|x| if let QActivation::Q8K(b) = x { Some(b.as_slice()) } else { None })
+                .collect::<Option<Vec<_>>>()
+        };
+        match ty {
+            GgmlType::Q4_1 => q8_1().map_or(TokenBlocks::None, TokenBlocks::Q8_1),
+            GgmlType::Q4K | GgmlType::Q6K => q8k().map_or(TokenBlocks::None, TokenBlocks::Q8K),
+            _ => TokenBlocks::None,
+        }
     }
-    group.iter().map(|x| if let QActivation::Q8_1(b) = x { Some(b.as_slice()) } else { None }).collect()
+
+    /// `row . x[k..k + 4]`, where this type has a 4-token kernel and the group holds 4 more.
+    fn dot4(&self, ty: GgmlType, row: &[u8], k: usize) -> Option<[f32; 4]> {
+        match self {
+            TokenBlocks::Q8_1(x) if k + 4 <= x.len() => {
+                Some(qdot::dot4_q4_1_q8_1(row, [x[k], x[k + 1], x[k + 2], x[k + 3]]))
+            }
+            TokenBlocks::Q8K(x) if k + 4 <= x.len() => {
+                let xs = [x[k], x[k + 1], x[k + 2], x[k + 3]];
+                Some(if ty == GgmlType::Q4K {
+                    kquant_dot::dot_q4_k([row], xs)[0]
+                } else {
+                    kquant_dot::dot_q6_k([row], xs)[0]
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// `out[t, o] = w[o, :] . x[t, :]` for `n_tokens` quantized rows: each block of weight rows is
@@ -180,18 +232,15 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
                                                           // tokens in groups, so a group's activations stay in cache across the rows
             for t0 in (0..n_tokens).step_by(TOKENS_PER_GROUP) {
                 let group = &xs[t0..(t0 + TOKENS_PER_GROUP).min(n_tokens)];
-                let q8_1 = q8_1_rows(w.ty, group);
+                let blocks = TokenBlocks::of(w.ty, group);
                 for r in 0..n_rows {
                     let row = w.row(r0 + r);
                     let mut k = 0;
-                    if let Some(q8_1) = &q8_1 {
-                        while k + 4 <= group.len() {
-                            let d = qdot::dot4_q4_1_q8_1(row, [q8_1[k], q8_1[k + 1], q8_1[k + 2], q8_1[k + 3]]);
-                            for i in 0..4 {
-                                tile[(t0 + k + i) * n_rows + r] = d[i];
-                            }
-                            k += 4;
+                    while let Some(d) = blocks.dot4(w.ty, row, k) {
+                        for (i, d) in d.into_iter().enumerate() {
+                            tile[(t0 + k + i) * n_rows + r] = d;
                         }
+                        k += 4;
                     }
                     for (k, x) in group.iter().enumerate().skip(k) {
                         tile[(t0 + k) * n_rows + r] = dot_row(w.ty, row, w.cols, x);
@@ -315,8 +364,9 @@ mod tests {
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let mut out = vec![0f32; rows];
             qmatvec(&m, &xa, &mut out);
-            let xs = quantize_rows(activation_type(ty).unwrap(), &[x.clone(), x.clone()].concat(), cols);
-            let mut out2 = vec![0f32; 2 * rows];
+            // 5 tokens: the 4-token kernels (Q4_1, Q4_K, Q6_K) and the one-token one
+            let xs = quantize_rows(activation_type(ty).unwrap(), &x.repeat(5), cols);
+            let mut out2 = vec![0f32; 5 * rows];
             qmatmul(&xs, &m, &mut out2);
             for r in 0..rows {
                 let mut wr = vec![0f32; cols];
@@ -331,7 +381,9 @@ mod tests {
                     out[r]
                 );
                 assert_eq!(out[r], out2[r], "{}: matvec and matmul differ", ty.name());
-                assert_eq!(out2[rows + r], out2[r]);
+                for t in 1..5 {
+                    assert_eq!(out2[t * rows + r], out2[r], "{}: token {t} differs", ty.name());
+                }
             }
         }
     }
