@@ -19,10 +19,15 @@ use formats::manifest::Manifest;
 use serde::Serialize;
 use std::path::Path;
 
-/// Process allowance: code, allocator, activations, the tokenizer's tables (plus 4x the size of
-/// tokenizer.json; RoPE holds no table, ops::rope). Measured with `runtime bench` on SmolLM2 and Qwen2.5: see
-/// README.
+/// Process allowance: code, allocator, activations (RoPE holds no table, ops::rope); the
+/// tokenizer's tables come on top ([`TOKENIZER_BYTES_PER_FILE_BYTE`]). Measured with `runtime
+/// bench` on SmolLM2 and Qwen2.5 (docs/RESULTS.md, the planner).
 pub const PROCESS_BASE_BYTES: u64 = 40 << 20;
+
+/// Resident bytes of a loaded tokenizer per byte of its tokenizer.json (the HF tokenizers
+/// crate's vocabulary and merge tables, after the parse's freed pages are trimmed): 10.0 for
+/// Qwen2.5's, 11.9 for SmolLM2's, rounded up.
+pub const TOKENIZER_BYTES_PER_FILE_BYTE: u64 = 12;
 
 /// The input embedding and the output head as resident.safetensors stores them (f16, or a
 /// GGUF's own blocks: Q4_K, Q6_K, ...).
@@ -290,7 +295,7 @@ impl MemoryPlan {
         let kv_cache_bytes = kv_cache_bytes(c, s.ctx);
         let staging_bytes = s.io.staging_bytes.max(rb).div_ceil(4096) * 4096;
         // the process: code, activations and the tokenizer's tables
-        let process_bytes = PROCESS_BASE_BYTES + 4 * inputs.tokenizer_bytes;
+        let process_bytes = PROCESS_BASE_BYTES + TOKENIZER_BYTES_PER_FILE_BYTE * inputs.tokenizer_bytes;
         let (d0, n_layers) = (inputs.d0, c.num_hidden_layers);
         if dense_prefix < d0 || dense_prefix > n_layers {
             return Err(RuntimeError::Input(format!(
