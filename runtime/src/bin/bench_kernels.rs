@@ -3,12 +3,13 @@
 //! we have one (Q4_1, Q5_0: candle's x86 path is scalar). Prints GB/s of weights read and the
 //! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_0 and
 //! Q8_0, ours for Q4_1, Q5_0, Q4_K and Q6_K (`ops::qmatmul`); for Q4_K and Q6_K also our
-//! prompt kernel, one row against 4 tokens a pass (`ops::kquant_dot`), per token. Then the sparse MLP's down sum over
+//! prompt kernels, per token: one row against 4 tokens a pass (`ops::kquant_dot`), and the
+//! integer product of 64 tokens where the CPU has AVX-512 VNNI (`ops::kquant_gemm`). Then the sparse MLP's down sum over
 //! one layer's rows for each records down type (`[pack] down`), against Q8_0's time.
 
 use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
 use formats::ggml_quants::{self, GgmlType};
-use runtime::ops::{down_sum, kquant_dot, qdot};
+use runtime::ops::{down_sum, kquant_dot, kquant_gemm, qdot};
 use std::time::Instant;
 
 const ROWS: usize = 8960;
@@ -76,6 +77,22 @@ fn ours_k<const T: usize>(raw: &[u8], dot: impl Fn(&[u8]) -> [f32; T]) -> f64 {
     t.elapsed().as_secs_f64() / REPS as f64 / T as f64
 }
 
+/// Seconds per token of the prompt's integer product (`kquant_gemm`, AVX-512 VNNI) over 64
+/// copies of `x`; None where the CPU lacks it.
+fn integer_product(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64> {
+    if !kquant_gemm::available() {
+        return None;
+    }
+    let tiles: Vec<kquant_gemm::TokenTile> = (0..4).map(|_| kquant_gemm::TokenTile::new(&[x; 16])).collect();
+    let mut out = vec![0f32; 64 * ROWS];
+    let t = Instant::now();
+    for _ in 0..REPS {
+        kquant_gemm::product(ty, raw, raw.len() / ROWS, ROWS, &tiles, &mut out);
+    }
+    std::hint::black_box(&out);
+    Some(t.elapsed().as_secs_f64() / REPS as f64 / 64.0)
+}
+
 fn main() {
     let w = weights();
     let x: Vec<f32> = (0..COLS).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
@@ -99,6 +116,7 @@ fn main() {
         (s, b),
         Some(ours_k(&raw, |row| kquant_dot::dot_q4_k([row], [&xk[..]; 4])[0])),
     );
+    report("Q4_K, integer product of 64 tokens (per token)", (s, b), integer_product(GgmlType::Q4K, &raw, &xk));
     let (s, b, raw) = candle::<ck::BlockQ6K>(&w, &x);
     report("Q6_K", (s, b), Some(ours_k(&raw, |row| kquant_dot::dot_q6_k([row], [&xk[..]])[0])));
     report(
@@ -106,6 +124,7 @@ fn main() {
         (s, b),
         Some(ours_k(&raw, |row| kquant_dot::dot_q6_k([row], [&xk[..]; 4])[0])),
     );
+    report("Q6_K, integer product of 64 tokens (per token)", (s, b), integer_product(GgmlType::Q6K, &raw, &xk));
     let (s, b, _) = candle::<ck::BlockQ4_0>(&w, &x);
     report("Q4_0", (s, b), None);
     let (s, b, _) = candle::<ck::BlockQ8_0>(&w, &x);

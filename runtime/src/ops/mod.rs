@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod down_sum;
 pub mod kquant_dot;
+pub mod kquant_gemm;
 pub mod layernorm;
 pub mod matmul;
 pub mod qdot;

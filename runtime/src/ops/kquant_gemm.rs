@@ -1,0 +1,310 @@
+//! A prompt's product with Q4_K or Q6_K weights on CPUs with AVX-512 VNNI: `out[t, o] = w[o, :]
+//! . x[t, :]` for many tokens at once, as an integer matrix product.
+//!
+//! The weight rows are unpacked once per task, 8 rows at a time, into one byte per weight (Q4_K
+//! 0..15, Q6_K 0..63) with their sub-block scales; the tokens' Q8_K rows are laid out once per
+//! product, 16 tokens at a time, as 4-byte groups of the 16 tokens side by side. Then one
+//! `vpdpbusd` multiplies 4 weights of a row by the same 4 positions of 16 tokens and adds them
+//! to 16 exact integer sums; each sub-block's sum is scaled by its integer scale, each 256-weight
+//! block's by its f32 scales. The same sums as the one-token kernels, in integers; the f32 sums
+//! per block run in a different order (one fused multiply-add per block and token), so a token's
+//! result differs from [`crate::ops::kquant_dot`]'s in the last bits (tested within 1e-5 of
+//! |w| |x|). llama.cpp's prompt path on such CPUs works the same way (its `tiled` kernels).
+//! Where the CPU lacks AVX-512 VNNI, [`available`] is false and the caller uses `kquant_dot`.
+
+use crate::ops::qdot::{BlockQ8K, QK_K};
+use formats::ggml_quants::GgmlType;
+
+/// Tokens side by side in a vector (16 i32 lanes).
+pub const TOKENS: usize = 16;
+/// Weight rows unpacked together.
+pub const ROWS: usize = 8;
+
+/// Whether this CPU runs the integer product (AVX-512 F, BW, VL and VNNI), checked once.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// 16 tokens' Q8_K rows laid out for the product: per 256-value block, 64 groups of the 16
+/// tokens' 4 bytes (`qs[block][group][token][4]`), each token's scale, and each token's sums
+/// of 16 values.
+pub struct TokenTile {
+    /// `[n_blocks][64][TOKENS][4]`
+    qs: Vec<i8>,
+    /// `[n_blocks][TOKENS]`
+    d: Vec<f32>,
+    /// `[n_blocks][16][TOKENS]`: the sum of each 16 values
+    sums16: Vec<i32>,
+}
+
+impl TokenTile {
+    /// Up to 16 tokens' rows (`xs[t].len()` blocks each); missing tokens are zeros.
+    pub fn new(xs: &[&[BlockQ8K]]) -> Self {
+        assert!(xs.len() <= TOKENS && !xs.is_empty());
+        let nb = xs[0].len();
+        let mut tile = TokenTile {
+            qs: vec![0; nb * 64 * TOKENS * 4],
+            d: vec![0.0; nb * TOKENS],
+            sums16: vec![0; nb * 16 * TOKENS],
+        };
+        for (t, x) in xs.iter().enumerate() {
+            assert_eq!(x.len(), nb, "token rows of different lengths");
+            for (b, y) in x.iter().enumerate() {
+                for g in 0..64 {
+                    let at = ((b * 64 + g) * TOKENS + t) * 4;
+                    tile.qs[at..at + 4].copy_from_slice(&y.qs[4 * g..4 * g + 4]);
+                }
+                tile.d[b * TOKENS + t] = y.d;
+                for s in 0..16 {
+                    tile.sums16[(b * 16 + s) * TOKENS + t] = y.bsums[s] as i32;
+                }
+            }
+        }
+        tile
+    }
+}
+
+/// 8 weight rows unpacked: one byte per weight and each block's scales, as integers.
+struct RowTile {
+    /// `[ROWS][cols]`: Q4_K 0..15, Q6_K 0..63
+    q: Vec<u8>,
+    /// `[ROWS][n_blocks][16]`: Q4_K the 8 sub-block scales then the 8 mins; Q6_K the 16 scales
+    scales: Vec<i32>,
+    /// `[ROWS][n_blocks]`
+    d: Vec<f32>,
+    /// `[ROWS][n_blocks]`: Q4_K's dmin
+    dmin: Vec<f32>,
+}
+
+impl RowTile {
+    fn new(cols: usize) -> Self {
+        let nb = cols / QK_K;
+        RowTile {
+            q: vec![0; ROWS * cols],
+            scales: vec![0; ROWS * nb * 16],
+            d: vec![0.0; ROWS * nb],
+            dmin: vec![0.0; ROWS * nb],
+        }
+    }
+
+    /// Unpacks `rows[i]` (whole blocks of `ty`) into row i.
+    fn unpack(&mut self, ty: GgmlType, rows: [&[u8]; ROWS]) {
+        let nb = self.d.len() / ROWS;
+        let cols = nb * QK_K;
+        for (i, row) in rows.iter().enumerate() {
+            for b in 0..nb {
+                let q = &mut self.q[i * cols + b * QK_K..i * cols + (b + 1) * QK_K];
+                let sc = &mut self.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16];
+                let f16 = |x: &[u8], at: usize| half::f16::from_le_bytes([x[at], x[at + 1]]).to_f32();
+                match ty {
+                    GgmlType::Q4K => {
+                        let blk = &row[b * 144..(b + 1) * 144];
+                        self.d[i * nb + b] = f16(blk, 0);
+                        self.dmin[i * nb + b] = f16(blk, 2);
+                        let s = &blk[4..16];
+                        for j in 0..8 {
+                            let (scale, min) = if j < 4 {
+                                (s[j] & 63, s[j + 4] & 63)
+                            } else {
+                                ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+                            };
+                            sc[j] = scale as i32;
+                            sc[8 + j] = min as i32;
+                        }
+                        let qs = &blk[16..144];
+                        for j in 0..4 {
+                            for l in 0..32 {
+                                q[64 * j + l] = qs[32 * j + l] & 0xF;
+                                q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+                            }
+                        }
+                    }
+                    GgmlType::Q6K => {
+                        let blk = &row[b * 210..(b + 1) * 210];
+                        let (ql, qh) = (&blk[0..128], &blk[128..192]);
+                        self.d[i * nb + b] = f16(blk, 208);
+                        for (j, s) in sc.iter_mut().enumerate() {
+                            *s = blk[192 + j] as i8 as i32;
+                        }
+                        for n in 0..2 {
+                            let (ql, qh, q) = (&ql[64 * n..], &qh[32 * n..], &mut q[128 * n..]);
+                            for l in 0..32 {
+                                q[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+                                q[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+                                q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                                q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                            }
+                        }
+                    }
+                    t => panic!("no integer product for {}", t.name()),
+                }
+            }
+        }
+    }
+}
+
+/// `out[t][r] = rows[r0 + r] . token t` for `n_rows` (a multiple of [`ROWS`]) rows of `ty`
+/// blocks at `w` (`row_bytes` each) and every tile's tokens; `out` is `[tiles x TOKENS][n_rows]`.
+/// Only where [`available`].
+pub fn product(ty: GgmlType, w: &[u8], row_bytes: usize, n_rows: usize, tiles: &[TokenTile], out: &mut [f32]) {
+    assert!(available(), "the integer product needs AVX-512 VNNI");
+    assert!(n_rows.is_multiple_of(ROWS) && w.len() >= n_rows * row_bytes && out.len() == tiles.len() * TOKENS * n_rows);
+    let nb = tiles[0].d.len() / TOKENS;
+    let mut unpacked = RowTile::new(nb * QK_K);
+    for r0 in (0..n_rows).step_by(ROWS) {
+        let rows = std::array::from_fn(|i| &w[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes]);
+        unpacked.unpack(ty, rows);
+        for (k, tile) in tiles.iter().enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX-512 F/BW/VL/VNNI detected (asserted above); the tile and the unpacked rows
+            // hold nb blocks each (built for the same columns).
+            let acc = unsafe {
+                if ty == GgmlType::Q4K {
+                    x86::q4_k_tile(&unpacked, tile, nb)
+                } else {
+                    x86::q6_k_tile(&unpacked, tile, nb)
+                }
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let acc = [[0f32; TOKENS]; ROWS];
+            for (i, a) in acc.iter().enumerate() {
+                for (t, v) in a.iter().enumerate() {
+                    out[(k * TOKENS + t) * n_rows + r0 + i] = *v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{RowTile, TokenTile, ROWS, TOKENS};
+    use crate::ops::qdot::QK_K;
+    use std::arch::x86_64::*;
+
+    /// The 8 rows' sums of sub-block `j` (`groups` groups of 4 from group `first`) against the
+    /// tile's 16 tokens: 8 independent chains of `vpdpbusd`, one token vector loaded per group
+    /// for all 8 rows.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI available; `xq` points at the block's `[64][TOKENS][4]` bytes;
+    /// each row's `q` holds the block's 256 bytes.
+    #[inline(always)]
+    unsafe fn sub_block_sums(q: [*const u8; ROWS], xq: *const i8, first: usize, groups: usize) -> [__m512i; ROWS] {
+        let mut s = [_mm512_setzero_si512(); ROWS];
+        for g in first..first + groups {
+            // SAFETY (caller): group g < 64 of the block: 64 bytes in bounds; each row's 4
+            // weights 4g..4g + 4 < 256 in bounds, read unaligned.
+            unsafe {
+                let x = _mm512_loadu_si512(xq.add(g * TOKENS * 4) as *const __m512i);
+                for i in 0..ROWS {
+                    let w = (q[i].add(4 * g) as *const i32).read_unaligned();
+                    s[i] = _mm512_dpbusd_epi32(s[i], _mm512_set1_epi32(w), x);
+                }
+            }
+        }
+        s
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI available; `tile` and `rows` hold `nb` blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::needless_range_loop)] // sub-block j indexes the scales, the groups and the sums
+    pub unsafe fn q4_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
+        let cols = nb * QK_K;
+        let mut out = [[0f32; TOKENS]; ROWS];
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        for b in 0..nb {
+            let q: [*const u8; ROWS] =
+                std::array::from_fn(|i| rows.q[i * cols + b * QK_K..(i * cols + (b + 1) * QK_K)].as_ptr());
+            let sc: [&[i32]; ROWS] = std::array::from_fn(|i| &rows.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16]);
+            let xq = tile.qs[b * 64 * TOKENS * 4..].as_ptr();
+            let mut isum = [_mm512_setzero_si512(); ROWS];
+            for j in 0..8 {
+                // SAFETY: the caller's contract; 8 groups of sub-block j.
+                let s = unsafe { sub_block_sums(q, xq, 8 * j, 8) };
+                for i in 0..ROWS {
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(s[i], _mm512_set1_epi32(sc[i][j])));
+                }
+            }
+            // SAFETY: 16 f32 in bounds (b < nb); unaligned load.
+            let yd = unsafe { _mm512_loadu_ps(tile.d.as_ptr().add(b * TOKENS)) };
+            for i in 0..ROWS {
+                // the mins' term: each 32 values' sum times the sub-block's min
+                let mut msum = _mm512_setzero_si512();
+                for j in 0..8 {
+                    let at = tile.sums16[(b * 16 + 2 * j) * TOKENS..].as_ptr();
+                    // SAFETY: two vectors of 16 i32 in bounds (2j + 1 < 16); unaligned loads.
+                    let sums = unsafe {
+                        _mm512_add_epi32(
+                            _mm512_loadu_si512(at as *const __m512i),
+                            _mm512_loadu_si512(at.add(TOKENS) as *const __m512i),
+                        )
+                    };
+                    msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(sums, _mm512_set1_epi32(sc[i][8 + j])));
+                }
+                let d = _mm512_mul_ps(_mm512_set1_ps(rows.d[i * nb + b]), yd);
+                let dmin = _mm512_mul_ps(_mm512_set1_ps(rows.dmin[i * nb + b]), yd);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), d, acc[i]);
+                acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), dmin, acc[i]);
+            }
+        }
+        for i in 0..ROWS {
+            // SAFETY: out[i] is 16 f32; unaligned store.
+            unsafe { _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]) };
+        }
+        out
+    }
+
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI available; `tile` and `rows` hold `nb` blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::needless_range_loop)] // sub-block j indexes the scales, the groups and the sums
+    pub unsafe fn q6_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
+        let cols = nb * QK_K;
+        let mut out = [[0f32; TOKENS]; ROWS];
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        for b in 0..nb {
+            let q: [*const u8; ROWS] =
+                std::array::from_fn(|i| rows.q[i * cols + b * QK_K..(i * cols + (b + 1) * QK_K)].as_ptr());
+            let sc: [&[i32]; ROWS] = std::array::from_fn(|i| &rows.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16]);
+            let xq = tile.qs[b * 64 * TOKENS * 4..].as_ptr();
+            let mut isum = [_mm512_setzero_si512(); ROWS];
+            for j in 0..16 {
+                // SAFETY: the caller's contract; 4 groups of sub-block j.
+                let s = unsafe { sub_block_sums(q, xq, 4 * j, 4) };
+                // the weights are stored + 32: 32 x the 16 values' sum comes off
+                // SAFETY: 16 i32 in bounds (j < 16); unaligned load.
+                let bias = _mm512_slli_epi32::<5>(unsafe {
+                    _mm512_loadu_si512(tile.sums16.as_ptr().add((b * 16 + j) * TOKENS) as *const __m512i)
+                });
+                for i in 0..ROWS {
+                    let p = _mm512_sub_epi32(s[i], bias);
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(p, _mm512_set1_epi32(sc[i][j])));
+                }
+            }
+            // SAFETY: 16 f32 in bounds (b < nb); unaligned load.
+            let yd = unsafe { _mm512_loadu_ps(tile.d.as_ptr().add(b * TOKENS)) };
+            for i in 0..ROWS {
+                let d = _mm512_mul_ps(_mm512_set1_ps(rows.d[i * nb + b]), yd);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), d, acc[i]);
+            }
+        }
+        for i in 0..ROWS {
+            // SAFETY: out[i] is 16 f32; unaligned store.
+            unsafe { _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]) };
+        }
+        out
+    }
+}
