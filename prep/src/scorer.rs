@@ -108,8 +108,8 @@ fn native_scorer(
         }
         let dst = &mut rows[si * n_ff * 2 * rb..(si + 1) * n_ff * 2 * rb];
         dst.par_chunks_mut(2 * rb).enumerate().for_each(|(j, r)| {
-            r[..rb].copy_from_slice(g.row(j));
-            r[rb..].copy_from_slice(u.row(j));
+            r[..rb].copy_from_slice(&g.row(j));
+            r[rb..].copy_from_slice(&u.row(j));
         });
         let mut down = vec![0f32; d * n_ff]; // [d, n_ff]
         down.par_chunks_mut(n_ff).enumerate().for_each(|(r, row)| lw.w_down.row_f32(r, row));

@@ -313,7 +313,8 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
     if path.is_dir() {
-        let (model, tokenizer) = open_model(path)?;
+        let (mut model, tokenizer) = open_model(path)?;
+        model.interleave_for_decode();
         return Ok(Opened { model, tokenizer, manifest: None, sparsity: None, notes: Vec::new() });
     }
     let manifest = formats::manifest::Manifest::load(path)?;
@@ -349,7 +350,9 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             (model, Some(Sparsity::Stream(Box::new(engine))), HeadChoice::Resident)
         }
         PreparedMode::Dense { head } => {
-            (Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers)?, None, *head)
+            let mut model = Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers)?;
+            model.interleave_for_decode();
+            (model, None, *head)
         }
         PreparedMode::InMemory(s) => {
             s.validate()?;

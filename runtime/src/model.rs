@@ -519,6 +519,27 @@ impl Model {
         Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
     }
 
+    /// Lays the matrices every token reads (attention, resident MLPs, the head) out for the
+    /// fastest decode kernel this CPU has (`ops::interleaved`: Q4_K and Q6_K rows interleaved by
+    /// eight), a
+    /// copy in memory that replaces the mapped pages: for a run with every row in memory.
+    /// The embedding, read a row per token, keeps the GGUF's layout.
+    pub fn interleave_for_decode(&mut self) {
+        self.weights.layers.par_iter_mut().for_each(|l| {
+            for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
+                m.interleave_for_decode();
+            }
+            if let Mlp::Resident(w) = &mut l.mlp {
+                for m in [&mut w.w_gate, &mut w.w_up, &mut w.w_down] {
+                    m.interleave_for_decode();
+                }
+            }
+        });
+        if let Some(head) = &mut self.weights.lm_head {
+            head.interleave_for_decode();
+        }
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.config.vocab_size
     }

@@ -73,6 +73,16 @@ enum BlockData {
     Mapped { map: SharedBytes, byte_offset: usize },
     /// A copy, in u16s so that it is 2-byte aligned too.
     Owned(Vec<u16>),
+    /// Rows interleaved by eight for the decode kernel (`ops::interleaved`'s layout).
+    Interleaved(Vec<u8>),
+}
+
+/// A [`QMatrix`]'s blocks as its kernels read them.
+pub enum BlockLayout<'a> {
+    /// Row after row, each `row_bytes`, as the GGUF stores them.
+    RowMajor(&'a [u8]),
+    /// Rows interleaved by eight (`ops::interleaved`'s layout).
+    Interleaved(&'a [u8]),
 }
 
 /// `[rows, cols]` of GGML blocks, row-major: each row is `cols / block_elements` blocks of
@@ -116,23 +126,48 @@ impl QMatrix {
         QMatrix { ty, rows, cols, row_bytes, data }
     }
 
-    pub fn as_bytes(&self) -> &[u8] {
+    /// Where the blocks are, in which order.
+    pub fn layout(&self) -> BlockLayout<'_> {
         match &self.data {
             BlockData::Mapped { map, byte_offset } => {
-                &(**map).as_ref()[*byte_offset..*byte_offset + self.rows * self.row_bytes]
+                BlockLayout::RowMajor(&(**map).as_ref()[*byte_offset..*byte_offset + self.rows * self.row_bytes])
             }
-            BlockData::Owned(v) => bytemuck::cast_slice(v),
+            BlockData::Owned(v) => BlockLayout::RowMajor(bytemuck::cast_slice(v)),
+            BlockData::Interleaved(v) => BlockLayout::Interleaved(v),
         }
     }
 
-    /// Row `r`'s blocks.
+    /// Row `r`'s blocks as the GGUF stores them.
     #[inline]
-    pub fn row(&self, r: usize) -> &[u8] {
-        &self.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    pub fn row(&self, r: usize) -> std::borrow::Cow<'_, [u8]> {
+        match self.layout() {
+            BlockLayout::RowMajor(b) => std::borrow::Cow::Borrowed(&b[r * self.row_bytes..(r + 1) * self.row_bytes]),
+            BlockLayout::Interleaved(v) => {
+                std::borrow::Cow::Owned(crate::ops::interleaved::row(self.ty, v, self.cols, r))
+            }
+        }
     }
 
+    /// Interleaves this matrix's rows by eight for the decode kernel where it is of whole groups
+    /// of rows and the CPU has the kernel for its type (`ops::interleaved`: Q4_K and Q6_K with
+    /// AVX-512 VNNI); leaves it as it is otherwise.
+    /// The copy replaces the mapped pages it was made from: a run with every row in memory
+    /// holds one copy of the weights, as llama.cpp's repacked weights do.
+    pub fn interleave_for_decode(&mut self) {
+        use crate::ops::interleaved;
+        if let BlockLayout::RowMajor(b) = self.layout() {
+            if interleaved::supports(self.ty) && self.rows.is_multiple_of(interleaved::ROWS) {
+                self.data = BlockData::Interleaved(interleaved::interleave(self.ty, b, self.rows, self.cols));
+            }
+        }
+    }
+
+    /// Bytes the blocks take (interleaved: with their unpacked scales).
     pub fn n_bytes(&self) -> usize {
-        self.rows * self.row_bytes
+        match self.layout() {
+            BlockLayout::RowMajor(b) => b.len(),
+            BlockLayout::Interleaved(v) => v.len(),
+        }
     }
 }
 
@@ -176,7 +211,7 @@ impl Matrix {
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
         match self {
             Matrix::F16(m) => half::slice::HalfFloatSliceExt::convert_to_f32_slice(m.row(r), out),
-            Matrix::Quant(m) => formats::ggml_quants::dequantize(m.ty, m.row(r), out),
+            Matrix::Quant(m) => formats::ggml_quants::dequantize(m.ty, &m.row(r), out),
         }
     }
 
@@ -199,6 +234,14 @@ impl Matrix {
                 self.row_f32(r, &mut v);
                 std::borrow::Cow::Owned(v.into_iter().map(f16::from_f32).collect())
             }
+        }
+    }
+
+    /// Lays this matrix out for the fastest decode kernel this CPU has
+    /// ([`QMatrix::interleave_for_decode`]), where there is one.
+    pub fn interleave_for_decode(&mut self) {
+        if let Matrix::Quant(q) = self {
+            q.interleave_for_decode();
         }
     }
 

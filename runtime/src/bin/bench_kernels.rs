@@ -2,14 +2,16 @@
 //! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours where
 //! we have one (Q4_1, Q5_0: candle's x86 path is scalar). Prints GB/s of weights read and the
 //! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_0 and
-//! Q8_0, ours for Q4_1, Q5_0, Q4_K and Q6_K (`ops::qmatmul`); for Q4_K and Q6_K also our
-//! prompt kernels, per token: one row against 4 tokens a pass (`ops::kquant_dot`), and the
-//! integer product of 64 tokens where the CPU has AVX-512 VNNI (`ops::kquant_gemm`). Then the sparse MLP's down sum over
-//! one layer's rows for each records down type (`[pack] down`), against Q8_0's time.
+//! Q8_0, ours for Q4_1, Q5_0, Q4_K and Q6_K (`ops::qmatmul`); where the CPU has AVX-512 VNNI,
+//! the decode kernel over rows interleaved by eight (`ops::interleaved`, a run with every row in
+//! memory); for Q4_K and Q6_K also our prompt kernels, per token: one row against 4 tokens a
+//! pass (`ops::kquant_dot`), and the integer product of 64 tokens where the CPU has AVX-512
+//! VNNI (`ops::kquant_gemm`). Then the sparse MLP's down sum over one layer's rows for each
+//! records down type (`[pack] down`), against Q8_0's time.
 
 use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
 use formats::ggml_quants::{self, GgmlType};
-use runtime::ops::{down_sum, kquant_dot, kquant_gemm, qdot};
+use runtime::ops::{down_sum, interleaved, kquant_dot, kquant_gemm, qdot};
 use std::time::Instant;
 
 const ROWS: usize = 8960;
@@ -77,6 +79,23 @@ fn ours_k<const T: usize>(raw: &[u8], dot: impl Fn(&[u8]) -> [f32; T]) -> f64 {
     t.elapsed().as_secs_f64() / REPS as f64 / T as f64
 }
 
+/// Seconds per matvec of a `ty` matrix (`raw`, ROWS rows) interleaved by eight rows
+/// (`ops::interleaved`, the decode kernel of a run with every row in memory); None where the
+/// CPU lacks AVX-512 VNNI.
+fn interleaved(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64> {
+    if !interleaved::supports(ty) {
+        return None;
+    }
+    let inter = interleaved::interleave(ty, raw, ROWS, COLS);
+    let mut out = vec![0f32; ROWS];
+    let t = Instant::now();
+    for _ in 0..REPS {
+        interleaved::matvec_groups(ty, &inter, x, 0, &mut out);
+    }
+    std::hint::black_box(&out);
+    Some(t.elapsed().as_secs_f64() / REPS as f64)
+}
+
 /// Seconds per token of the prompt's integer product (`kquant_gemm`, AVX-512 VNNI) over 64
 /// copies of `x`; None where the CPU lacks it.
 fn integer_product(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64> {
@@ -87,7 +106,13 @@ fn integer_product(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64
     let mut out = vec![0f32; 64 * ROWS];
     let t = Instant::now();
     for _ in 0..REPS {
-        kquant_gemm::product(ty, raw, raw.len() / ROWS, ROWS, &tiles, &mut out);
+        kquant_gemm::product(
+            ty,
+            kquant_gemm::WeightRows::RowMajor { bytes: raw, row_bytes: raw.len() / ROWS },
+            ROWS,
+            &tiles,
+            &mut out,
+        );
     }
     std::hint::black_box(&out);
     Some(t.elapsed().as_secs_f64() / REPS as f64 / 64.0)
@@ -111,6 +136,7 @@ fn main() {
     let xk = qdot::quantize_q8_k(&x);
     let (s, b, raw) = candle::<ck::BlockQ4K>(&w, &x);
     report("Q4_K", (s, b), Some(ours_k(&raw, |row| kquant_dot::dot_q4_k([row], [&xk[..]])[0])));
+    report("Q4_K, interleaved by 8 rows (decode, AVX-512 VNNI)", (s, b), interleaved(GgmlType::Q4K, &raw, &xk));
     report(
         "Q4_K, 4 tokens a pass (per token)",
         (s, b),
@@ -119,6 +145,7 @@ fn main() {
     report("Q4_K, integer product of 64 tokens (per token)", (s, b), integer_product(GgmlType::Q4K, &raw, &xk));
     let (s, b, raw) = candle::<ck::BlockQ6K>(&w, &x);
     report("Q6_K", (s, b), Some(ours_k(&raw, |row| kquant_dot::dot_q6_k([row], [&xk[..]])[0])));
+    report("Q6_K, interleaved by 8 rows (decode, AVX-512 VNNI)", (s, b), interleaved(GgmlType::Q6K, &raw, &xk));
     report(
         "Q6_K, 4 tokens a pass (per token)",
         (s, b),

@@ -12,6 +12,7 @@
 //! |w| |x|). llama.cpp's prompt path on such CPUs works the same way (its `tiled` kernels).
 //! Where the CPU lacks AVX-512 VNNI, [`available`] is false and the caller uses `kquant_dot`.
 
+use crate::ops::interleaved;
 use crate::ops::qdot::{BlockQ8K, QK_K};
 use formats::ggml_quants::GgmlType;
 
@@ -98,6 +99,20 @@ impl RowTile {
         }
     }
 
+    /// Unpacks one group of 8 rows of `ty` interleaved by eight (`ops::interleaved`).
+    fn unpack_interleaved(&mut self, ty: GgmlType, group: &[u8]) {
+        let nb = self.d.len() / ROWS;
+        let (cols, gbb) = (nb * QK_K, interleaved::group_block_bytes(ty));
+        for i in 0..ROWS {
+            for b in 0..nb {
+                let q = &mut self.q[i * cols + b * QK_K..i * cols + (b + 1) * QK_K];
+                let sc = &mut self.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16];
+                (self.d[i * nb + b], self.dmin[i * nb + b]) =
+                    interleaved::unpack_row_block(ty, &group[b * gbb..(b + 1) * gbb], i, q, sc);
+            }
+        }
+    }
+
     /// Unpacks `rows[i]` (whole blocks of `ty`) into row i.
     fn unpack(&mut self, ty: GgmlType, rows: [&[u8]; ROWS]) {
         let nb = self.d.len() / ROWS;
@@ -154,17 +169,36 @@ impl RowTile {
     }
 }
 
-/// `out[t][r] = rows[r0 + r] . token t` for `n_rows` (a multiple of [`ROWS`]) rows of `ty`
-/// blocks at `w` (`row_bytes` each) and every tile's tokens; `out` is `[tiles x TOKENS][n_rows]`.
+/// The weight rows of a product.
+pub enum WeightRows<'a> {
+    /// `row_bytes` bytes of `ty` blocks a row, row after row.
+    RowMajor { bytes: &'a [u8], row_bytes: usize },
+    /// Rows interleaved by eight (`ops::interleaved`), whole groups.
+    Interleaved(&'a [u8]),
+}
+
+/// `out[t][r] = rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty`
+/// blocks in `w` and every tile's tokens; `out` is `[tiles x TOKENS][n_rows]`.
 /// Only where [`available`].
-pub fn product(ty: GgmlType, w: &[u8], row_bytes: usize, n_rows: usize, tiles: &[TokenTile], out: &mut [f32]) {
+pub fn product(ty: GgmlType, w: WeightRows<'_>, n_rows: usize, tiles: &[TokenTile], out: &mut [f32]) {
     assert!(available(), "the integer product needs AVX-512 VNNI");
-    assert!(n_rows.is_multiple_of(ROWS) && w.len() >= n_rows * row_bytes && out.len() == tiles.len() * TOKENS * n_rows);
     let nb = tiles[0].d.len() / TOKENS;
+    let held = match w {
+        WeightRows::RowMajor { bytes, row_bytes } => bytes.len() >= n_rows * row_bytes,
+        WeightRows::Interleaved(v) => v.len() >= n_rows / ROWS * interleaved::group_bytes(ty, nb * QK_K),
+    };
+    assert!(n_rows.is_multiple_of(ROWS) && held && out.len() == tiles.len() * TOKENS * n_rows);
     let mut unpacked = RowTile::new(nb * QK_K);
     for r0 in (0..n_rows).step_by(ROWS) {
-        let rows = std::array::from_fn(|i| &w[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes]);
-        unpacked.unpack(ty, rows);
+        match w {
+            WeightRows::RowMajor { bytes, row_bytes } => {
+                unpacked.unpack(ty, std::array::from_fn(|i| &bytes[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes]))
+            }
+            WeightRows::Interleaved(v) => {
+                let group = interleaved::group_bytes(ty, nb * QK_K);
+                unpacked.unpack_interleaved(ty, &v[r0 / ROWS * group..(r0 / ROWS + 1) * group])
+            }
+        }
         for (k, tile) in tiles.iter().enumerate() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-512 F/BW/VL/VNNI detected (asserted above); the tile and the unpacked rows

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod down_sum;
+pub mod interleaved;
 pub mod kquant_dot;
 pub mod kquant_gemm;
 pub mod layernorm;

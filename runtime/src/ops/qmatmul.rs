@@ -11,8 +11,8 @@
 //! x: `[n_tokens, cols]` f32, w: `[rows, cols]` blocks, out: `[n_tokens, rows]` f32.
 
 use crate::ops::qdot::{self, BlockQ8K, BlockQ8_0, BlockQ8_1};
-use crate::ops::{kquant_dot, kquant_gemm};
-use crate::tensor::QMatrix;
+use crate::ops::{interleaved, kquant_dot, kquant_gemm};
+use crate::tensor::{BlockLayout, QMatrix};
 use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, GgmlType as Blocks};
 use formats::ggml_quants::GgmlType;
 use rayon::prelude::*;
@@ -148,9 +148,23 @@ fn matvec_rows(ty: GgmlType, rows: &[u8], row_bytes: usize, cols: usize, x: &QAc
     }
 }
 
+/// `dst[i] = w row r0 + i . x`, in either layout of `w`'s blocks.
+fn matvec_task(w: &QMatrix, x: &QActivation, r0: usize, dst: &mut [f32]) {
+    match (w.layout(), x) {
+        (BlockLayout::RowMajor(rows), _) => matvec_rows(w.ty, rows, w.row_bytes, w.cols, x, r0, dst),
+        (BlockLayout::Interleaved(inter), QActivation::Q8K(a)) => {
+            interleaved::matvec_groups(w.ty, inter, a, r0 / interleaved::ROWS, dst)
+        }
+        (BlockLayout::Interleaved(_), _) => panic!("{} weights need Q8_K activations", w.ty.name()),
+    }
+}
+
 /// `out[o] = w[o, :] . x` for one token, `x` already quantized for `w`.
 pub fn qmatvec(w: &QMatrix, x: &QActivation, out: &mut [f32]) {
-    qmatvec_bytes(w.ty, w.as_bytes(), w.cols, x, out)
+    assert_eq!(out.len(), w.rows);
+    out.par_chunks_mut(DECODE_ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(b, dst)| matvec_task(w, x, b * DECODE_ROWS_PER_TASK, dst));
 }
 
 /// [`qmatvec`] over `out.len()` rows of `ty` blocks held as plain bytes (`rows`).
@@ -165,9 +179,7 @@ pub fn qmatvec_bytes(ty: GgmlType, rows: &[u8], cols: usize, x: &QActivation, ou
 /// Several matrices against the same quantized `x` in one parallel pass (q/k/v, gate/up).
 pub fn qmatvec_many(ws: &[&QMatrix], xs: &[&QActivation], outs: &mut [&mut [f32]]) {
     let tasks = crate::ops::matmul::row_block_tasks(outs, |m| ws[m].rows, DECODE_ROWS_PER_TASK);
-    tasks
-        .into_par_iter()
-        .for_each(|(m, dst, r0)| matvec_rows(ws[m].ty, ws[m].as_bytes(), ws[m].row_bytes, ws[m].cols, xs[m], r0, dst));
+    tasks.into_par_iter().for_each(|(m, dst, r0)| matvec_task(ws[m], xs[m], r0, dst));
 }
 
 /// The block type's activation rows for `x` `[n_tokens, cols]`.
@@ -235,6 +247,13 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     {
         return integer_product(xs, w, out);
     }
+    if let BlockLayout::Interleaved(_) = w.layout() {
+        // a few tokens: the decode kernel for each
+        for (x, o) in xs.iter().zip(out.chunks_exact_mut(n_out)) {
+            qmatvec(w, x, o);
+        }
+        return;
+    }
     let n_blocks = n_out.div_ceil(ROWS_PER_TASK);
     let tiles: Vec<Vec<f32>> = (0..n_blocks)
         .into_par_iter()
@@ -247,7 +266,7 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
                 let group = &xs[t0..(t0 + TOKENS_PER_GROUP).min(n_tokens)];
                 let blocks = TokenBlocks::of(w.ty, group);
                 for r in 0..n_rows {
-                    let row = w.row(r0 + r);
+                    let row = &*w.row(r0 + r);
                     let mut k = 0;
                     while let Some(d) = blocks.dot4(w.ty, row, k) {
                         for (i, d) in d.into_iter().enumerate() {
@@ -286,7 +305,6 @@ fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let tiles: Vec<kquant_gemm::TokenTile> =
         rows.par_chunks(kquant_gemm::TOKENS).map(kquant_gemm::TokenTile::new).collect();
     let padded = tiles.len() * kquant_gemm::TOKENS;
-    let bytes = w.as_bytes();
     let parts: Vec<(usize, Vec<f32>)> = (0..n_out)
         .step_by(INTEGER_PRODUCT_ROWS_PER_TASK)
         .collect::<Vec<_>>()
@@ -294,7 +312,16 @@ fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
         .map(|r0| {
             let n = INTEGER_PRODUCT_ROWS_PER_TASK.min(n_out - r0);
             let mut part = vec![0f32; padded * n]; // [padded tokens, n rows]
-            kquant_gemm::product(w.ty, &bytes[r0 * w.row_bytes..], w.row_bytes, n, &tiles, &mut part);
+            let rows = match w.layout() {
+                BlockLayout::RowMajor(b) => {
+                    kquant_gemm::WeightRows::RowMajor { bytes: &b[r0 * w.row_bytes..], row_bytes: w.row_bytes }
+                }
+                BlockLayout::Interleaved(v) => {
+                    let group = interleaved::group_bytes(w.ty, w.cols);
+                    kquant_gemm::WeightRows::Interleaved(&v[r0 / interleaved::ROWS * group..])
+                }
+            };
+            kquant_gemm::product(w.ty, rows, n, &tiles, &mut part);
             (r0, part)
         })
         .collect();
@@ -379,10 +406,10 @@ mod tests {
             let xd = xa.dequantize();
             for r in 0..rows {
                 let mut wr = vec![0f32; cols];
-                formats::ggml_quants::dequantize(ty, m.row(r), &mut wr);
+                formats::ggml_quants::dequantize(ty, &m.row(r), &mut wr);
                 let exact: f64 = wr.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
                 let size: f64 = wr.iter().zip(&xd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-                let got = dot_row(ty, m.row(r), cols, &xa) as f64;
+                let got = dot_row(ty, &m.row(r), cols, &xa) as f64;
                 // Q4_1's offset term uses Q8_1's s, rounded to f16 (as llama.cpp's)
                 let tol = if ty == GgmlType::Q4_1 { 2e-3 } else { 2e-5 };
                 assert!(
@@ -418,7 +445,7 @@ mod tests {
             qmatmul(&xs, &m, &mut out2);
             for r in 0..rows {
                 let mut wr = vec![0f32; cols];
-                formats::ggml_quants::dequantize(ty, m.row(r), &mut wr);
+                formats::ggml_quants::dequantize(ty, &m.row(r), &mut wr);
                 let want: f32 = wr.iter().zip(&x).map(|(a, b)| a * b).sum();
                 let scale = (wr.iter().map(|v| v * v).sum::<f32>() * x.iter().map(|v| v * v).sum::<f32>()).sqrt();
                 // 8-bit activations: |err| <= ~|w||x| / 127 per block, far less summed at random
@@ -458,9 +485,9 @@ mod tests {
             for (t, xa) in xs.iter().enumerate() {
                 let xd = xa.dequantize();
                 for r in 0..rows {
-                    let one = dot_row(ty, m.row(r), cols, xa);
+                    let one = dot_row(ty, &m.row(r), cols, xa);
                     let mut wr = vec![0f32; cols];
-                    formats::ggml_quants::dequantize(ty, m.row(r), &mut wr);
+                    formats::ggml_quants::dequantize(ty, &m.row(r), &mut wr);
                     let size: f64 = wr.iter().zip(&xd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
                     let got = out[t * rows + r];
                     assert!(
@@ -470,6 +497,62 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Q4_K and Q6_K rows interleaved by eight (`interleaved`, a run with every row in memory)
+    /// give back their GGUF bytes, compute each product within 1e-5 of sum |w x| of the
+    /// one-token kernel and within 2e-5 of the exact block product, and a prompt's integer
+    /// product over them equals the row-major one bit for bit. Skipped where the CPU lacks
+    /// AVX-512 VNNI.
+    #[test]
+    fn interleaved_rows_compute_the_same_products() {
+        if !interleaved::supports(GgmlType::Q4K) {
+            eprintln!("no AVX-512 VNNI here: matrices keep the GGUF's layout");
+            return;
+        }
+        let (rows, cols, n_tokens) = (24, 1024, 21);
+        let w = random(rows * cols, 23);
+        let x: Vec<f32> = (0..n_tokens)
+            .flat_map(|t| random(cols, 300 + t as u64).into_iter().map(move |v| v * [1e-3, 1.0, 1e3][t % 3]))
+            .collect();
+        let xs = quantize_rows(ActivationType::Q8K, &x, cols);
+        for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+            let m = quantized(ty, &w, rows, cols);
+            let mut mi = quantized(ty, &w, rows, cols);
+            mi.interleave_for_decode();
+            assert!(matches!(mi.layout(), BlockLayout::Interleaved(_)));
+            for r in 0..rows {
+                assert_eq!(mi.row(r), m.row(r), "{}: row {r} changed by interleaving", ty.name());
+            }
+            for xa in &xs {
+                let xd = xa.dequantize();
+                let mut got = vec![0f32; rows];
+                qmatvec(&mi, xa, &mut got);
+                for (r, g) in got.iter().enumerate() {
+                    let mut wr = vec![0f32; cols];
+                    formats::ggml_quants::dequantize(ty, &m.row(r), &mut wr);
+                    let exact: f64 = wr.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let size: f64 = wr.iter().zip(&xd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                    let one = dot_row(ty, &m.row(r), cols, xa);
+                    assert!(
+                        ((g - one) as f64).abs() <= 1e-5 * size,
+                        "{}: row {r}: {g} vs {one} (sum |w x| {size})",
+                        ty.name()
+                    );
+                    assert!((*g as f64 - exact).abs() <= 2e-5 * size, "{}: row {r}: {g} vs exact {exact}", ty.name());
+                }
+            }
+            let (mut a, mut b) = (vec![0f32; n_tokens * rows], vec![0f32; n_tokens * rows]);
+            qmatmul(&xs, &m, &mut a);
+            qmatmul(&xs, &mi, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{}: the integer product differs", ty.name());
+            // a few tokens: the decode kernel for each
+            let (mut few, mut one) = (vec![0f32; 3 * rows], vec![0f32; rows]);
+            qmatmul(&xs[..3], &mi, &mut few);
+            qmatvec(&mi, &xs[2], &mut one);
+            assert_eq!(bits(&few[2 * rows..]), bits(&one));
         }
     }
 }

@@ -42,8 +42,8 @@ pub fn write_slot_rows(
                 for (k, &j) in neurons.iter().enumerate() {
                     let row = &mut slots[slot_of(k) * rb..(slot_of(k) + 1) * rb];
                     let gb = g.row_bytes;
-                    row[..gb].copy_from_slice(g.row(j as usize));
-                    row[gb..2 * gb].copy_from_slice(u.row(j as usize));
+                    row[..gb].copy_from_slice(&g.row(j as usize));
+                    row[gb..2 * gb].copy_from_slice(&u.row(j as usize));
                 }
                 2 * g.row_bytes
             }
@@ -72,7 +72,7 @@ pub fn write_slot_rows(
     for i0 in (0..d).step_by(block) {
         for (r, dst) in rows.chunks_exact_mut(n_ff).enumerate() {
             match &mlp.w_down {
-                Matrix::Quant(q) => formats::ggml_quants::dequantize(q.ty, q.row(i0 + r), dst),
+                Matrix::Quant(q) => formats::ggml_quants::dequantize(q.ty, &q.row(i0 + r), dst),
                 Matrix::F16(f) => f.row(i0 + r).iter().zip(dst.iter_mut()).for_each(|(v, o)| *o = v.to_f32()),
             }
         }
