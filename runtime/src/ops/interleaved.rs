@@ -190,20 +190,45 @@ pub fn row(ty: GgmlType, inter: &[u8], cols: usize, r: usize) -> Vec<u8> {
     out
 }
 
-/// Row `i` of a group block unpacked for the prompt's integer product: one byte per weight
-/// into `q` `[256]` (Q4_K 0..15, Q6_K 0..63), the block's `d`, and `scales` `[16]` (Q4_K: the
-/// 8 scales then the 8 mins; Q6_K: the 16 scales); returns Q4_K's `dmin` (0 for Q6_K).
-pub fn unpack_row_block(ty: GgmlType, block: &[u8], i: usize, q: &mut [u8], scales: &mut [i32]) -> (f32, f32) {
+/// A group block's weights unpacked for the prompt's integer product, one byte per weight
+/// (Q4_K 0..15, Q6_K 0..63) into `q` `[64][8][4]`: for each 4 consecutive weights, the 8 rows'
+/// side by side.
+pub fn unpack_weights(ty: GgmlType, block: &[u8], q: &mut [u8]) {
+    let q: &mut [[u8; 32]] = bytemuck::cast_slice_mut(&mut q[..64 * 32]);
+    let vec = |at: usize| -> [u8; 32] { block[at..at + 32].try_into().expect("32 bytes") };
+    match ty {
+        GgmlType::Q4K => {
+            for j in 0..4 {
+                for g in 0..8 {
+                    let v = vec(q4k::QS + 32 * (8 * j + g));
+                    q[16 * j + g] = v.map(|b| b & 0xF);
+                    q[16 * j + 8 + g] = v.map(|b| b >> 4);
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            for n in 0..2 {
+                for g in 0..8 {
+                    let at = q6k::BITS + 96 * (8 * n + g);
+                    let (l0, l1, h) = (vec(at), vec(at + 32), vec(at + 64));
+                    let group = 32 * n + g;
+                    q[group] = std::array::from_fn(|k| (l0[k] & 0xF) | ((h[k] & 3) << 4));
+                    q[group + 8] = std::array::from_fn(|k| (l1[k] & 0xF) | (((h[k] >> 2) & 3) << 4));
+                    q[group + 16] = std::array::from_fn(|k| (l0[k] >> 4) | (((h[k] >> 4) & 3) << 4));
+                    q[group + 24] = std::array::from_fn(|k| (l1[k] >> 4) | (((h[k] >> 6) & 3) << 4));
+                }
+            }
+        }
+        t => panic!("{} rows are not interleaved", t.name()),
+    }
+}
+
+/// Row `i`'s scales in a group block, as integers into `scales` `[16]` (Q4_K: the 8 sub-block
+/// scales then the 8 mins; Q6_K: the 16 scales), and its `d` and Q4_K's `dmin` (0 for Q6_K).
+pub fn row_scales(ty: GgmlType, block: &[u8], i: usize, scales: &mut [i32]) -> (f32, f32) {
     let f16 = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
     match ty {
         GgmlType::Q4K => {
-            for k in 0..32 {
-                let (j, l) = (k / 8, 4 * (k % 8));
-                for (n, &v) in block[q4k::QS + 32 * k + 4 * i..][..4].iter().enumerate() {
-                    q[64 * j + l + n] = v & 0xF;
-                    q[64 * j + 32 + l + n] = v >> 4;
-                }
-            }
             for j in 0..8 {
                 scales[j] = block[q4k::SCALES + 8 * j + i] as i32;
                 scales[8 + j] = block[q4k::MINS + 8 * j + i] as i32;
@@ -211,19 +236,6 @@ pub fn unpack_row_block(ty: GgmlType, block: &[u8], i: usize, q: &mut [u8], scal
             (f16(q4k::D + 2 * i), f16(q4k::DMIN + 2 * i))
         }
         GgmlType::Q6K => {
-            for n in 0..2 {
-                for g in 0..8 {
-                    let at = q6k::BITS + 96 * (8 * n + g) + 4 * i;
-                    let (l0, l1, h) = (&block[at..at + 4], &block[at + 32..at + 36], &block[at + 64..at + 68]);
-                    for k in 0..4 {
-                        let l = 128 * n + 4 * g + k;
-                        q[l] = (l0[k] & 0xF) | ((h[k] & 3) << 4);
-                        q[l + 32] = (l1[k] & 0xF) | (((h[k] >> 2) & 3) << 4);
-                        q[l + 64] = (l0[k] >> 4) | (((h[k] >> 4) & 3) << 4);
-                        q[l + 96] = (l1[k] >> 4) | (((h[k] >> 6) & 3) << 4);
-                    }
-                }
-            }
             for (j, s) in scales.iter_mut().enumerate().take(16) {
                 *s = block[q6k::SCALES + 8 * j + i] as i8 as i32;
             }

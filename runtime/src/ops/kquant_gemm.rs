@@ -78,7 +78,8 @@ impl TokenTile {
 
 /// 8 weight rows unpacked: one byte per weight and each block's scales, as integers.
 struct RowTile {
-    /// `[ROWS][cols]`: Q4_K 0..15, Q6_K 0..63
+    /// `[n_blocks][64][ROWS][4]`: one byte per weight (Q4_K 0..15, Q6_K 0..63), each 4
+    /// consecutive weights of the 8 rows side by side
     q: Vec<u8>,
     /// `[ROWS][n_blocks][16]`: Q4_K the 8 sub-block scales then the 8 mins; Q6_K the 16 scales
     scales: Vec<i32>,
@@ -102,24 +103,31 @@ impl RowTile {
     /// Unpacks one group of 8 rows of `ty` interleaved by eight (`ops::interleaved`).
     fn unpack_interleaved(&mut self, ty: GgmlType, group: &[u8]) {
         let nb = self.d.len() / ROWS;
-        let (cols, gbb) = (nb * QK_K, interleaved::group_block_bytes(ty));
-        for i in 0..ROWS {
-            for b in 0..nb {
-                let q = &mut self.q[i * cols + b * QK_K..i * cols + (b + 1) * QK_K];
+        let gbb = interleaved::group_block_bytes(ty);
+        for b in 0..nb {
+            let block = &group[b * gbb..(b + 1) * gbb];
+            interleaved::unpack_weights(ty, block, &mut self.q[b * QK_K * ROWS..(b + 1) * QK_K * ROWS]);
+            for i in 0..ROWS {
                 let sc = &mut self.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16];
-                (self.d[i * nb + b], self.dmin[i * nb + b]) =
-                    interleaved::unpack_row_block(ty, &group[b * gbb..(b + 1) * gbb], i, q, sc);
+                (self.d[i * nb + b], self.dmin[i * nb + b]) = interleaved::row_scales(ty, block, i, sc);
             }
         }
     }
 
+    /// Weights `4k..4k + 4` of row `i` in block `b`, one byte each.
+    fn put4(&mut self, b: usize, k: usize, i: usize, w: u32) {
+        let at = b * QK_K * ROWS + (k * ROWS + i) * 4;
+        self.q[at..at + 4].copy_from_slice(&w.to_le_bytes());
+    }
+
     /// Unpacks `rows[i]` (whole blocks of `ty`) into row i.
     fn unpack(&mut self, ty: GgmlType, rows: [&[u8]; ROWS]) {
+        const LOW4: u32 = 0x0F0F_0F0F;
+        const LOW2: u32 = 0x0303_0303;
+        let word = |x: &[u8], at: usize| u32::from_le_bytes([x[at], x[at + 1], x[at + 2], x[at + 3]]);
         let nb = self.d.len() / ROWS;
-        let cols = nb * QK_K;
         for (i, row) in rows.iter().enumerate() {
             for b in 0..nb {
-                let q = &mut self.q[i * cols + b * QK_K..i * cols + (b + 1) * QK_K];
                 let sc = &mut self.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16];
                 let f16 = |x: &[u8], at: usize| half::f16::from_le_bytes([x[at], x[at + 1]]).to_f32();
                 match ty {
@@ -137,11 +145,12 @@ impl RowTile {
                             sc[j] = scale as i32;
                             sc[8 + j] = min as i32;
                         }
-                        let qs = &blk[16..144];
                         for j in 0..4 {
-                            for l in 0..32 {
-                                q[64 * j + l] = qs[32 * j + l] & 0xF;
-                                q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+                            for g in 0..8 {
+                                // qs bytes 32j + 4g..: weights 64j + 4g.. (low) and 64j + 32 + 4g.. (high)
+                                let v = word(blk, 16 + 32 * j + 4 * g);
+                                self.put4(b, 16 * j + g, i, v & LOW4);
+                                self.put4(b, 16 * j + 8 + g, i, (v >> 4) & LOW4);
                             }
                         }
                     }
@@ -153,12 +162,16 @@ impl RowTile {
                             *s = blk[192 + j] as i8 as i32;
                         }
                         for n in 0..2 {
-                            let (ql, qh, q) = (&ql[64 * n..], &qh[32 * n..], &mut q[128 * n..]);
-                            for l in 0..32 {
-                                q[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-                                q[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                                q[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                                q[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                            for g in 0..8 {
+                                // weights 128n + 4g.. (+ 32, + 64, + 96) from ql bytes 64n + 4g..
+                                // and 64n + 32 + 4g.., qh bytes 32n + 4g..
+                                let (l0, l1, h) =
+                                    (word(ql, 64 * n + 4 * g), word(ql, 64 * n + 32 + 4 * g), word(qh, 32 * n + 4 * g));
+                                let k = 32 * n + g;
+                                self.put4(b, k, i, (l0 & LOW4) | ((h & LOW2) << 4));
+                                self.put4(b, k + 8, i, (l1 & LOW4) | (((h >> 2) & LOW2) << 4));
+                                self.put4(b, k + 16, i, ((l0 >> 4) & LOW4) | (((h >> 4) & LOW2) << 4));
+                                self.put4(b, k + 24, i, ((l1 >> 4) & LOW4) | (((h >> 6) & LOW2) << 4));
                             }
                         }
                     }
@@ -232,19 +245,19 @@ mod x86 {
     /// for all 8 rows.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI available; `xq` points at the block's `[64][TOKENS][4]` bytes;
-    /// each row's `q` holds the block's 256 bytes.
+    /// AVX-512 F/BW/VL/VNNI available; `xq` points at the block's `[64][TOKENS][4]` bytes and
+    /// `q` at its unpacked weights, `[64][ROWS][4]`.
     #[inline(always)]
-    unsafe fn sub_block_sums(q: [*const u8; ROWS], xq: *const i8, first: usize, groups: usize) -> [__m512i; ROWS] {
+    unsafe fn sub_block_sums(q: *const u8, xq: *const i8, first: usize, groups: usize) -> [__m512i; ROWS] {
         let mut s = [_mm512_setzero_si512(); ROWS];
         for g in first..first + groups {
-            // SAFETY (caller): group g < 64 of the block: 64 bytes in bounds; each row's 4
-            // weights 4g..4g + 4 < 256 in bounds, read unaligned.
+            // SAFETY (caller): group g < 64 of the block: 64 bytes of tokens and 32 of weights
+            // in bounds, read unaligned.
             unsafe {
                 let x = _mm512_loadu_si512(xq.add(g * TOKENS * 4) as *const __m512i);
-                for i in 0..ROWS {
-                    let w = (q[i].add(4 * g) as *const i32).read_unaligned();
-                    s[i] = _mm512_dpbusd_epi32(s[i], _mm512_set1_epi32(w), x);
+                for (i, s) in s.iter_mut().enumerate() {
+                    let w = (q.add((g * ROWS + i) * 4) as *const i32).read_unaligned();
+                    *s = _mm512_dpbusd_epi32(*s, _mm512_set1_epi32(w), x);
                 }
             }
         }
@@ -256,12 +269,10 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[allow(clippy::needless_range_loop)] // sub-block j indexes the scales, the groups and the sums
     pub unsafe fn q4_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
-        let cols = nb * QK_K;
         let mut out = [[0f32; TOKENS]; ROWS];
         let mut acc = [_mm512_setzero_ps(); ROWS];
         for b in 0..nb {
-            let q: [*const u8; ROWS] =
-                std::array::from_fn(|i| rows.q[i * cols + b * QK_K..(i * cols + (b + 1) * QK_K)].as_ptr());
+            let q = rows.q[b * QK_K * ROWS..(b + 1) * QK_K * ROWS].as_ptr();
             let sc: [&[i32]; ROWS] = std::array::from_fn(|i| &rows.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16]);
             let xq = tile.qs[b * 64 * TOKENS * 4..].as_ptr();
             let mut isum = [_mm512_setzero_si512(); ROWS];
@@ -306,12 +317,10 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[allow(clippy::needless_range_loop)] // sub-block j indexes the scales, the groups and the sums
     pub unsafe fn q6_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
-        let cols = nb * QK_K;
         let mut out = [[0f32; TOKENS]; ROWS];
         let mut acc = [_mm512_setzero_ps(); ROWS];
         for b in 0..nb {
-            let q: [*const u8; ROWS] =
-                std::array::from_fn(|i| rows.q[i * cols + b * QK_K..(i * cols + (b + 1) * QK_K)].as_ptr());
+            let q = rows.q[b * QK_K * ROWS..(b + 1) * QK_K * ROWS].as_ptr();
             let sc: [&[i32]; ROWS] = std::array::from_fn(|i| &rows.scales[(i * nb + b) * 16..(i * nb + b + 1) * 16]);
             let xq = tile.qs[b * 64 * TOKENS * 4..].as_ptr();
             let mut isum = [_mm512_setzero_si512(); ROWS];
