@@ -71,7 +71,7 @@ fn capture_masks_equal_the_forward_pass() {
     let b = &batches[1];
     let tokens: Vec<u32> =
         b.column_by_name("token").unwrap().as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec();
-    let (model, _) = runtime::open_model(&fixture_model()).unwrap();
+    let (model, _) = runtime::open_model(&fixture_model(), runtime::DecodeLayout::Mapped).unwrap();
     let mut grab = Grab { layer: 5, product: vec![], hidden0: vec![] };
     let mut cache = model.new_cache(64).unwrap();
     model.forward_observed(&tokens, &mut cache, 64, Some(&mut grab)).unwrap();

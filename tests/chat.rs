@@ -41,7 +41,7 @@ fn import_keeps_the_gguf_template() {
     for dir in [fixture_model(), fixture_native_model()] {
         assert_eq!(std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap(), want, "{}", dir.display());
     }
-    let (model, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
     let opened = runtime::Opened { model, tokenizer: tok, manifest: None, sparsity: None, notes: vec![] };
     let t = runtime::chat_template(&fixture_native_model(), &opened).unwrap().expect("the fixture has a template");
     assert_eq!((t.bos_token.as_str(), t.eos_token.as_str()), ("<|im_start|>", "<|im_end|>"));
@@ -55,7 +55,7 @@ fn import_keeps_the_gguf_template() {
 #[test]
 fn a_reused_prefix_gives_the_logits_of_a_fresh_prefill() {
     for dir in [fixture_model(), fixture_native_model()] {
-        let (model, tok) = runtime::open_model(&dir).unwrap();
+        let (model, tok) = runtime::open_model(&dir, runtime::DecodeLayout::Mapped).unwrap();
         let a = tok.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
         let b = tok.encode("The quick brown fox jumps over the lazy dog because it was", true).unwrap();
         assert!(b.starts_with(&a) && b.len() > a.len() + 1);
@@ -184,7 +184,7 @@ fn ctrl_c_stops_a_reply_not_the_chat() {
 #[test]
 fn a_cut_reply_never_ends_in_a_broken_character() {
     use runtime::generate::{generate, GenerateOptions};
-    let (model, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
     let mut cut_inside = 0;
     for n in 1..=6 {
         let mut runner = runtime::Runner::dense(&model);

@@ -8,7 +8,7 @@ use runtime::Runner;
 use tests::*;
 
 fn open() -> (runtime::Model, runtime::Tokenizer) {
-    runtime::open_model(&fixture_model()).expect("open fixture model")
+    runtime::open_model(&fixture_model(), runtime::DecodeLayout::Mapped).expect("open fixture model")
 }
 
 fn greedy(model: &runtime::Model, tok: &runtime::Tokenizer, prompt: &str, n: usize) -> String {

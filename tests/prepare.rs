@@ -84,7 +84,7 @@ fn prepare_end_to_end_then_resume() {
             }
         }
     }
-    let (model, tok) = runtime::open_model(&fixture_model()).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_model(), runtime::DecodeLayout::Mapped).unwrap();
     let text = std::fs::read_to_string(repo_root().join("data/text/lambada-500.txt")).unwrap();
     let ids: Vec<u32> = tok.encode(&text, true).unwrap().into_iter().take(128).collect();
     let mut held_out = Magnitudes(vec![0.0; 1536]);

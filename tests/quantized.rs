@@ -73,7 +73,7 @@ fn imported_blocks_are_byte_equal_to_the_gguf() {
 /// row and the dequantized 8-bit activation (integer block sums, so up to f32 rounding).
 #[test]
 fn block_kernels_on_real_rows_equal_the_dequantized_product() {
-    let (model, _) = runtime::open_model(&fixture_native_model()).unwrap();
+    let (model, _) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
     let w = &model.weights;
     let mut seen = std::collections::BTreeSet::new();
     let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
@@ -117,9 +117,8 @@ fn interleaved_rows_of_a_real_model_compute_its_products() {
         eprintln!("no AVX-512 VNNI here: matrices keep the GGUF's layout");
         return;
     }
-    let (plain, tok) = runtime::open_model(&qwen_native_model()).unwrap();
-    let (mut inter, _) = runtime::open_model(&qwen_native_model()).unwrap();
-    inter.interleave_for_decode();
+    let (plain, tok) = runtime::open_model(&qwen_native_model(), runtime::DecodeLayout::Mapped).unwrap();
+    let (inter, _) = runtime::open_model(&qwen_native_model(), runtime::DecodeLayout::Interleaved).unwrap();
     let mut seen = std::collections::BTreeSet::new();
     let mut rng = Xorshift(0x2545_f491_4f6c_dd1d);
     for l in [0, 1, 2, 3] {
@@ -175,7 +174,7 @@ fn interleaved_rows_of_a_real_model_compute_its_products() {
 /// fewer chunks would measure that noise, not the kernels (docs/RESULTS.md).
 #[test]
 fn perplexity_on_the_q4_1_blocks_matches_llama_cpp() {
-    let (model, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
     // llama-perplexity -c 512 --chunks 8 -t 2 -fa off on the Q4_1 GGUF, data/text/hamlet.txt:
     // 42.7785. -fa off is the path that computes as ours does (an f16 KV cache, f32 scores and
     // value sums); its default flash attention sums the values in f16 and gives 42.8187
@@ -202,7 +201,7 @@ fn perplexity_on_the_q4_1_blocks_matches_llama_cpp() {
 /// 0.12), so it is not pinned here.
 #[test]
 fn greedy_continuations_on_the_q4_1_blocks_equal_llama_cpp() {
-    let (model, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
     let cases = [
         ("The capital of France is", " Paris.\n\nThe United States has a population of approximately 311 million people.\n\nThe United States has a population of approximately 31"),
         ("Once upon a time, in a small village by the sea,", " there was a wise old wizard named Thorold. He lived in a tower surrounded by a beautiful garden filled with all sorts of magical creatures.\n\nTh"),
@@ -680,7 +679,7 @@ fn dense_runs_the_gguf_blocks(f16_out: &std::path::Path, native_out: &std::path:
         "the dense prefix's MLPs are resident.safetensors'"
     );
     let text = "The capital of France is Paris, and the capital of Italy is";
-    let (model_dir, tok) = runtime::open_model(&fixture_native_model()).unwrap();
+    let (model_dir, tok) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
     let ids = tok.encode(text, true).unwrap();
     let batched = |model: &runtime::Model| {
         let mut cache = model.new_cache(128).unwrap();
@@ -974,7 +973,7 @@ fn import_quantize_q8_0_from_an_f16_directory() {
     let st = MappedSafetensors::open(dir.join("q8/model.safetensors")).unwrap();
     assert_eq!(st.tensors["model.layers.3.mlp.down_proj.weight"].ggml, Some(GgmlType::Q8_0));
     assert_eq!(st.tensors["model.layers.3.input_layernorm.weight"].ggml, None);
-    let (model, tok) = runtime::open_model(&dir.join("q8")).unwrap();
+    let (model, tok) = runtime::open_model(&dir.join("q8"), runtime::DecodeLayout::Mapped).unwrap();
     // `llama-quantize` of the f16 GGUF (`make baseline`) to Q8_0, then `llama-perplexity -c 512
     // --chunks 8 -t 2 -fa off` on data/text/hamlet.txt: 42.8845 (42.8647 with its default flash
     // attention). 8 chunks: with 8-bit activations 2 chunks move by 0.5% when a key is rounded

@@ -54,7 +54,7 @@ fn every_neuron_kept_equals_dense() {
     let m = all_neurons();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     assert!(manifest.sparsity.k_max.iter().all(|&k| k == 1536), "{:?}", manifest.sparsity.k_max);
-    let (dense, tok) = runtime::open_model(&fixture_model()).unwrap();
+    let (dense, tok) = runtime::open_model(&fixture_model(), runtime::DecodeLayout::Mapped).unwrap();
     let ids = tok.encode("The quick brown fox jumps over the lazy dog, and then", true).unwrap();
     let mut cache = dense.new_cache(64).unwrap();
     let want = dense.forward(&ids, &mut cache, 0).unwrap();
@@ -753,7 +753,7 @@ fn the_reuse_simulation_counts_the_resident_bonus() {
     let m = default_sparse();
     let mf = formats::manifest::Manifest::load(m).unwrap();
     let scorer = runtime::scorer::GateUpScorer::load(m, &mf).unwrap();
-    let (model, tok) = runtime::open_model(&fixture_model()).unwrap();
+    let (model, tok) = runtime::open_model(&fixture_model(), runtime::DecodeLayout::Mapped).unwrap();
     let text = std::fs::read_to_string(data_text("hamlet.txt")).unwrap();
     let ids: Vec<u32> = tok.encode(&text[..4000], true).unwrap().into_iter().take(160).collect();
     let reuse = |bonus: f32| {

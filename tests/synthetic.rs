@@ -38,7 +38,7 @@ fn engine(o: &mut runtime::Opened) -> &mut runtime::stream::StreamingEngine {
 
 #[test]
 fn prepared_dense_equals_the_model_directory() {
-    let (model, tok) = runtime::open_model(&model_dir()).unwrap();
+    let (model, tok) = runtime::open_model(&model_dir(), runtime::DecodeLayout::Mapped).unwrap();
     let ids = tok.encode(TEXT, true).unwrap();
     let want = model.forward(&ids, &mut model.new_cache(128).unwrap(), 0).unwrap();
     let mut dense = runtime::open(prepared(), &PreparedMode::Dense { head: runtime::HeadChoice::Resident }).unwrap();

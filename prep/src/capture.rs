@@ -259,7 +259,7 @@ pub fn capture(model_dir: &Path, out: &Path, s: &CaptureSettings, show_progress:
     if s.shard_count == 0 || s.shard_index >= s.shard_count {
         bail!("--shard {}/{}: the index must be below the count", s.shard_index, s.shard_count);
     }
-    let (model, tok) = runtime::open_model(model_dir)?;
+    let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_layers, ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
     if s.seq_len == 0 || s.seq_len > model.max_context() {

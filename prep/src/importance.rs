@@ -50,7 +50,7 @@ pub fn importance(
     show_progress: bool,
 ) -> Result<ImportanceSummary> {
     let t0 = std::time::Instant::now();
-    let (model, tok) = runtime::open_model(model_dir)?;
+    let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
     if seq_len == 0 || seq_len > model.max_context() {

@@ -377,7 +377,7 @@ pub fn train_layers(
     if !(s.label_share > 0.0 && s.label_share < 1.0) || s.batch == 0 || s.sequences == 0 || s.heldout_sequences == 0 {
         bail!("layers: label_share must be in (0, 1) and batch, sequences and heldout_sequences positive");
     }
-    let (model, tok) = runtime::open_model(model_dir)?;
+    let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
     if first_layer == 0 && s.compare_previous {

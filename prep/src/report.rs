@@ -242,7 +242,7 @@ pub fn add_mass_coverage(
     if th.mask_kind != formats::thresholds::MaskKind::Product {
         anyhow::bail!("mass coverage is measured for product masks only");
     }
-    let (model, tok) = runtime::open_model(model_dir)?;
+    let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let n_layers = model.config.num_hidden_layers;
     let n_ff = model.config.intermediate_size;
     let cent = MappedSafetensors::open(cluster.join("centroids.safetensors"))?;

@@ -89,7 +89,7 @@ pub fn reuse(
 ) -> Result<ReuseTable> {
     // (a short calibration sequence, as in a CI-sized recipe, counts its second half)
     let warmup = s.warmup_tokens.min(seq_len / 2);
-    let (model, tok) = runtime::open_model(model_dir)?;
+    let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_sparse, n_ff, d) = (c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size);
     let scorer =

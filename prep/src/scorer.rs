@@ -29,7 +29,7 @@ pub struct ScorerSummary {
 /// in 4-bit blocks (`formats::head_compact`: the whole-record strategies' head, below the 4-bit
 /// model's size) into `compact_out`.
 pub fn heads(model_dir: &Path, q8_out: &Path, compact_out: &Path) -> Result<()> {
-    let (model, _) = runtime::open_model(model_dir)?;
+    let (model, _) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let w = &model.weights;
     let head = w.lm_head.as_ref().unwrap_or(&w.embed);
     for out in [q8_out, compact_out] {
@@ -155,7 +155,7 @@ fn native_scorer(
 /// Quantizes layers `dense_prefix..` of the model in `model_dir` into `out`.
 pub fn scorer(model_dir: &Path, dense_prefix: usize, out: &Path, show_progress: bool) -> Result<ScorerSummary> {
     let t0 = std::time::Instant::now();
-    let (model, _) = runtime::open_model(model_dir)?;
+    let (model, _) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
     if dense_prefix > n_layers {

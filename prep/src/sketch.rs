@@ -74,7 +74,7 @@ pub fn sketch(
     if !SKETCH_BITS.contains(&bits) {
         bail!("sketch bits {bits}: expected one of {SKETCH_BITS:?}");
     }
-    let (model, tok) = runtime::open_model(model_dir)?;
+    let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_layers, n_ff, d) = (c.num_hidden_layers, c.intermediate_size, c.hidden_size);
     if dense_prefix > n_layers {

@@ -27,7 +27,7 @@ pub mod tensor;
 pub mod tokenizer;
 
 pub use error::{Result, RuntimeError};
-pub use model::{HeadChoice, Model};
+pub use model::{DecodeLayout, HeadChoice, Model};
 pub use tokenizer::Tokenizer;
 
 use std::path::Path;
@@ -313,8 +313,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
     if path.is_dir() {
-        let (mut model, tokenizer) = open_model(path)?;
-        model.interleave_for_decode();
+        let (model, tokenizer) = open_model(path, DecodeLayout::Interleaved)?;
         return Ok(Opened { model, tokenizer, manifest: None, sparsity: None, notes: Vec::new() });
     }
     let manifest = formats::manifest::Manifest::load(path)?;
@@ -350,15 +349,15 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             (model, Some(Sparsity::Stream(Box::new(engine))), HeadChoice::Resident)
         }
         PreparedMode::Dense { head } => {
-            let mut model = Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers)?;
-            model.interleave_for_decode();
+            let model =
+                Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers, DecodeLayout::Interleaved)?;
             (model, None, *head)
         }
         PreparedMode::InMemory(s) => {
             s.validate()?;
             let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
             // the layers below the prefix as a streamed run maps them (the GGUF's blocks)
-            let model = Model::load_prepared(path, &manifest, prefix)?;
+            let model = Model::load_prepared(path, &manifest, prefix, DecodeLayout::Mapped)?;
             let sparsity = match s.selector {
                 stream::SelectorChoice::Dense => return Err(RuntimeError::Input(format!("{}: a dense run has no sparse layer to simulate in memory (PreparedMode::Dense is every row in memory)", path.display()))),
                 stream::SelectorChoice::Scorer { resident_bonus } => {
@@ -439,8 +438,8 @@ fn not_a_prepared_folder(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Opens a canonical model directory.
-pub fn open_model(path: &Path) -> Result<(Model, Tokenizer)> {
+/// Opens a canonical model directory, its matrices laid out as `layout` says.
+pub fn open_model(path: &Path, layout: DecodeLayout) -> Result<(Model, Tokenizer)> {
     if !path.exists() {
         return Err(RuntimeError::Input(format!("{}: no such file or directory", path.display())));
     }
@@ -451,7 +450,7 @@ pub fn open_model(path: &Path) -> Result<(Model, Tokenizer)> {
         )));
     }
     not_a_prepared_folder(path)?;
-    let model = Model::load(path)?;
+    let model = Model::load(path, layout)?;
     let tok =
         Tokenizer::load(&path.join(formats::model_dir::TOKENIZER_FILE), model.vocab_size(), model.config.bos_token_id)?;
     Ok((model, tok))

@@ -186,9 +186,23 @@ pub struct Model {
     rope: RopeTable,
 }
 
+/// How a loaded model holds the matrices every token reads (attention, resident MLPs, the
+/// head); the embedding, read a row per token, stays mapped either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeLayout {
+    /// The GGUF's rows, mapped from the file (pages read on first use): what `prep` and a run
+    /// under a memory budget load.
+    Mapped,
+    /// Where the CPU has the kernel (`ops::interleaved`: Q4_K and Q6_K with AVX-512 VNNI), rows
+    /// interleaved by eight for decode, read from the file into memory (never through the map,
+    /// so no page is held twice); mapped otherwise. For a run with every row in memory.
+    Interleaved,
+}
+
 /// Finds tensors across the safetensors files of a directory and checks their shapes.
 struct TensorSource {
     files: Vec<MappedSafetensors>,
+    layout: DecodeLayout,
 }
 
 impl TensorSource {
@@ -234,6 +248,43 @@ impl TensorSource {
             Dtype::F16 => F16Matrix::mapped(rows, cols, f.mmap.clone(), e.byte_range.start),
             _ => F16Matrix::owned(rows, cols, f.f16_values(name, e)?),
         }))
+    }
+
+    /// A matrix every token reads, laid out as `self.layout` says.
+    fn decode_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        use std::os::unix::fs::FileExt;
+        let Some((f, e)) = self.find(name) else { return Err(self.missing(name)) };
+        match e.ggml {
+            Some(ty)
+                if self.layout == DecodeLayout::Interleaved
+                    && crate::ops::interleaved::supports(ty)
+                    && rows.is_multiple_of(crate::ops::interleaved::ROWS) =>
+            {
+                self.check_shape(f, name, &e.logical_shape(), &[rows, cols])?;
+                use crate::ops::interleaved;
+                // read and interleave a few groups at a time: no second copy of the matrix
+                const ROWS_PER_READ: usize = 8 * interleaved::ROWS;
+                let row_bytes = cols / ty.block_elements() * ty.block_bytes();
+                let group_bytes = interleaved::group_bytes(ty, cols);
+                if e.byte_range.len() != rows * row_bytes {
+                    let what =
+                        format!("tensor '{name}' holds {} bytes, not {rows} rows of {row_bytes}", e.byte_range.len());
+                    return Err(FormatError::invalid(&f.path, what).into());
+                }
+                let mut data = vec![0u8; rows / interleaved::ROWS * group_bytes];
+                let mut chunk = vec![0u8; ROWS_PER_READ * row_bytes];
+                let file = std::fs::File::open(&f.path).map_err(|err| FormatError::io(&f.path, err))?;
+                for (k, out) in data.chunks_mut(ROWS_PER_READ / interleaved::ROWS * group_bytes).enumerate() {
+                    let n = out.len() / group_bytes * interleaved::ROWS;
+                    let at = e.byte_range.start + k * ROWS_PER_READ * row_bytes;
+                    file.read_exact_at(&mut chunk[..n * row_bytes], at as u64)
+                        .map_err(|err| FormatError::io(&f.path, err))?;
+                    interleaved::interleave_into(ty, &chunk[..n * row_bytes], cols, out);
+                }
+                Ok(Matrix::Quant(QMatrix::from_interleaved(ty, rows, cols, data)))
+            }
+            _ => self.matrix(name, rows, cols),
+        }
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -384,13 +435,19 @@ pub const ROPE_MAX_POSITIONS: usize = 1 << 16;
 
 impl Model {
     /// Loads a canonical model directory (see `formats::model_dir`). Weights stay memory-mapped.
-    pub fn load(dir: &Path) -> Result<Self> {
+    pub fn load(dir: &Path, layout: DecodeLayout) -> Result<Self> {
         let config = ModelConfig::load(dir)?;
         let files = model_dir::safetensors_files(dir)?
             .into_iter()
             .map(MappedSafetensors::open)
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Self::assemble(dir, &dir.join(model_dir::CONFIG_FILE), config, TensorSource { files }, SparseMlps::Resident)
+        Self::assemble(
+            dir,
+            &dir.join(model_dir::CONFIG_FILE),
+            config,
+            TensorSource { files, layout },
+            SparseMlps::Resident,
+        )
     }
 
     /// Loads a prepared model (`prep prepare`'s manifest.toml) with every row in memory:
@@ -402,6 +459,7 @@ impl Model {
         manifest_path: &Path,
         manifest: &formats::manifest::Manifest,
         dense_below: usize,
+        layout: DecodeLayout,
     ) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
@@ -414,7 +472,7 @@ impl Model {
             native_below: dense_below,
             streamed_from: manifest.model.num_hidden_layers,
         };
-        Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)
+        Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files, layout }, sparse)
     }
 
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
@@ -445,7 +503,8 @@ impl Model {
         files.extend(dense_mlp_file(manifest_path, manifest)?);
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_prefix, streamed_from: dense_prefix };
-        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files }, sparse)?;
+        let src = TensorSource { files, layout: DecodeLayout::Mapped };
+        let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, sparse)?;
         model.use_head(manifest_path, manifest, head)?;
         // (the same tensor entry as `embed`, whose shape `assemble` checked)
         model.weights.embed_rows = embed_rows;
@@ -482,20 +541,20 @@ impl Model {
                         mlp_from_records(records, l, d, ff)?
                     }
                     _ => Mlp::Resident(DenseMlp {
-                        w_gate: src.matrix(&n.gate_proj, ff, d)?,
-                        w_up: src.matrix(&n.up_proj, ff, d)?,
-                        w_down: src.matrix(&n.down_proj, d, ff)?,
+                        w_gate: src.decode_matrix(&n.gate_proj, ff, d)?,
+                        w_up: src.decode_matrix(&n.up_proj, ff, d)?,
+                        w_down: src.decode_matrix(&n.down_proj, d, ff)?,
                     }),
                 };
                 Ok(LayerWeights {
                     attn_norm: src.vector(&n.attn_norm, d)?,
-                    wq: src.matrix(&n.q_proj, q_dim, d)?,
-                    wk: src.matrix(&n.k_proj, kv_dim, d)?,
-                    wv: src.matrix(&n.v_proj, kv_dim, d)?,
+                    wq: src.decode_matrix(&n.q_proj, q_dim, d)?,
+                    wk: src.decode_matrix(&n.k_proj, kv_dim, d)?,
+                    wv: src.decode_matrix(&n.v_proj, kv_dim, d)?,
                     bq: bias(&n.q_bias, q_dim)?,
                     bk: bias(&n.k_bias, kv_dim)?,
                     bv: bias(&n.v_bias, kv_dim)?,
-                    wo: src.matrix(&n.o_proj, d, q_dim)?,
+                    wo: src.decode_matrix(&n.o_proj, d, q_dim)?,
                     mlp_norm: src.vector(&n.mlp_norm, d)?,
                     mlp,
                 })
@@ -504,7 +563,7 @@ impl Model {
         let lm_head = if c.tie_word_embeddings && src.find(model_dir::LM_HEAD).is_none() {
             None
         } else {
-            Some(src.matrix(model_dir::LM_HEAD, c.vocab_size, d)?)
+            Some(src.decode_matrix(model_dir::LM_HEAD, c.vocab_size, d)?)
         };
         let weights = ModelWeights {
             embed: src.matrix(model_dir::EMBED_TOKENS, c.vocab_size, d)?,
@@ -517,27 +576,6 @@ impl Model {
         };
         let rope = RopeTable::new(hd, c.rope_theta, c.max_position_embeddings.min(ROPE_MAX_POSITIONS));
         Ok(Model { dir: dir.to_path_buf(), config, arch, weights, rope })
-    }
-
-    /// Lays the matrices every token reads (attention, resident MLPs, the head) out for the
-    /// fastest decode kernel this CPU has (`ops::interleaved`: Q4_K and Q6_K rows interleaved by
-    /// eight), a
-    /// copy in memory that replaces the mapped pages: for a run with every row in memory.
-    /// The embedding, read a row per token, keeps the GGUF's layout.
-    pub fn interleave_for_decode(&mut self) {
-        self.weights.layers.par_iter_mut().for_each(|l| {
-            for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
-                m.interleave_for_decode();
-            }
-            if let Mlp::Resident(w) = &mut l.mlp {
-                for m in [&mut w.w_gate, &mut w.w_up, &mut w.w_down] {
-                    m.interleave_for_decode();
-                }
-            }
-        });
-        if let Some(head) = &mut self.weights.lm_head {
-            head.interleave_for_decode();
-        }
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -101,8 +101,7 @@ pub fn memory_bandwidth_bytes_per_s(bytes: usize) -> f64 {
 /// The dense decode rate of a model directory times the weight bytes each token reads (every
 /// matrix once; the embedding table only as the tied head): resident bytes per second.
 pub fn decode_bytes_per_s(model_dir: &Path, tokens: usize) -> Result<(f64, f64)> {
-    let (mut model, tok) = crate::open_model(model_dir)?;
-    model.interleave_for_decode();
+    let (model, tok) = crate::open_model(model_dir, crate::DecodeLayout::Interleaved)?;
     let ids = tok.encode("The history of the printing press begins in the fifteenth century, when", true)?;
     let mut cache = model.new_cache(ids.len() + tokens + 1)?;
     let mut runner = crate::Runner::dense(&model);

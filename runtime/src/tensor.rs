@@ -148,18 +148,26 @@ impl QMatrix {
         }
     }
 
-    /// Interleaves this matrix's rows by eight for the decode kernel where it is of whole groups
-    /// of rows and the CPU has the kernel for its type (`ops::interleaved`: Q4_K and Q6_K with
-    /// AVX-512 VNNI); leaves it as it is otherwise.
-    /// The copy replaces the mapped pages it was made from: a run with every row in memory
-    /// holds one copy of the weights, as llama.cpp's repacked weights do.
-    pub fn interleave_for_decode(&mut self) {
+    /// `rows` rows of `ty` blocks (`bytes`, row after row) interleaved by eight for the decode
+    /// kernel (`ops::interleaved`); None where the CPU has no kernel for `ty` or `rows` is not
+    /// whole groups of rows.
+    pub fn interleaved(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
         use crate::ops::interleaved;
-        if let BlockLayout::RowMajor(b) = self.layout() {
-            if interleaved::supports(self.ty) && self.rows.is_multiple_of(interleaved::ROWS) {
-                self.data = BlockData::Interleaved(interleaved::interleave(self.ty, b, self.rows, self.cols));
-            }
+        if !interleaved::supports(ty) || !rows.is_multiple_of(interleaved::ROWS) {
+            return None;
         }
+        Some(QMatrix::from_interleaved(ty, rows, cols, interleaved::interleave(ty, bytes, rows, cols)))
+    }
+
+    /// `rows` rows of `ty` blocks already interleaved by eight (`ops::interleaved`, whose kernel
+    /// the CPU has for `ty`).
+    pub fn from_interleaved(ty: GgmlType, rows: usize, cols: usize, data: Vec<u8>) -> QMatrix {
+        use crate::ops::interleaved;
+        assert!(
+            interleaved::supports(ty) && data.len() == rows / interleaved::ROWS * interleaved::group_bytes(ty, cols)
+        );
+        let row_bytes = cols / ty.block_elements() * ty.block_bytes();
+        QMatrix { ty, rows, cols, row_bytes, data: BlockData::Interleaved(data) }
     }
 
     /// Bytes the blocks take (interleaved: with their unpacked scales).
@@ -234,14 +242,6 @@ impl Matrix {
                 self.row_f32(r, &mut v);
                 std::borrow::Cow::Owned(v.into_iter().map(f16::from_f32).collect())
             }
-        }
-    }
-
-    /// Lays this matrix out for the fastest decode kernel this CPU has
-    /// ([`QMatrix::interleave_for_decode`]), where there is one.
-    pub fn interleave_for_decode(&mut self) {
-        if let Matrix::Quant(q) = self {
-            q.interleave_for_decode();
         }
     }
 

@@ -4,7 +4,7 @@
 //! the sub-block scales (and Q4_K's mins) apply to 8 rows in one multiply, and no row needs a
 //! horizontal sum. This is the layout llama.cpp's repacked CPU kernels use for the same reason
 //! (its `q4_K_8x8`); a matrix is interleaved once when it is loaded for a run with every row
-//! in memory (`QMatrix::interleave_for_decode`).
+//! in memory (`model::DecodeLayout::Interleaved`).
 //!
 //! A group of 8 rows is stored block by block (256 columns), each group block holding the 8
 //! rows' blocks with every field side by side:
@@ -161,10 +161,23 @@ fn block_bytes(ty: GgmlType) -> usize {
 
 /// `bytes` (`rows` rows of `cols` weights of `ty`, row after row) interleaved by eight.
 pub fn interleave(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = vec![0u8; rows / ROWS * group_bytes(ty, cols)];
+    interleave_into(ty, bytes, cols, &mut out);
+    out
+}
+
+/// [`interleave`] into `out`: `bytes` is whole groups of rows of `cols` weights, row after row,
+/// `out` as many groups interleaved.
+pub fn interleave_into(ty: GgmlType, bytes: &[u8], cols: usize, out: &mut [u8]) {
     let (nb, gbb, bb) = (cols / QK_K, group_block_bytes(ty), block_bytes(ty));
     let row_bytes = nb * bb;
-    assert!(rows.is_multiple_of(ROWS) && cols.is_multiple_of(QK_K) && bytes.len() == rows * row_bytes);
-    let mut out = vec![0u8; rows / ROWS * nb * gbb];
+    let rows = bytes.len() / row_bytes;
+    assert!(
+        rows.is_multiple_of(ROWS)
+            && cols.is_multiple_of(QK_K)
+            && bytes.len() == rows * row_bytes
+            && out.len() == rows / ROWS * nb * gbb
+    );
     let mut blk = vec![0u8; bb];
     for (g, group) in out.chunks_exact_mut(nb * gbb).enumerate() {
         for (b, dst) in group.chunks_exact_mut(gbb).enumerate() {
@@ -174,7 +187,6 @@ pub fn interleave(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Vec<u
             }
         }
     }
-    out
 }
 
 /// Row `r`'s blocks as stored before [`interleave`] (bit for bit).

@@ -519,8 +519,8 @@ mod tests {
         let xs = quantize_rows(ActivationType::Q8K, &x, cols);
         for ty in [GgmlType::Q4K, GgmlType::Q6K] {
             let m = quantized(ty, &w, rows, cols);
-            let mut mi = quantized(ty, &w, rows, cols);
-            mi.interleave_for_decode();
+            let BlockLayout::RowMajor(bytes) = m.layout() else { unreachable!() };
+            let mi = QMatrix::interleaved(ty, rows, cols, bytes).expect("AVX-512 VNNI is here");
             assert!(matches!(mi.layout(), BlockLayout::Interleaved(_)));
             for r in 0..rows {
                 assert_eq!(mi.row(r), m.row(r), "{}: row {r} changed by interleaving", ty.name());
