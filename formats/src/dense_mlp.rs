@@ -17,16 +17,23 @@
 
 use crate::error::{FormatError, Result};
 use crate::model_dir::layer_tensor_names;
-use crate::safetensors_io::MappedSafetensors;
+use crate::safetensors_io::{MappedSafetensors, TensorEntry};
 use std::path::Path;
 
 /// The manifest role of the file.
 pub const ARTIFACT_ROLE: &str = "dense_mlp";
 
-/// The stored bytes of each layer's three MLP tensors, layers `first_layer..n_layers`, from the
-/// file's header; a missing tensor or a wrong logical shape is an error naming the file and the
-/// tensor.
-pub fn layer_bytes(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize, d_model: usize) -> Result<Vec<u64>> {
+/// The bytes of each layer's three MLP tensors, layers `first_layer..n_layers`, from the
+/// file's header, each tensor counted by `held` (its stored bytes, or what a reader lays it out
+/// in); a missing tensor or a wrong logical shape is an error naming the file and the tensor.
+pub fn layer_bytes(
+    path: &Path,
+    first_layer: usize,
+    n_layers: usize,
+    n_ff: usize,
+    d_model: usize,
+    held: impl Fn(&TensorEntry) -> u64,
+) -> Result<Vec<u64>> {
     let f = MappedSafetensors::open(path)?;
     (first_layer..n_layers)
         .map(|l| {
@@ -47,7 +54,7 @@ pub fn layer_bytes(path: &Path, first_layer: usize, n_layers: usize, n_ff: usize
                         actual: e.logical_shape(),
                     });
                 }
-                bytes += e.byte_range.len() as u64;
+                bytes += held(e);
             }
             Ok(bytes)
         })

@@ -265,6 +265,8 @@ pub fn dense_mlp(model: &Path, dense_prefix: usize, out: &Path) -> Result<u64> {
     }
     safetensors_io::write_raw_safetensors(out, &tensors, metadata)?;
     // the header the runtime sizes plans from reads back
-    formats::dense_mlp::layer_bytes(out, dense_prefix, cfg.num_hidden_layers, cfg.intermediate_size, cfg.hidden_size)?;
+    let stored = |e: &formats::safetensors_io::TensorEntry| e.byte_range.len() as u64;
+    let (n_layers, n_ff, d) = (cfg.num_hidden_layers, cfg.intermediate_size, cfg.hidden_size);
+    formats::dense_mlp::layer_bytes(out, dense_prefix, n_layers, n_ff, d, stored)?;
     Ok(std::fs::metadata(out)?.len())
 }

@@ -334,7 +334,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             )),
         }
     }
-    let (mut model, sparsity, head) = match mode {
+    let (model, sparsity) = match mode {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything
             let mut engine = stream::StreamingEngine::new(path, &manifest, settings)?;
@@ -346,18 +346,17 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                 ));
             }
             let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head)?;
-            (model, Some(Sparsity::Stream(Box::new(engine))), HeadChoice::Resident)
+            (model, Some(Sparsity::Stream(Box::new(engine))))
         }
         PreparedMode::Dense { head } => {
-            let model =
-                Model::load_prepared(path, &manifest, manifest.model.num_hidden_layers, DecodeLayout::Interleaved)?;
-            (model, None, *head)
+            let n_layers = manifest.model.num_hidden_layers;
+            (Model::load_prepared(path, &manifest, n_layers, DecodeLayout::Interleaved, *head)?, None)
         }
         PreparedMode::InMemory(s) => {
             s.validate()?;
             let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
             // the layers below the prefix as a streamed run maps them (the GGUF's blocks)
-            let model = Model::load_prepared(path, &manifest, prefix, DecodeLayout::Mapped)?;
+            let model = Model::load_prepared(path, &manifest, prefix, DecodeLayout::Mapped, s.head)?;
             let sparsity = match s.selector {
                 stream::SelectorChoice::Dense => return Err(RuntimeError::Input(format!("{}: a dense run has no sparse layer to simulate in memory (PreparedMode::Dense is every row in memory)", path.display()))),
                 stream::SelectorChoice::Scorer { resident_bonus } => {
@@ -390,10 +389,9 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                     Sparsity::InMemory(Box::new(p))
                 }
             };
-            (model, Some(sparsity), s.head)
+            (model, Some(sparsity))
         }
     };
-    model.use_head(path, &manifest, head)?;
     let tokenizer = Tokenizer::load(&tok_path, model.vocab_size(), model.config.bos_token_id)?;
     Ok(Opened { model, tokenizer, manifest: Some(manifest), sparsity, notes })
 }

@@ -190,19 +190,40 @@ pub struct Model {
 /// head); the embedding, read a row per token, stays mapped either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeLayout {
-    /// The GGUF's rows, mapped from the file (pages read on first use): what `prep` and a run
-    /// under a memory budget load.
+    /// The GGUF's rows, mapped from the file (pages read on first use): what `prep` and the
+    /// in-memory quality runs load.
     Mapped,
     /// Where the CPU has the kernel (`ops::interleaved`: Q4_K and Q6_K with AVX-512 VNNI), rows
     /// interleaved by eight for decode, read from the file into memory (never through the map,
-    /// so no page is held twice); mapped otherwise. For a run with every row in memory.
+    /// so no page is held twice); mapped otherwise. What runs load, under a memory budget too
+    /// (`MemoryPlan` counts the interleaved bytes: [`decode_held_bytes`]).
     Interleaved,
+}
+
+/// Whether [`DecodeLayout::Interleaved`] interleaves a matrix of `rows` rows of `ty` blocks.
+fn interleaves(ty: formats::ggml_quants::GgmlType, rows: usize) -> bool {
+    crate::ops::interleaved::supports(ty) && rows.is_multiple_of(crate::ops::interleaved::ROWS)
+}
+
+/// Bytes a matrix every token reads holds once loaded as [`DecodeLayout::Interleaved`] lays it
+/// out: its interleaved groups (Q4_K's with their unpacked scales) where it is interleaved, else
+/// its stored bytes. What `MemoryPlan` counts for it.
+pub fn decode_held_bytes(e: &safetensors_io::TensorEntry) -> u64 {
+    match (e.ggml, e.logical_shape().as_slice()) {
+        (Some(ty), &[rows, cols]) if interleaves(ty, rows) => {
+            (rows / crate::ops::interleaved::ROWS * crate::ops::interleaved::group_bytes(ty, cols)) as u64
+        }
+        _ => e.byte_range.len() as u64,
+    }
 }
 
 /// Finds tensors across the safetensors files of a directory and checks their shapes.
 struct TensorSource {
     files: Vec<MappedSafetensors>,
     layout: DecodeLayout,
+    /// The head the run reads: another than [`HeadChoice::Resident`] leaves the resident one
+    /// mapped and never touched.
+    head: HeadChoice,
 }
 
 impl TensorSource {
@@ -255,11 +276,7 @@ impl TensorSource {
         use std::os::unix::fs::FileExt;
         let Some((f, e)) = self.find(name) else { return Err(self.missing(name)) };
         match e.ggml {
-            Some(ty)
-                if self.layout == DecodeLayout::Interleaved
-                    && crate::ops::interleaved::supports(ty)
-                    && rows.is_multiple_of(crate::ops::interleaved::ROWS) =>
-            {
+            Some(ty) if self.layout == DecodeLayout::Interleaved && interleaves(ty, rows) => {
                 self.check_shape(f, name, &e.logical_shape(), &[rows, cols])?;
                 use crate::ops::interleaved;
                 // read and interleave a few groups at a time: no second copy of the matrix
@@ -445,7 +462,7 @@ impl Model {
             dir,
             &dir.join(model_dir::CONFIG_FILE),
             config,
-            TensorSource { files, layout },
+            TensorSource { files, layout, head: HeadChoice::Resident },
             SparseMlps::Resident,
         )
     }
@@ -460,6 +477,7 @@ impl Model {
         manifest: &formats::manifest::Manifest,
         dense_below: usize,
         layout: DecodeLayout,
+        head: HeadChoice,
     ) -> Result<Self> {
         let resident = manifest.artifact_path_of(manifest_path, "resident")?;
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
@@ -472,12 +490,16 @@ impl Model {
             native_below: dense_below,
             streamed_from: manifest.model.num_hidden_layers,
         };
-        Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files, layout }, sparse)
+        let mut model =
+            Self::assemble(&dir, manifest_path, manifest.model.clone(), TensorSource { files, layout, head }, sparse)?;
+        model.use_head(manifest_path, manifest, head)?;
+        Ok(model)
     }
 
     /// Loads a prepared model for streaming: resident.safetensors, and the MLPs of layers
-    /// from the prepared prefix to `dense_prefix` mapped from dense_mlp.safetensors (the GGUF's
-    /// blocks), or without it rebuilt once from records.bin; the MLP weights of
+    /// from the prepared prefix to `dense_prefix` from dense_mlp.safetensors (the GGUF's
+    /// blocks), or without it rebuilt once from records.bin, the matrices every token reads
+    /// interleaved for decode ([`DecodeLayout::Interleaved`]); the MLP weights of
     /// layers `dense_prefix..` stay on storage (a [`StreamedMlp`], the streaming engine, computes those MLPs).
     /// `head`: with the Q8_0 or 4-bit head, a tied embedding is only read a row per token too.
     pub fn load_streaming(
@@ -503,7 +525,7 @@ impl Model {
         files.extend(dense_mlp_file(manifest_path, manifest)?);
         let dir = manifest_path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let sparse = SparseMlps::Prepared { records: &rf, native_below: dense_prefix, streamed_from: dense_prefix };
-        let src = TensorSource { files, layout: DecodeLayout::Mapped };
+        let src = TensorSource { files, layout: DecodeLayout::Interleaved, head };
         let mut model = Self::assemble(&dir, manifest_path, manifest.model.clone(), src, sparse)?;
         model.use_head(manifest_path, manifest, head)?;
         // (the same tensor entry as `embed`, whose shape `assemble` checked)
@@ -562,8 +584,10 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         let lm_head = if c.tie_word_embeddings && src.find(model_dir::LM_HEAD).is_none() {
             None
-        } else {
+        } else if src.head == HeadChoice::Resident {
             Some(src.decode_matrix(model_dir::LM_HEAD, c.vocab_size, d)?)
+        } else {
+            Some(src.matrix(model_dir::LM_HEAD, c.vocab_size, d)?)
         };
         let weights = ModelWeights {
             embed: src.matrix(model_dir::EMBED_TOKENS, c.vocab_size, d)?,

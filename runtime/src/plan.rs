@@ -399,6 +399,10 @@ pub fn shape_plan(
     let kv = c.n_kv_heads() * c.head_dim();
     let q4k = |n: usize| (n / 256 * 144) as u64;
     let q6k = |n: usize| (n / 256 * 210) as u64;
+    // what Q4_K rows interleaved for decode add (`model::decode_held_bytes`): 32 bytes of
+    // unpacked scales a group of 8 rows x 256 columns
+    let q4k_layout =
+        |n: usize| if crate::ops::interleaved::supports(GgmlType::Q4K) { (n / 2048 * 32) as u64 } else { 0 };
     let embed = q4k(vocab * d);
     let head = q6k(vocab * d);
     let attention_per_layer = q4k(2 * d * d + 2 * kv * d) + 2 * (d as u64) * 4;
@@ -411,7 +415,14 @@ pub fn shape_plan(
         d0,
         default_dense_from: d0,
         resident_file_bytes: embed + head + layers as u64 * attention_per_layer + dense_mlp + d as u64 * 4,
-        head: crate::stream::budget::ResidentHead { embed_bytes: embed, head_bytes: head, head_quantized: true },
+        resident_layout_bytes: layers as u64 * q4k_layout(2 * d * d + 2 * kv * d)
+            + d0 as u64 * q4k_layout(3 * d * n_ff),
+        head: crate::stream::budget::ResidentHead {
+            embed_bytes: embed,
+            head_bytes: head,
+            head_layout_bytes: 0,
+            head_quantized: true,
+        },
         tokenizer_bytes: k.tokenizer_bytes,
         record_bytes: shape.record_bytes(),
         shape: Some(shape),
@@ -421,7 +432,8 @@ pub fn shape_plan(
             (d0..layers)
                 .map(|l| {
                     let more_bits = l < layers / 8 || l >= 7 * layers / 8 || (l - layers / 8) % 3 == 2;
-                    2 * q4k(d * n_ff) + if more_bits { q6k(d * n_ff) } else { q4k(d * n_ff) }
+                    2 * (q4k(d * n_ff) + q4k_layout(d * n_ff))
+                        + if more_bits { q6k(d * n_ff) } else { q4k(d * n_ff) + q4k_layout(d * n_ff) }
                 })
                 .collect(),
         ),

@@ -1,8 +1,9 @@
 //! `MemoryPlan`: sizes everything from the manifest and `--mem-budget` before anything is
 //! loaded, and refuses a budget it cannot meet with the minimum it would need.
 //!
-//! Counted: resident.safetensors (mapped and all of it touched: embeddings, attention, norms,
-//! head, dense-prefix MLPs; each tensor at its stored size, f16 or GGML blocks), the MLPs of the layers `d0..dense_prefix` (d0: the prepared prefix) that run dense
+//! Counted: resident.safetensors (all of it touched: embeddings, attention, norms, head,
+//! dense-prefix MLPs; each tensor at its stored size, f16 or GGML blocks, plus what laying a
+//! matrix out for decode adds: `model::decode_held_bytes`), the MLPs of the layers `d0..dense_prefix` (d0: the prepared prefix) that run dense
 //! from rows loaded once out of records.bin, the predictor (f16) and the centroid table, the KV
 //! cache for `--ctx`, the staging buffer, a fixed allowance for the process (code, tokenizer,
 //! activations), and the slot buffers. Each sparse layer needs at least as many slots as its
@@ -36,6 +37,9 @@ pub struct ResidentHead {
     pub embed_bytes: u64,
     /// The output head: `lm_head`, or the embedding when tied.
     pub head_bytes: u64,
+    /// What laying an untied head out for decode adds to its stored bytes (a tied one stays
+    /// mapped: it is also the embedding).
+    pub head_layout_bytes: u64,
     /// The head is GGML blocks (so no larger than the Q8_0 head: the scorer keeps it).
     pub head_quantized: bool,
 }
@@ -50,9 +54,14 @@ impl ResidentHead {
             tensor: formats::model_dir::EMBED_TOKENS.into(),
         })?;
         let head = entry(formats::model_dir::LM_HEAD).unwrap_or(embed);
+        let head_layout_bytes = match entry(formats::model_dir::LM_HEAD) {
+            Some(h) => crate::model::decode_held_bytes(h) - h.byte_range.len() as u64,
+            None => 0,
+        };
         Ok(ResidentHead {
             embed_bytes: embed.byte_range.len() as u64,
             head_bytes: head.byte_range.len() as u64,
+            head_layout_bytes,
             head_quantized: head.ggml.is_some(),
         })
     }
@@ -69,14 +78,17 @@ pub struct PlanInputs {
     pub d0: usize,
     pub default_dense_from: usize,
     pub resident_file_bytes: u64,
+    /// What laying resident.safetensors' matrices out for decode adds to their stored bytes,
+    /// the embedding and the head aside (`model::decode_held_bytes`).
+    pub resident_layout_bytes: u64,
     pub head: ResidentHead,
     pub tokenizer_bytes: u64,
     pub record_bytes: usize,
     /// Version-2 records' layout (None: version 1, f16).
     pub shape: Option<formats::records::RecordShape>,
-    /// Layers `d0..n_layers`: the stored bytes of each one's MLP in `dense_mlp.safetensors` (the
-    /// GGUF's blocks, mapped when the layer runs dense); None without that artifact (a dense
-    /// layer is rebuilt from its records).
+    /// Layers `d0..n_layers`: the bytes each one's MLP from `dense_mlp.safetensors` (the
+    /// GGUF's blocks) holds when the layer runs dense, laid out for decode; None without that
+    /// artifact (a dense layer is rebuilt from its records).
     pub dense_mlp_layer_bytes: Option<Vec<u64>>,
 }
 
@@ -92,6 +104,7 @@ impl PlanInputs {
             d0: m.sparsity.dense_prefix,
             default_dense_from: m.sparsity.default_dense_from(),
             resident_file_bytes: size("resident")?,
+            resident_layout_bytes: resident_layout_bytes(&m.artifact_path_of(manifest_path, "resident")?)?,
             head: ResidentHead::of(manifest_path, m)?,
             tokenizer_bytes: size("tokenizer")?,
             record_bytes: m.records.record_bytes,
@@ -105,12 +118,24 @@ impl PlanInputs {
                         c.num_hidden_layers,
                         c.intermediate_size,
                         c.hidden_size,
+                        crate::model::decode_held_bytes,
                     )?)
                 }
                 None => None,
             },
         })
     }
+}
+
+/// What laying the matrices of resident.safetensors (`path`) out for decode adds to their stored
+/// bytes, the embedding and the head aside ([`ResidentHead`] counts those).
+fn resident_layout_bytes(path: &Path) -> Result<u64> {
+    let f = formats::safetensors_io::MappedSafetensors::open(path)?;
+    Ok(f.tensors
+        .iter()
+        .filter(|(name, _)| ![formats::model_dir::EMBED_TOKENS, formats::model_dir::LM_HEAD].contains(&name.as_str()))
+        .map(|(_, e)| crate::model::decode_held_bytes(e) - e.byte_range.len() as u64)
+        .sum())
 }
 
 /// What a plan needs of a set selector: its footprint from a first sparse layer on, and what
@@ -282,7 +307,9 @@ impl MemoryPlan {
         let own_head = s.head != crate::model::HeadChoice::Resident;
         let resident_head_bytes = if own_head { rh.head_bytes } else { 0 };
         // (a row-read embedding's rows are read into a buffer of one row, `Model::embed`)
-        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes;
+        let resident_bytes = inputs.resident_file_bytes - untied_embedding_bytes - resident_head_bytes
+            + inputs.resident_layout_bytes
+            + if own_head { 0 } else { rh.head_layout_bytes };
         let head_artifact_bytes = match s.head {
             crate::model::HeadChoice::Resident => 0,
             crate::model::HeadChoice::Q8 => formats::head_q8::Q8Head::bytes_for(c.vocab_size, c.hidden_size),
