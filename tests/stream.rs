@@ -315,8 +315,9 @@ fn runs_within_a_cgroup_memory_limit() {
         assert!(r["prompt_tokens"].as_u64().unwrap() > 500, "{r}");
         assert_eq!(r["prompt_batched_tokens"].as_u64(), Some(r["prompt_tokens"].as_u64().unwrap() - 1), "{r}");
         eprintln!(
-            "{extra:?}: budget {budget}, limit {limit}, peak RSS {rss} ({:.3} of the budget), prompt batches of {}, failcnt {failcnt}",
+            "{extra:?}: budget {budget}, limit {limit}, peak RSS {rss} ({:.3} of the budget), prompt batches of {} then {}, failcnt {failcnt}",
             rss as f64 / budget as f64,
+            r["prompt_batch_fresh"],
             r["prompt_batch"]
         );
     }
@@ -814,7 +815,7 @@ fn a_batched_prompt_streams_exactly() {
         dense.runner().forward(&ids[..m], &mut want_prompt, m).unwrap();
 
         let mut s = stream(&manifest, budget);
-        let batch = s.engine().unwrap().plan.prompt_batch;
+        let batches = s.engine().unwrap().plan.prompt_batches(m, true);
         let mut cache = s.model.new_cache(256).unwrap();
         let got = s.runner().forward(&ids[..m], &mut cache, m).unwrap();
         assert!(got.is_empty(), "no logits of a prompt");
@@ -823,12 +824,12 @@ fn a_batched_prompt_streams_exactly() {
         e.refresh_io_stats();
         assert_eq!(e.stats.prompt_tokens, m as u64, "{}: every prompt token in a batch", manifest.display());
         assert_eq!((e.stats.tokens, e.stats.bytes_read), (0, 0), "nothing through the slots");
-        let batches = m.div_ceil(batch) as u64;
+        let (batch, batches) = (batches[0], batches.len() as u64);
         let sparse_layers = (e.dense_prefix..n_layers).count() as u64;
         assert!(e.stats.prompt_bytes_read > 0 && sparse_layers > 0, "{}", manifest.display());
         let per_layer = e.stats.prompt_bytes_read / (batches * sparse_layers);
         eprintln!(
-            "{}: {m} prompt tokens in batches of {batch}, {sparse_layers} streamed layers staged, {:.1} MiB per layer",
+            "{}: {m} prompt tokens in {batches} batches (the first of {batch}), {sparse_layers} streamed layers staged, {:.1} MiB per layer",
             manifest.display(),
             per_layer as f64 / 1048576.0
         );

@@ -211,7 +211,8 @@ impl<'a> Runner<'a> {
                 }
             }
             RunnerMlp::Streamed(engine) => {
-                if cache.len == 0 {
+                let fresh = cache.len == 0;
+                if fresh {
                     engine.begin_sequence();
                 }
                 // the tokens whose logits are not wanted (a prompt, the first half of a
@@ -219,16 +220,24 @@ impl<'a> Runner<'a> {
                 // staged (exact); the others token by token, as generated tokens do
                 let (prompt, scored) = tokens.split_at(logits_from.min(tokens.len()));
                 if prompt.len() >= 2 {
-                    let b = engine.plan.prompt_batch;
-                    let n_batches = prompt.len().div_ceil(b);
+                    let batches = engine.plan.prompt_batches(prompt.len(), fresh);
                     // the window of the prompt's last tokens that chooses the warm slots
                     let window_from = prompt.len().saturating_sub(stream::engine::WARM_WINDOW_TOKENS);
-                    for (i, batch) in prompt.chunks(b).enumerate() {
-                        let count_from = window_from.saturating_sub(i * b).min(batch.len());
-                        self.model.prompt_batch(batch, cache, *engine, i + 1 == n_batches, count_from)?;
-                        engine.count_prompt(batch.len());
+                    let mut start = 0;
+                    for (i, &len) in batches.iter().enumerate() {
+                        let last = i + 1 == batches.len();
+                        if last && batches[0] > len {
+                            // the larger batches before it lent the emptied slots' memory:
+                            // their freed activations go back before the slots fill
+                            release_freed_heap();
+                        }
+                        let batch = &prompt[start..start + len];
+                        let count_from = window_from.saturating_sub(start).min(len);
+                        self.model.prompt_batch(batch, cache, *engine, last, count_from)?;
+                        engine.count_prompt(len);
+                        start += len;
                         if let Some(f) = self.prompt_progress.as_mut() {
-                            f(i * b + batch.len(), prompt.len());
+                            f(start, prompt.len());
                         }
                     }
                 } else {
@@ -250,6 +259,31 @@ impl<'a> Runner<'a> {
             RunnerMlp::Streamed(e) => Some(e),
             RunnerMlp::Resident(_) => None,
         }
+    }
+}
+
+/// Hands the heap's free pages back to the kernel: glibc keeps freed heap pages resident until
+/// it is asked to trim, and the memory plan counts what is held, not what was freed (a parsed
+/// tokenizer.json, a prompt's larger batches).
+pub(crate) fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the kernel; it touches no live
+    // allocation and is thread-safe in glibc.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Allocations of 1 MiB and more get pages of their own, handed back when freed: glibc's
+/// threshold for that otherwise rises to the largest block freed (up to 32 MiB), after which
+/// freed blocks of a prompt batch's size stay resident in whichever thread's heap held them, and
+/// what a streamed run holds would depend on which thread ran which task.
+pub(crate) fn map_large_allocations() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's policy for later allocations; it is
+    // thread-safe in glibc.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }
 

@@ -44,6 +44,23 @@ impl AlignedBuf {
     }
 }
 
+impl AlignedBuf {
+    /// Hands the buffer's whole pages back to the kernel (a later touch maps zeroed pages):
+    /// what an emptied buffer holds then stops counting in the process's memory (Linux; a
+    /// no-op elsewhere).
+    pub fn release_pages(&mut self) {
+        let whole = self.layout.size() / DIRECT_ALIGN_BYTES * DIRECT_ALIGN_BYTES;
+        #[cfg(target_os = "linux")]
+        // SAFETY: [ptr, ptr + whole) lies inside this allocation, starts on a page boundary (the
+        // layout's alignment) and covers whole pages only, so no allocator metadata is touched;
+        // MADV_DONTNEED on private anonymous memory leaves it valid, reading as zeros, which
+        // keeps the buffer's "initialised" invariant. &mut self: no reference into it is live.
+        unsafe {
+            libc::madvise(self.ptr.as_ptr().cast(), whole, libc::MADV_DONTNEED);
+        }
+    }
+}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: ptr was allocated with exactly this layout and is freed once.

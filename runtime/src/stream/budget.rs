@@ -185,6 +185,10 @@ pub struct MemoryPlan {
     pub staging_bytes: usize,
     /// Prompt tokens computed at once (a streamed layer's whole MLP is read once per batch).
     pub prompt_batch: usize,
+    /// Prompt tokens a batch computes when the prompt starts a sequence: the slots are empty
+    /// and their pages handed back while it runs (`StreamingEngine::begin_sequence`), so every
+    /// batch but the last also has the slots' whole pages ([`MemoryPlan::prompt_batches`]).
+    pub prompt_batch_fresh: usize,
     /// Streamed layers' MLPs a prompt batch holds staged at once: 1, or 2 (the next one's read
     /// overlaps the compute of the one before).
     pub prompt_staged_layers: usize,
@@ -210,6 +214,15 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// The batches a prompt of `len` tokens runs in: the last of at most [`Self::prompt_batch`]
+    /// tokens (it warms the slots, so it runs beside them), the ones before it of up to
+    /// [`Self::prompt_batch_fresh`] where the prompt starts a sequence (`fresh`: the slots are
+    /// empty), else of `prompt_batch`.
+    pub fn prompt_batches(&self, len: usize, fresh: bool) -> Vec<usize> {
+        let small = self.prompt_batch;
+        split_prompt(len, small, if fresh { self.prompt_batch_fresh } else { small })
+    }
+
     /// The plan `s.dense_prefix` asks for: [`MemoryPlan::fit`], a given layer, or the
     /// manifest's default dense prefix.
     pub fn for_settings(inputs: &PlanInputs, sel: &Sizing, s: &StreamSettings) -> Result<Self> {
@@ -359,9 +372,11 @@ impl MemoryPlan {
                 }
             }
         };
-        // warm slots: a block of down's rows in f32 at a time (stream/warm.rs)
+        // warm slots: a block of down's rows in f32 at a time, and that block of every column
+        // requantized, twice (stream/warm.rs)
         let warm_bytes = if stage_first > 0 {
-            (shape.map_or(32, |s| s.down.block_elements()) * c.intermediate_size * 4) as u64
+            let requantized = shape.map_or(0, |s| 2 * s.down.block_bytes());
+            (shape.map_or(32, |s| s.down.block_elements()) * 4 + requantized) as u64 * c.intermediate_size as u64
         } else {
             0
         };
@@ -431,6 +446,16 @@ impl MemoryPlan {
             }
         };
         let slot_bytes: u64 = capacity.iter().map(|&c| (c * srb) as u64).sum();
+        // a sequence's prompt runs before any slot is filled: the slots' whole pages go to the
+        // batches before its last (which warms the slots)
+        let page = super::aligned::DIRECT_ALIGN_BYTES;
+        let slot_pages_bytes: u64 = capacity.iter().map(|&c| (c * srb / page * page) as u64).sum();
+        let mut prompt_batch_fresh = prompt_batch;
+        while prompt_batch_fresh < PROMPT_BATCH_MAX
+            && prompt_bytes_at(2 * prompt_batch_fresh, prompt_staged_layers as u64) <= prompt_bytes + slot_pages_bytes
+        {
+            prompt_batch_fresh *= 2;
+        }
         Ok(MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
             resident_bytes,
@@ -443,6 +468,7 @@ impl MemoryPlan {
             kv_cache_bytes,
             staging_bytes,
             prompt_batch,
+            prompt_batch_fresh,
             prompt_staged_layers,
             prompt_bytes,
             process_bytes,
@@ -457,6 +483,20 @@ impl MemoryPlan {
             total_bytes: fixed + slot_bytes,
         })
     }
+}
+
+/// `len` prompt tokens in batches: the last of `(len - 1) % small + 1` tokens (as batches of
+/// `small` would end), the ones before it of up to `big` (at least `small`).
+fn split_prompt(len: usize, small: usize, big: usize) -> Vec<usize> {
+    if len == 0 {
+        return Vec::new();
+    }
+    let big = big.max(small);
+    let last = (len - 1) % small + 1;
+    let head = len - last;
+    let mut batches: Vec<usize> = (0..head).step_by(big).map(|start| big.min(head - start)).collect();
+    batches.push(last);
+    batches
 }
 
 /// The KV cache of `ctx` positions (f16 keys and values of every layer, [`crate::kv_cache`]).
@@ -495,6 +535,26 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prompt_batches() {
+        use super::split_prompt;
+        // as batches of `small` where no larger one is allowed
+        assert_eq!(split_prompt(100, 32, 32), vec![32, 32, 32, 4]);
+        assert_eq!(split_prompt(96, 32, 32), vec![32, 32, 32]);
+        // the larger batches first, the last one as small batches would end
+        assert_eq!(split_prompt(396, 16, 512), vec![384, 12]);
+        assert_eq!(split_prompt(1100, 16, 512), vec![512, 512, 64, 12]);
+        assert_eq!(split_prompt(16, 16, 512), vec![16]);
+        assert_eq!(split_prompt(17, 16, 512), vec![16, 1]);
+        assert_eq!(split_prompt(5, 16, 8), vec![5]);
+        assert!(split_prompt(0, 16, 512).is_empty());
+        for (len, small, big) in [(511, 16, 256), (1000, 64, 512), (33, 32, 32)] {
+            let b = split_prompt(len, small, big);
+            assert_eq!(b.iter().sum::<usize>(), len);
+            assert!(b.iter().all(|&n| n > 0 && n <= big) && *b.last().unwrap() <= small);
+        }
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(super::parse_bytes("155MiB").unwrap(), 155 << 20);

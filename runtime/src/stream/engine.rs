@@ -302,6 +302,7 @@ impl StreamingEngine {
         settings: &StreamSettings,
     ) -> Result<Self> {
         settings.validate()?;
+        crate::map_large_allocations();
         let records_path = manifest.artifact_path_of(manifest_path, "records")?;
         let c = &manifest.model;
         let d0 = manifest.sparsity.dense_prefix;
@@ -441,6 +442,8 @@ impl StreamingEngine {
     pub fn begin_sequence(&mut self) {
         for (layer, cap) in self.layers.iter_mut().zip(&self.plan.capacity) {
             layer.map = SlotMap::new(self.h.len(), *cap);
+            // the emptied slots' memory goes to the prompt's batches until rows land again
+            layer.buf.release_pages();
         }
         for loads in &mut self.in_flight {
             loads.clear();

@@ -14,6 +14,7 @@ use crate::ops::record_sum::RecordRows;
 use crate::select::SlotRow;
 use crate::slots::Load;
 use crate::tensor::Matrix;
+use rayon::prelude::*;
 
 /// Writes each load's neuron's slot row (`SlotRow::bytes_in` bytes) from `mlp` into its slot
 /// of `slots` (the layer's slot buffer).
@@ -76,16 +77,30 @@ pub fn write_slot_rows(
                 Matrix::F16(f) => f.row(i0 + r).iter().zip(dst.iter_mut()).for_each(|(v, o)| *o = v.to_f32()),
             }
         }
-        for (k, &j) in neurons.iter().enumerate() {
-            col.iter_mut().enumerate().for_each(|(r, c)| *c = rows[r * n_ff + j as usize]);
-            let row = &mut slots[slot_of(k) * rb + down_at..(slot_of(k) + 1) * rb];
-            match shape {
-                Some(sh) => {
-                    let b = formats::ggml_quants::quantize(sh.down, &col).ok_or_else(|| mismatch("down"))?;
-                    let at = i0 / block * sh.down.block_bytes();
-                    row[at..at + b.len()].copy_from_slice(&b);
+        match shape {
+            Some(sh) => {
+                // the requantization is most of the work (the reference quantizer's search for
+                // each sub-block's scale): the columns are quantized on every thread, each the
+                // same bytes as alone, then written in order
+                let bb = sh.down.block_bytes();
+                let blocks: Vec<u8> = neurons
+                    .par_iter()
+                    .map(|&j| {
+                        let col: Vec<f32> = (0..block).map(|r| rows[r * n_ff + j as usize]).collect();
+                        formats::ggml_quants::quantize(sh.down, &col).filter(|b| b.len() == bb)
+                    })
+                    .collect::<Option<Vec<Vec<u8>>>>()
+                    .ok_or_else(|| mismatch("down"))?
+                    .concat();
+                let at = i0 / block * bb;
+                for (k, b) in blocks.chunks_exact(bb).enumerate() {
+                    slots[slot_of(k) * rb + down_at + at..][..bb].copy_from_slice(b);
                 }
-                None => {
+            }
+            None => {
+                for (k, &j) in neurons.iter().enumerate() {
+                    col.iter_mut().enumerate().for_each(|(r, c)| *c = rows[r * n_ff + j as usize]);
+                    let row = &mut slots[slot_of(k) * rb + down_at..(slot_of(k) + 1) * rb];
                     for (r, &v) in col.iter().enumerate() {
                         let at = 2 * (i0 + r);
                         row[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
