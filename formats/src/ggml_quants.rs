@@ -246,104 +246,152 @@ fn nearest_int(v: f32) -> i32 {
     v.round_ties_even() as i32
 }
 
-/// llama.cpp's make_qkx2_quants for one group: the scale and (negated) minimum that fit `x` with
-/// levels `0..=nmax` under `weights`, searching `nstep + 1` scales around the range's; levels in
-/// `l`. Returns (scale, min), `x ~= scale * l - min`.
+/// Sub-blocks quantized side by side: lane `j` of a `Lanes` is the `j`-th 32-value sub-block
+/// of a Q4_K block.
+type Lanes = [f32; 8];
+
+/// llama.cpp's make_qkx2_quants for the 8 sub-blocks of a block at once (`x[i][j]`: value `i`
+/// of sub-block `j`): the scale and (negated) minimum that fit each sub-block with levels
+/// `0..=nmax` under `weights`, searching `nstep + 1` scales around the range's; levels in `l`.
+/// Each lane runs the scalar algorithm's operations in its order (no reassociation, no fused
+/// multiply-add), so a lane's result is bit for bit the one-group function's
+/// (`tests::make_qkx2_quants_one`); the lanes make the loops vector instructions, which the
+/// one-group function's running sums cannot be. Returns (scale, min), `x ~= scale * l - min`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+fn make_qkx2_quants_x8(
     nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l: &mut [u8],
-    laux: &mut [u8],
+    x: &[Lanes; 32],
+    weights: &[Lanes; 32],
+    l: &mut [Lanes; 32],
     rmin: f32,
     rdelta: f32,
     nstep: i32,
-) -> (f32, f32) {
-    let n = x.len();
+) -> (Lanes, Lanes) {
+    let nmax_f = nmax as f32;
+    // round half to even, clamped to 0..=nmax (NaN to 0, as `nearest_int(..).clamp(..)`)
+    let level = |v: f32| v.round_ties_even().max(0.0).min(nmax_f);
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        min = min.min(x[i]);
-        max = max.max(x[i]);
-        sum_w += weights[i];
-        sum_x += weights[i] * x[i];
+    let mut sum_x = [0f32; 8];
+    for j in 0..8 {
+        sum_x[j] = sum_w[j] * x[0][j];
     }
-    if min > 0.0 {
-        min = 0.0;
+    for i in 1..32 {
+        for j in 0..8 {
+            if x[i][j] < min[j] {
+                min[j] = x[i][j];
+            }
+            if x[i][j] > max[j] {
+                max[j] = x[i][j];
+            }
+            sum_w[j] += weights[i][j];
+            sum_x[j] += weights[i][j] * x[i][j];
+        }
     }
-    if max == min {
-        l.fill(0);
-        return (0.0, -min);
+    let mut flat = [false; 8];
+    let (mut scale, mut best_error, mut iscale) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+    for j in 0..8 {
+        if min[j] > 0.0 {
+            min[j] = 0.0;
+        }
+        flat[j] = max[j] == min[j];
+        iscale[j] = nmax_f / (max[j] - min[j]);
+        scale[j] = 1.0 / iscale[j];
     }
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0f32;
-    for i in 0..n {
-        let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l[i] = q as u8;
-        let diff = scale * l[i] as f32 + min - x[i];
-        best_error += weights[i] * diff * diff;
+    for i in 0..32 {
+        for j in 0..8 {
+            let q = level(iscale[j] * (x[i][j] - min[j]));
+            l[i][j] = q;
+            let diff = scale[j] * q + min[j] - x[i][j];
+            best_error[j] += weights[i][j] * diff * diff;
+        }
     }
+    let mut laux = [[0f32; 8]; 32];
     for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
-        for i in 0..n {
-            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = q as u8;
-            let (w, lf) = (weights[i], q as f32);
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+        let (mut sum_l, mut sum_l2, mut sum_xl) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+        for j in 0..8 {
+            iscale[j] = (rmin + rdelta * is as f32 + nmax_f) / (max[j] - min[j]);
         }
-        let d = sum_w * sum_l2 - sum_l * sum_l;
-        if d > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        for i in 0..32 {
+            for j in 0..8 {
+                let q = level(iscale[j] * (x[i][j] - min[j]));
+                laux[i][j] = q;
+                let w = weights[i][j];
+                sum_l[j] += w * q;
+                sum_l2[j] += w * q * q;
+                sum_xl[j] += w * q * x[i][j];
             }
-            let mut cur_error = 0f32;
-            for i in 0..n {
-                let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                cur_error += weights[i] * diff * diff;
+        }
+        let (mut this_scale, mut this_min, mut better) = ([0f32; 8], [0f32; 8], [false; 8]);
+        let mut cur_error = [0f32; 8];
+        for j in 0..8 {
+            let d = sum_w[j] * sum_l2[j] - sum_l[j] * sum_l[j];
+            this_scale[j] = (sum_w[j] * sum_xl[j] - sum_x[j] * sum_l[j]) / d;
+            this_min[j] = (sum_l2[j] * sum_x[j] - sum_l[j] * sum_xl[j]) / d;
+            if this_min[j] > 0.0 {
+                this_min[j] = 0.0;
+                this_scale[j] = sum_xl[j] / sum_l2[j];
             }
-            if cur_error < best_error {
-                l[..n].copy_from_slice(&laux[..n]);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+            better[j] = d > 0.0;
+        }
+        for i in 0..32 {
+            for j in 0..8 {
+                let diff = this_scale[j] * laux[i][j] + this_min[j] - x[i][j];
+                cur_error[j] += weights[i][j] * diff * diff;
+            }
+        }
+        for j in 0..8 {
+            better[j] &= cur_error[j] < best_error[j];
+            if better[j] {
+                best_error[j] = cur_error[j];
+                scale[j] = this_scale[j];
+                min[j] = this_min[j];
+            }
+        }
+        for i in 0..32 {
+            for j in 0..8 {
+                if better[j] {
+                    l[i][j] = laux[i][j];
+                }
             }
         }
     }
-    (scale, -min)
+    for j in 0..8 {
+        if flat[j] {
+            // every value the same: levels 0, no scale
+            (0..32).for_each(|i| l[i][j] = 0.0);
+            scale[j] = 0.0;
+        }
+        min[j] = -min[j];
+    }
+    (scale, min)
 }
 
 /// `x` (a multiple of 256 values) as Q4_K blocks, llama.cpp's quantize_row_q4_K_ref (no
-/// importance matrix): per 32 values a scale and minimum from [`make_qkx2_quants`] weighted by
+/// importance matrix): per 32 values a scale and minimum from [`make_qkx2_quants_x8`] weighted by
 /// `rms + |x|`, both requantized to 6 bits against the block's f16 `d` and `dmin`, then 4-bit
 /// levels. 144 bytes a block: d, dmin, 12 bytes of packed scales/minimums, 128 of nibbles.
 pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(256));
     let mut out = Vec::with_capacity(x.len() / 256 * 144);
     for xb in x.chunks_exact(256) {
+        // the 8 sub-blocks side by side: x[i][j] is value i of sub-block j
+        let (mut x8, mut weights) = ([[0f32; 8]; 32], [[0f32; 8]; 32]);
+        for (j, g) in xb.chunks_exact(32).enumerate() {
+            let av_x = (g.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+            for (i, &v) in g.iter().enumerate() {
+                x8[i][j] = v;
+                weights[i][j] = av_x + v.abs();
+            }
+        }
+        let mut l8 = [[0f32; 8]; 32];
+        let (scales, mins) = make_qkx2_quants_x8(15, &x8, &weights, &mut l8, -1.0, 0.1, 20);
         let mut l = [0u8; 256];
-        let (mut laux, mut weights) = ([0u8; 32], [0f32; 32]);
-        let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
         let (mut max_scale, mut max_min) = (0f32, 0f32);
         for j in 0..8 {
-            let g = &xb[32 * j..32 * (j + 1)];
-            let av_x = (g.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            for (w, v) in weights.iter_mut().zip(g) {
-                *w = av_x + v.abs();
-            }
-            let (sc, mn) = make_qkx2_quants(15, g, &weights, &mut l[32 * j..32 * (j + 1)], &mut laux, -1.0, 0.1, 20);
-            scales[j] = sc;
-            mins[j] = mn;
-            max_scale = max_scale.max(sc);
-            max_min = max_min.max(mn);
+            (0..32).for_each(|i| l[32 * j + i] = l8[i][j] as u8);
+            max_scale = max_scale.max(scales[j]);
+            max_min = max_min.max(mins[j]);
         }
         let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
         let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
@@ -529,6 +577,86 @@ pub fn dequant_block_q6_k(b: &[u8], out: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// llama.cpp's make_qkx2_quants for one group, as llama.cpp writes it (the reference each
+    /// lane of [`make_qkx2_quants_x8`] equals bit for bit): the scale and (negated) minimum that
+    /// fit `x` with levels `0..=nmax` under `weights`, searching `nstep + 1` scales around the
+    /// range's; levels in `l`. Returns (scale, min), `x ~= scale * l - min`.
+    #[allow(clippy::too_many_arguments)]
+    fn make_qkx2_quants(
+        nmax: i32,
+        x: &[f32],
+        weights: &[f32],
+        l: &mut [u8],
+        laux: &mut [u8],
+        rmin: f32,
+        rdelta: f32,
+        nstep: i32,
+    ) -> (f32, f32) {
+        let n = x.len();
+        let (mut min, mut max) = (x[0], x[0]);
+        let mut sum_w = weights[0];
+        let mut sum_x = sum_w * x[0];
+        for i in 1..n {
+            if x[i] < min {
+                min = x[i];
+            }
+            if x[i] > max {
+                max = x[i];
+            }
+            sum_w += weights[i];
+            sum_x += weights[i] * x[i];
+        }
+        if min > 0.0 {
+            min = 0.0;
+        }
+        if max == min {
+            l.fill(0);
+            return (0.0, -min);
+        }
+        let mut iscale = nmax as f32 / (max - min);
+        let mut scale = 1.0 / iscale;
+        let mut best_error = 0f32;
+        for i in 0..n {
+            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            l[i] = q as u8;
+            let diff = scale * l[i] as f32 + min - x[i];
+            best_error += weights[i] * diff * diff;
+        }
+        for is in 0..=nstep {
+            iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+            let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+            for i in 0..n {
+                let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+                laux[i] = q as u8;
+                let (w, lf) = (weights[i], q as f32);
+                sum_l += w * lf;
+                sum_l2 += w * lf * lf;
+                sum_xl += w * lf * x[i];
+            }
+            let d = sum_w * sum_l2 - sum_l * sum_l;
+            if d > 0.0 {
+                let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
+                let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
+                if this_min > 0.0 {
+                    this_min = 0.0;
+                    this_scale = sum_xl / sum_l2;
+                }
+                let mut cur_error = 0f32;
+                for i in 0..n {
+                    let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                    cur_error += weights[i] * diff * diff;
+                }
+                if cur_error < best_error {
+                    l[..n].copy_from_slice(&laux[..n]);
+                    best_error = cur_error;
+                    scale = this_scale;
+                    min = this_min;
+                }
+            }
+        }
+        (scale, -min)
+    }
+
     fn h(x: f32) -> [u8; 2] {
         f16::from_f32(x).to_le_bytes()
     }
@@ -677,6 +805,62 @@ mod tests {
         let bytes: Vec<u8> = [7.25f32, -1.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         dequantize(GgmlType::F32, &bytes, &mut out);
         assert_eq!(out, [7.25, -1.0]);
+    }
+
+    /// Each lane of the 8-lane search is the one-group search bit for bit (scale, minimum and
+    /// levels) on blocks of many kinds: spread and narrow, all positive, with exact and negative
+    /// zeros, constant sub-blocks, a tie-prone grid, tiny and huge magnitudes.
+    #[test]
+    fn make_qkx2_quants_one() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for block in 0..3000 {
+            let kind = block % 8;
+            let xb: Vec<f32> = (0..256)
+                .map(|i| {
+                    let u = next() as f32 * 2.0 - 1.0;
+                    match kind {
+                        0 => u,
+                        1 => u * 1e-4 + 0.3,
+                        2 => u.abs() * 5.0,
+                        3 if i % 3 == 0 => 0.0,
+                        3 if i % 3 == 1 => -0.0,
+                        4 if (i / 32) % 2 == 0 => 0.25,
+                        5 => (u * 8.0).round() / 8.0,
+                        6 => u * 1e-30,
+                        7 => u * 1e30,
+                        _ => u * if i % 17 == 0 { 9.0 } else { 0.1 },
+                    }
+                })
+                .collect();
+            let (mut x8, mut w8) = ([[0f32; 8]; 32], [[0f32; 8]; 32]);
+            let mut weights = vec![[0f32; 32]; 8];
+            for (j, g) in xb.chunks_exact(32).enumerate() {
+                let av_x = (g.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+                for (i, &v) in g.iter().enumerate() {
+                    x8[i][j] = v;
+                    w8[i][j] = av_x + v.abs();
+                    weights[j][i] = av_x + v.abs();
+                }
+            }
+            let mut l8 = [[0f32; 8]; 32];
+            let (scales, mins) = make_qkx2_quants_x8(15, &x8, &w8, &mut l8, -1.0, 0.1, 20);
+            for (j, g) in xb.chunks_exact(32).enumerate() {
+                let (mut l, mut laux) = ([0u8; 32], [0u8; 32]);
+                let (sc, mn) = make_qkx2_quants(15, g, &weights[j], &mut l, &mut laux, -1.0, 0.1, 20);
+                assert_eq!(
+                    (sc.to_bits(), mn.to_bits()),
+                    (scales[j].to_bits(), mins[j].to_bits()),
+                    "block {block} sub-block {j}"
+                );
+                assert!((0..32).all(|i| l[i] == l8[i][j] as u8), "block {block} sub-block {j}: levels differ");
+            }
+        }
     }
 
     /// Our Q8_0 and Q4_K quantizers round-trip through the dequantizers within their steps.
