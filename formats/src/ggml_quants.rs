@@ -367,6 +367,20 @@ fn make_qkx2_quants_x8(
     (scale, min)
 }
 
+/// A Q4_K block's 256 values as its 8 sub-blocks side by side (`x[i][j]`: value `i` of
+/// sub-block `j`), with the search's weights: `rms + |x|`, the rms over the value's sub-block.
+fn q4_k_sub_blocks(xb: &[f32]) -> ([Lanes; 32], [Lanes; 32]) {
+    let (mut x, mut weights) = ([[0f32; 8]; 32], [[0f32; 8]; 32]);
+    for (j, g) in xb.chunks_exact(32).enumerate() {
+        let av_x = (g.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+        for (i, &v) in g.iter().enumerate() {
+            x[i][j] = v;
+            weights[i][j] = av_x + v.abs();
+        }
+    }
+    (x, weights)
+}
+
 /// `x` (a multiple of 256 values) as Q4_K blocks, llama.cpp's quantize_row_q4_K_ref (no
 /// importance matrix): per 32 values a scale and minimum from [`make_qkx2_quants_x8`] weighted by
 /// `rms + |x|`, both requantized to 6 bits against the block's f16 `d` and `dmin`, then 4-bit
@@ -375,15 +389,7 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(256));
     let mut out = Vec::with_capacity(x.len() / 256 * 144);
     for xb in x.chunks_exact(256) {
-        // the 8 sub-blocks side by side: x[i][j] is value i of sub-block j
-        let (mut x8, mut weights) = ([[0f32; 8]; 32], [[0f32; 8]; 32]);
-        for (j, g) in xb.chunks_exact(32).enumerate() {
-            let av_x = (g.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            for (i, &v) in g.iter().enumerate() {
-                x8[i][j] = v;
-                weights[i][j] = av_x + v.abs();
-            }
-        }
+        let (x8, weights) = q4_k_sub_blocks(xb);
         let mut l8 = [[0f32; 8]; 32];
         let (scales, mins) = make_qkx2_quants_x8(15, &x8, &weights, &mut l8, -1.0, 0.1, 20);
         let mut l = [0u8; 256];
@@ -838,21 +844,13 @@ mod tests {
                     }
                 })
                 .collect();
-            let (mut x8, mut w8) = ([[0f32; 8]; 32], [[0f32; 8]; 32]);
-            let mut weights = vec![[0f32; 32]; 8];
-            for (j, g) in xb.chunks_exact(32).enumerate() {
-                let av_x = (g.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-                for (i, &v) in g.iter().enumerate() {
-                    x8[i][j] = v;
-                    w8[i][j] = av_x + v.abs();
-                    weights[j][i] = av_x + v.abs();
-                }
-            }
+            let (x8, w8) = q4_k_sub_blocks(&xb);
             let mut l8 = [[0f32; 8]; 32];
             let (scales, mins) = make_qkx2_quants_x8(15, &x8, &w8, &mut l8, -1.0, 0.1, 20);
             for (j, g) in xb.chunks_exact(32).enumerate() {
+                let weights: Vec<f32> = (0..32).map(|i| w8[i][j]).collect();
                 let (mut l, mut laux) = ([0u8; 32], [0u8; 32]);
-                let (sc, mn) = make_qkx2_quants(15, g, &weights[j], &mut l, &mut laux, -1.0, 0.1, 20);
+                let (sc, mn) = make_qkx2_quants(15, g, &weights, &mut l, &mut laux, -1.0, 0.1, 20);
                 assert_eq!(
                     (sc.to_bits(), mn.to_bits()),
                     (scales[j].to_bits(), mins[j].to_bits()),
