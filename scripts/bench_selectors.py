@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """`make bench-selectors MODEL=<name>`: how well each way of choosing a token's neurons does at
 a set size, side by side (issue #17): perplexity on held-out text (`runtime perplexity
---in-memory`, exactly what a streamed run computes with slots of the set's size) and the
-recall of the oracle's set (each token's truly largest |silu(g) * u|) at s = 15, 20, 25, 30%
-of n_ff, for
+--in-memory`: the streaming engine over records.bin held in memory, slots of the set's size,
+the first half of each chunk a dense prompt and the second half scored token by token, as a
+streamed run computes it) at s = 15, 20, 25, 30% of n_ff, for
 
   layers   the per-layer predictors (nothing of the MLP resident but them)
   sketch   the resident gate and up rows at 2 bits a weight (about a third of the 4-bit MLP)
@@ -94,7 +94,7 @@ def main():
     n_sparse = m["model"]["num_hidden_layers"] - prefix
     n_prepared = m["model"]["num_hidden_layers"] - m["sparsity"]["dense_prefix"]
     # the papers' predictors exist only where the recipe has their [train] / [layers] sections
-    needs = {"layers": "layer_predictors", "soft8": "predictor", "oracle": "layer_predictors"}
+    needs = {"layers": "layer_predictors", "soft8": "predictor"}
     missing = [f"{x} (no {needs[x]} artifact)" for x in a.methods.split(",") if x in needs and needs[x] not in arts]
     if missing:
         sys.exit(f"{manifest}: cannot compare {', '.join(missing)}: add the recipe's [train] and [layers] sections, "

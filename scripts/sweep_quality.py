@@ -5,8 +5,8 @@ For a prepared model (manifest.toml): dense, then the predictor's sets at every 
 in --d (d >= the prepared prefix: layers below d run dense, the same predictor serves the
 rest); `d@s` also cuts every set to s x K_max (`--set-scale s`, what `--dense-prefix fit` picks
 under the smallest budgets). Each point: HellaSwag acc_norm (`runtime eval`) and LAMBADA perplexity
-(`runtime perplexity`), both `--in-memory` (the same sets the streaming engine reads; tests
-check that streaming gives the same logits). Writes bench/results/quality-<name>.json and .png.
+(`runtime perplexity`), both `--in-memory` (the streaming engine over records.bin held in
+memory: the same computation as a streamed run, tests check the same bits). Writes bench/results/quality-<name>.json and .png.
 """
 import argparse, json, os, subprocess, sys, time
 from pathlib import Path

@@ -42,7 +42,7 @@ fn import_keeps_the_gguf_template() {
         assert_eq!(std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap(), want, "{}", dir.display());
     }
     let (model, tok) = runtime::open_model(&fixture_native_model(), runtime::DecodeLayout::Mapped).unwrap();
-    let opened = runtime::Opened { model, tokenizer: tok, manifest: None, sparsity: None, notes: vec![] };
+    let opened = runtime::Opened { model, tokenizer: tok, manifest: None, engine: None, notes: vec![] };
     let t = runtime::chat_template(&fixture_native_model(), &opened).unwrap().expect("the fixture has a template");
     assert_eq!((t.bos_token.as_str(), t.eos_token.as_str()), ("<|im_start|>", "<|im_end|>"));
     // the rendered special tokens are parsed as such: <|im_start|> is id 1, <|im_end|> id 2

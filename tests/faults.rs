@@ -151,7 +151,13 @@ fn the_record_reader_reassembles_short_reads() {
     use runtime::stream::reader::{ReaderOptions, RecordReader, Run};
     let mount = FaultMount::new("faults-reader", "short");
     let want = std::fs::read(prepared().parent().unwrap().join("records.bin")).unwrap();
-    let o = ReaderOptions { queue_depth: 8, force_pread: true, staging_bytes: 1 << 20, register_staging: false };
+    let o = ReaderOptions {
+        queue_depth: 8,
+        force_pread: true,
+        staging_bytes: 1 << 20,
+        register_staging: false,
+        hold_in_memory: false,
+    };
     let mut r = RecordReader::open(&mount.dir.join("records.bin"), &o).unwrap();
     let runs = [
         Run { offset: 0, bytes: 1024, staging_offset: 0 },

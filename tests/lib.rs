@@ -206,6 +206,28 @@ pub fn link_all_but(src: &Path, dst: &Path, except: &str) {
     }
 }
 
+/// A run with every row in memory (`--in-memory`): the streaming engine over records.bin held
+/// in memory, no budget, layers `dense_prefix..` sparse with sets of `set_scale` and slots of
+/// `slot_share` (shares of n_ff for the scorer and the whole-record strategies).
+pub fn in_memory(
+    selector: runtime::stream::SelectorChoice,
+    dense_prefix: usize,
+    set_scale: f64,
+    slot_share: f64,
+    head: runtime::HeadChoice,
+) -> runtime::PreparedMode {
+    runtime::PreparedMode::Stream(runtime::stream::StreamSettings {
+        ctx: 128,
+        selector,
+        dense_prefix: runtime::stream::DensePrefix::Layer(dense_prefix),
+        set_scale,
+        slot_share: Some(slot_share),
+        head,
+        io: runtime::stream::IoSettings { hold_records_in_memory: true, ..Default::default() },
+        ..Default::default()
+    })
+}
+
 /// Largest absolute difference between two logit vectors of the same length.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "logit vectors of different lengths");

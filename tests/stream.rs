@@ -4,7 +4,7 @@
 //! with the minimum (or, with `--dense-prefix fit`, met by a later dense prefix, then by smaller
 //! sets); and it runs inside a cgroup v1 memory limit of budget + 10%.
 
-use runtime::{PreparedMode, Sparsity};
+use runtime::PreparedMode;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -38,12 +38,19 @@ fn stream_with(manifest: &Path, budget: Option<u64>, record_sets: bool) -> runti
     runtime::open(manifest, &PreparedMode::Stream(s)).unwrap()
 }
 
-fn in_memory(manifest: &Path) -> runtime::Opened {
-    runtime::open(manifest, &PreparedMode::InMemory(Default::default())).unwrap()
+/// The streamed run's defaults with records.bin held in memory (`--in-memory`).
+fn records_in_memory(manifest: &Path, set_scale: f64) -> runtime::Opened {
+    let s = runtime::stream::StreamSettings {
+        ctx: 256,
+        set_scale,
+        io: runtime::stream::IoSettings { hold_records_in_memory: true, ..Default::default() },
+        ..Default::default()
+    };
+    runtime::open(manifest, &PreparedMode::Stream(s)).unwrap()
 }
 
 /// Logits of `ids` (every position, from an empty 64-position cache) through what the opened
-/// model runs with (its in-memory hook, or the streaming engine).
+/// model runs with (dense, or the streaming engine).
 fn forward_logits(o: &mut runtime::Opened, ids: &[u32]) -> Vec<f32> {
     let mut cache = o.model.new_cache(64).unwrap();
     o.runner().forward(ids, &mut cache, 0).unwrap()
@@ -74,7 +81,7 @@ fn rows_read_are_exactly_the_deltas() {
     // every token through the decode path (logits wanted from the first): a prompt's batches
     // stage whole layers instead
     s.runner().forward(&ids, &mut cache, 0).unwrap();
-    let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!("not streaming") };
+    let e = s.engine().expect("streaming");
     e.refresh_io_stats();
     let manifest = formats::manifest::Manifest::load(m).unwrap();
     // replay the active sets: each layer reads what is new to the union of earlier sets
@@ -201,10 +208,10 @@ fn flipped_byte_is_a_crc_error() {
     );
 }
 
-/// `--strategy scorer`: the quality figures come from `--in-memory` (batched, every downT row
-/// in memory, which rows a streaming run would hold simulated); streaming at its smallest
-/// budget (slots = set size) keeps the same sets, computes the same logits, and reads only the
-/// kept neurons' downT rows (one 512-aligned span each).
+/// `--strategy scorer`: the quality figures come from `--in-memory` (the engine over records.bin
+/// held in memory, slots as a budget gives them); streaming at its smallest budget (slots = set
+/// size) and above keeps the same sets, computes the same logits, and reads only the kept
+/// neurons' downT rows (one 512-aligned span each).
 #[test]
 fn scorer_streaming_equals_in_memory() {
     let m = default_sparse();
@@ -218,15 +225,13 @@ fn scorer_streaming_equals_in_memory() {
         set_scale: share,
         ..Default::default()
     };
-    let minimum = match runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().sparsity {
-        Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
-        _ => panic!("not streaming"),
-    };
+    let minimum =
+        runtime::open(m, &PreparedMode::Stream(settings(None))).unwrap().engine.expect("streaming").plan.minimum_bytes;
     // the smallest budget (slots = the needed set), then 1 MiB more (every layer holds more
     // rows than it needs, and all of them count)
     for extra in [0u64, 1 << 20] {
         let mut s = runtime::open(m, &PreparedMode::Stream(settings(Some(minimum + extra)))).unwrap();
-        let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
+        let e = s.engine().expect("streaming");
         assert_eq!(e.plan.slot_row_bytes, 576 * 2, "slots hold downT rows only");
         assert!(e.plan.predictor_bytes == 0 && e.plan.scorer_bytes > 0);
         if extra == 0 {
@@ -239,36 +244,28 @@ fn scorer_streaming_equals_in_memory() {
                 e.plan.set_sizes
             );
         }
-        let slots = e.plan.capacity[0];
-        // token by token, as streaming runs (batched prefill sums in another order: with a bonus a
-        // flipped marginal neuron changes what is resident, and the sets drift apart)
-        let mem_settings = runtime::InMemorySettings {
-            selector,
-            dense_prefix: runtime::stream::DensePrefix::Layer(e.dense_prefix),
-            set_scale: share,
-            slot_share: Some(slots as f64 / manifest.model.intermediate_size as f64),
-            single_token: true,
-            ..Default::default()
-        };
-        let mut mem = runtime::open(m, &PreparedMode::InMemory(mem_settings)).unwrap();
-        let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!("not the in-memory scorer") };
-        assert_eq!((p.slots, p.resident_bonus), (slots, bonus));
+        let (slots, first) = (e.plan.capacity[0], e.dense_prefix);
+        let n_ff = manifest.model.intermediate_size;
+        let mem_mode = in_memory(selector, first, share, slots as f64 / n_ff as f64, runtime::HeadChoice::Resident);
+        let mut mem = runtime::open(m, &mem_mode).unwrap();
         let ids = mem
             .tokenizer
             .encode("It was the best of times, it was the worst of times, it was the age of", true)
             .unwrap();
         let want = forward_logits(&mut mem, &ids);
         let got = forward_logits(&mut s, &ids);
-        let max_diff = max_abs_diff(&want, &got);
-        assert!(max_diff < 2e-3, "extra {extra}: streamed logits differ from in-memory scored sets by {max_diff}");
-        let Some(Sparsity::Stream(e)) = s.sparsity.as_mut() else { panic!() };
+        assert_eq!(want, got, "extra {extra}: streamed logits differ from the records held in memory");
+        let p = mem.engine().expect("streaming");
+        p.refresh_io_stats();
+        let (p_loaded, p_computed, p_reuse) = (p.stats.rows_loaded, p.stats.computed_rows, p.stats.reuse_ratio());
+        let e = s.engine().expect("streaming");
         e.refresh_io_stats();
-        let Some(Sparsity::Scored(p)) = mem.sparsity.as_ref() else { panic!() };
-        assert_eq!(e.stats.rows_loaded, p.loaded, "the same rows read as the in-memory run counted");
-        assert_eq!(e.stats.computed_rows, p.kept, "every held row counted, in both");
-        let held = slots as f64 / 1536.0;
-        assert!((p.density() - held).abs() < 0.02, "density {} vs slots {held}", p.density());
-        assert!(p.reuse_ratio() > 0.0 && p.reuse_ratio() < 1.0, "reuse {}", p.reuse_ratio());
+        assert_eq!(e.stats.rows_loaded, p_loaded, "the same rows read as with records in memory");
+        assert_eq!(e.stats.computed_rows, p_computed, "every held row counted, in both");
+        let density = p_computed as f64 / (e.stats.tokens * e.plan.capacity.len() as u64 * n_ff as u64) as f64;
+        let held = slots as f64 / n_ff as f64;
+        assert!((density - held).abs() < 0.02, "density {density} vs slots {held}");
+        assert!(p_reuse > 0.0 && p_reuse < 1.0, "reuse {p_reuse}");
         // one span of 1536 bytes (3 x 512 around the 1152-byte row) per row read
         assert_eq!(e.stats.bytes_read, e.stats.rows_loaded * 1536);
         assert_eq!(e.stats.read_requests, e.stats.rows_loaded);
@@ -364,23 +361,21 @@ fn within_budget(what: &str, out: &std::process::Output, budget: u64, limit: u64
     (r, rss)
 }
 
-/// The quality figures come from `--in-memory` (batched); streaming must compute the same.
+/// The quality figures come from `--in-memory` (records.bin held in memory); streaming from
+/// storage computes the same bits.
 #[test]
 fn streaming_equals_in_memory_predicted_sets() {
     let m = default_sparse();
-    let mut mem = in_memory(m);
+    let mut mem = records_in_memory(m, 1.0);
     let ids =
         mem.tokenizer.encode("It was the best of times, it was the worst of times, it was the age of", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = stream(m, None);
     let got = forward_logits(&mut s, &ids);
-    let max_diff = max_abs_diff(&want, &got);
-    assert!(
-        max_diff < BATCHED_VS_TOKEN_BY_TOKEN,
-        "streamed logits differ from in-memory predicted sparsity by {max_diff}"
-    );
-    let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
-    assert!(p.density(1536) < 0.9, "sets are sparse: density {}", p.density(1536));
+    assert_eq!(want, got, "streamed logits differ from the records held in memory");
+    let e = s.engine().expect("streaming");
+    let density = e.stats.computed_rows as f64 / (e.stats.tokens * e.plan.capacity.len() as u64 * 1536) as f64;
+    assert!(density < 0.9, "sets are sparse: density {density}");
 }
 
 /// One preparation, several operating points: the manifest's default_dense_from runs layers
@@ -401,27 +396,23 @@ fn dense_from_moves_with_the_budget() {
         runtime::open(&variant, &PreparedMode::Stream(s))
     };
     // the default prefix: layers 26 and 27 dense from records, 28.. streamed
-    let mut mem = in_memory(&variant);
+    let mut mem = records_in_memory(&variant, 1.0);
     let ids = mem.tokenizer.encode("In the beginning the universe was created. This has made a lot of", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = open(DensePrefix::Default, None).unwrap();
-    let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!("not streaming") };
+    let e = s.engine.as_deref().expect("streaming");
     assert_eq!((e.dense_prefix, e.plan.capacity.len()), (28, 2));
     let got = forward_logits(&mut s, &ids);
-    let max_diff = max_abs_diff(&want, &got);
-    assert!(max_diff < BATCHED_VS_TOKEN_BY_TOKEN, "streamed at dense prefix 28 differs from in-memory by {max_diff}");
+    assert_eq!(want, got, "streamed at dense prefix 28 differs from the records held in memory");
     // minimums per prefix: each dense layer costs n_ff slots more than its K_max
-    let minimum = |l: usize| match open(DensePrefix::Layer(l), None).unwrap().sparsity {
-        Some(Sparsity::Stream(e)) => e.plan.minimum_bytes,
-        _ => unreachable!(),
-    };
+    let minimum = |l: usize| open(DensePrefix::Layer(l), None).unwrap().engine.expect("streaming").plan.minimum_bytes;
     let (m26, m27, m28) = (minimum(26), minimum(27), minimum(28));
     assert!(m26 < m27 && m27 < m28, "{m26} {m27} {m28}");
     let budget = (m27 + m28) / 2;
     let e = open(DensePrefix::Default, Some(budget)).err().expect("the default prefix does not fit").to_string();
     assert!(e.contains("at least") && e.contains("a fit dense prefix"), "{e}");
     let s = open(DensePrefix::Fit, Some(budget)).unwrap();
-    let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
+    let e = s.engine.as_deref().expect("streaming");
     assert_eq!(e.dense_prefix, 27, "the largest prefix within the budget");
     assert!(e.plan.total_bytes <= budget);
     let e = open(DensePrefix::Layer(25), None).err().expect("no heads below 26").to_string();
@@ -446,10 +437,7 @@ fn sets_shrink_below_the_all_sparse_minimum() {
         };
         runtime::open(m, &PreparedMode::Stream(s))
     };
-    let plan = |o: &runtime::Opened| match o.sparsity.as_ref() {
-        Some(Sparsity::Stream(e)) => e.plan.clone(),
-        _ => unreachable!(),
-    };
+    let plan = |o: &runtime::Opened| o.engine.as_deref().expect("streaming").plan.clone();
     let minimum = |scale: f64| plan(&open(DensePrefix::Layer(26), None, scale).unwrap()).minimum_bytes;
     let k_max = formats::manifest::Manifest::load(m).unwrap().sparsity.k_max;
     let (full, half, sixty, quarter) = (minimum(1.0), minimum(0.5), minimum(0.6), minimum(0.25));
@@ -473,17 +461,14 @@ fn sets_shrink_below_the_all_sparse_minimum() {
         "{e}"
     );
     // a fixed scale streams what --in-memory computes at that scale
-    let mut mem =
-        runtime::open(m, &PreparedMode::InMemory(runtime::InMemorySettings { set_scale: 0.5, ..Default::default() }))
-            .unwrap();
+    let mut mem = records_in_memory(m, 0.5);
     let ids =
         mem.tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having", true).unwrap();
     let want = forward_logits(&mut mem, &ids);
     let mut s = open(DensePrefix::Layer(26), None, 0.5).unwrap();
     let got = forward_logits(&mut s, &ids);
-    let max_diff = max_abs_diff(&want, &got);
-    assert!(max_diff < BATCHED_VS_TOKEN_BY_TOKEN, "streamed at set scale 0.5 differs from in-memory by {max_diff}");
-    let Some(Sparsity::Stream(e)) = s.sparsity.as_ref() else { panic!() };
+    assert_eq!(want, got, "streamed at set scale 0.5 differs from the records held in memory");
+    let e = s.engine.as_deref().expect("streaming");
     let sizes = runtime::predictor::scaled_set_sizes(&k_max, 0.5);
     assert_eq!(e.history.len(), ids.len());
     for token in &e.history {
@@ -492,13 +477,9 @@ fn sets_shrink_below_the_all_sparse_minimum() {
             assert_eq!(set.len(), size, "a set of {} neurons for a size of {size}", set.len());
         }
     }
-    let Some(Sparsity::InMemory(p)) = mem.sparsity.as_ref() else { panic!() };
     let full_density = k_max.iter().sum::<usize>() as f64 / (k_max.len() * 1536) as f64;
-    assert!(
-        p.density(1536) < 0.51 * full_density,
-        "in-memory kept {} of neurons, K_max is {full_density}",
-        p.density(1536)
-    );
+    let needed = e.stats.rows_needed as f64 / (e.stats.tokens * k_max.len() as u64 * 1536) as f64;
+    assert!(needed < 0.51 * full_density, "sets of {needed} of the neurons, K_max is {full_density}");
 }
 
 /// A preparation made before `prep scorer` has no scorer or Q8_0 head: asking for them is a

@@ -195,6 +195,7 @@ pub fn bench(
             crate::stream::SelectorChoice::Predictor { .. }
             | crate::stream::SelectorChoice::Layers
             | crate::stream::SelectorChoice::Sketch
+            | crate::stream::SelectorChoice::Oracle
             | crate::stream::SelectorChoice::Dense => 1.0,
         },
         set_size_per_layer: engine.plan.set_sizes.clone(),

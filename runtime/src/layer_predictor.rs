@@ -2,8 +2,8 @@
 //! stream whole records ([`Ranker`]): the per-layer predictors (layout
 //! `formats::layer_predictors`, training `prep layers`: `w2 relu(w1 x + b1) + b2`), the
 //! resident gate/up sketch (`|silu(g~ . x)(u~ . x)| x ||W_down[:, j]||` from rows of 2 bits a
-//! weight, `formats::sketch`); and
-//! [`LayerPredictedSparsity`], the in-memory run of exactly what a streamed run computes.
+//! weight, `formats::sketch`); and each token's exact `|h|` from every record in memory
+//! ([`ExactRanker`], the oracle).
 //!
 //! At each sparse layer the layer's own normed input ranks every neuron, the `k` best are the
 //! set, the set's missing records are planned into the layer's slots (the held rows not in the
@@ -11,7 +11,6 @@
 //! holds counts with its exact `h = silu(gate . x)(up . x)`, from its own record.
 
 use crate::error::{Result, RuntimeError};
-use crate::model::MlpHook;
 use crate::ops::matmul::matmul_f16;
 use crate::ops::record_sum::RecordRows;
 use crate::slots::SlotMap;
@@ -108,6 +107,8 @@ pub enum RankerKind {
     Predictors,
     /// The resident few-bit gate/up sketch (`--strategy sketch`).
     Sketch,
+    /// Each token's exact `|h|` from every record in memory (the oracle).
+    Exact,
 }
 
 /// The artifact role of `sketch.safetensors` in a manifest.
@@ -163,6 +164,7 @@ impl SketchRanker {
 pub enum Ranker {
     Predictors(LayerPredictors),
     Sketch(SketchRanker),
+    Exact(ExactRanker),
 }
 
 impl Ranker {
@@ -188,6 +190,7 @@ impl Ranker {
                 )?;
                 Ok(Ranker::Sketch(SketchRanker { file }))
             }
+            RankerKind::Exact => Ok(Ranker::Exact(ExactRanker::load(manifest_path, m)?)),
         }
     }
 
@@ -196,6 +199,7 @@ impl Ranker {
         match self {
             Ranker::Predictors(_) => "layers",
             Ranker::Sketch(_) => "sketch",
+            Ranker::Exact(_) => "oracle",
         }
     }
 
@@ -204,6 +208,7 @@ impl Ranker {
         match self {
             Ranker::Predictors(p) => p.spec.layer_parameters() as u64 * 2,
             Ranker::Sketch(s) => s.file.layer_bytes() as u64,
+            Ranker::Exact(e) => (e.n_ff * e.records.row_bytes()) as u64,
         }
     }
 
@@ -211,6 +216,7 @@ impl Ranker {
         match self {
             Ranker::Predictors(p) => p.drop_layers_before(from),
             Ranker::Sketch(s) => s.drop_layers_before(from),
+            Ranker::Exact(e) => e.drop_layers_before(from),
         }
     }
 
@@ -221,6 +227,11 @@ impl Ranker {
             Ranker::Sketch(s) => {
                 for (xr, o) in x.chunks_exact(s.file.d_model).zip(out.chunks_exact_mut(s.file.n_ff)) {
                     s.scores(layer, xr, o);
+                }
+            }
+            Ranker::Exact(e) => {
+                for (xr, o) in x.chunks_exact(e.records.d_model()).zip(out.chunks_exact_mut(e.n_ff)) {
+                    e.scores(layer, xr, o);
                 }
             }
         }
@@ -289,38 +300,20 @@ pub fn oracle_hits(h: &[f32], set: &[u32]) -> usize {
     hits
 }
 
-/// Sparse layers on a [`Ranker`]'s sets with every record in memory: the streamed
-/// run's slots simulated (`SlotMap`, the same plan), every held row summed from its record
-/// (`RecordRows::sum`, the engine's order), so a run token by token gives the streamed logits.
-pub struct LayerPredictedSparsity {
-    pub ranker: Ranker,
+/// The ceiling no ranker passes: each token's exact `|h| = |silu(gate . x)(up . x)|` for every
+/// neuron, from every sparse layer's records held in memory (`-X set-rule=oracle`, a run with
+/// every row in memory). What perfect ranking would give at a set size.
+pub struct ExactRanker {
     records: RecordRows,
-    /// Per layer from `records_first`: `[n_ff, row bytes]` the records' payloads.
+    /// Per sparse layer from `first_layer`: `[n_ff, record payload bytes]`.
     rows: Vec<Vec<u8>>,
-    records_first: usize,
+    first_layer: usize,
     n_ff: usize,
-    pub dense_prefix: usize,
-    /// Neurons chosen per token and layer.
-    pub keep: usize,
-    maps: Vec<SlotMap>,
-    heat: Vec<HeldHeat>,
-    ticks: Vec<u64>,
-    /// Rank by each token's exact `|h|` instead (the ceiling at a set size; in memory only).
-    pub oracle: bool,
-    pub single_token: bool,
-    /// Tokens x layers seen, set neurons, rows loaded (the streamed run's reads), rows summed,
-    /// and set neurons among the oracle's set of the same size.
-    pub tokens: u64,
-    pub needed: u64,
-    pub loaded: u64,
-    pub computed: u64,
-    pub oracle_hits: u64,
 }
 
-impl LayerPredictedSparsity {
+impl ExactRanker {
     /// Reads every sparse layer's records (checked) into memory.
-    pub fn new(manifest_path: &Path, m: &Manifest, kind: RankerKind) -> Result<Self> {
-        let ranker = Ranker::of_manifest(manifest_path, m, kind)?;
+    fn load(manifest_path: &Path, m: &Manifest) -> Result<Self> {
         let c = &m.model;
         let records_path = m.artifact_path_of(manifest_path, "records")?;
         let rf = crate::model::records_file(manifest_path, m, &records_path)?;
@@ -349,120 +342,26 @@ impl LayerPredictedSparsity {
                 Ok(buf)
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut s = LayerPredictedSparsity {
-            ranker,
-            records,
-            rows,
-            records_first: first,
-            n_ff,
-            dense_prefix: m.sparsity.default_dense_from(),
-            keep: 0,
-            maps: Vec::new(),
-            heat: Vec::new(),
-            ticks: Vec::new(),
-            oracle: false,
-            single_token: false,
-            tokens: 0,
-            needed: 0,
-            loaded: 0,
-            computed: 0,
-            oracle_hits: 0,
-        };
-        s.set_shares(0.25, None);
-        Ok(s)
+        Ok(ExactRanker { records, rows, first_layer: first, n_ff })
     }
 
-    /// Chooses `set_share` of n_ff per token; each layer holds `slot_share` of n_ff rows
-    /// (default: the set; at least the set). Empties the slots.
-    pub fn set_shares(&mut self, set_share: f64, slot_share: Option<f64>) {
-        self.keep = ((self.n_ff as f64 * set_share).round() as usize).clamp(1, self.n_ff);
-        let slots =
-            slot_share.map_or(self.keep, |c| (self.n_ff as f64 * c).round() as usize).clamp(self.keep, self.n_ff);
-        self.maps = (0..self.rows.len()).map(|_| SlotMap::new(self.n_ff, slots)).collect();
-        self.heat = (0..self.rows.len()).map(|_| HeldHeat::new(self.n_ff)).collect();
-        self.ticks = vec![0; self.rows.len()];
+    /// `out` `[n_ff]`: every neuron's exact `|h|` for `xn` `[d]`, as `RecordRows::sum` computes
+    /// the coefficients.
+    fn scores(&self, layer: usize, xn: &[f32], out: &mut [f32]) {
+        use rayon::prelude::*;
+        let (rb, rows) = (self.records.row_bytes(), &self.rows[layer - self.first_layer]);
+        let coef = self.records.coefficients(xn);
+        out.par_iter_mut()
+            .enumerate()
+            .with_min_len(256)
+            .for_each(|(j, o)| *o = coef.of(&rows[j * rb..(j + 1) * rb]).abs());
     }
 
-    /// Rows summed over rows in the sparse layers.
-    pub fn density(&self) -> f64 {
-        self.computed as f64 / (self.tokens.max(1) as f64 * self.n_ff as f64)
+    fn drop_layers_before(&mut self, from: usize) {
+        let drop = from.saturating_sub(self.first_layer).min(self.rows.len());
+        self.rows.drain(..drop);
+        self.first_layer += drop;
     }
-
-    /// Share of set neurons whose rows were already held.
-    pub fn reuse_ratio(&self) -> f64 {
-        1.0 - self.loaded as f64 / self.needed.max(1) as f64
-    }
-
-    /// Share of the oracle's top-k set (by exact |h|) inside the chosen set.
-    pub fn recall(&self) -> f64 {
-        self.oracle_hits as f64 / self.needed.max(1) as f64
-    }
-}
-
-impl MlpHook for LayerPredictedSparsity {
-    fn observe(&mut self, _layer: usize, _gate_silu: &[f32], _up: &[f32]) {}
-
-    fn replaces_mlp(&self, layer: usize) -> bool {
-        layer >= self.dense_prefix
-    }
-
-    fn single_token(&self) -> bool {
-        self.single_token
-    }
-
-    fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
-        let (d, n_ff) = (self.records.d_model(), self.n_ff);
-        let li = layer - self.records_first;
-        let n = xn.len() / d;
-        let mut scores = vec![0f32; n * n_ff];
-        if !self.oracle {
-            self.ranker.scores(layer, xn, n, &mut scores);
-        }
-        let (rb, rows, records) = (self.records.row_bytes(), &self.rows[li], self.records);
-        let row = |j: u32| &rows[j as usize * rb..(j as usize + 1) * rb];
-        let all: Vec<u32> = (0..n_ff as u32).collect();
-        for (t, (x, o)) in xn.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
-            // every neuron's exact h (the oracle's ranking, and the recall of the chosen set)
-            let mut h = vec![0f32; n_ff];
-            exact_h(&records, &all, row, x, &mut h);
-            let s = &mut scores[t * n_ff..(t + 1) * n_ff];
-            if self.oracle {
-                s.iter_mut().zip(&h).for_each(|(v, hj)| *v = hj.abs());
-            }
-            let set = top_k(s, self.keep);
-            self.oracle_hits += oracle_hits(&h, &set) as u64;
-            self.ticks[li] += 1;
-            let map = &mut self.maps[li];
-            let loads = self.heat[li].plan(map, &set, self.ticks[li]);
-            // the engine's order: rows held before (slot order), then the loaded ones
-            let held: Vec<u32> = map.held_slots(&loads).iter().map(|&s| map.neuron_of[s as usize]).collect();
-            let loaded: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
-            // every neuron's h is known already (`exact_h`): only the down rows are summed
-            let h_held: Vec<f32> = held.iter().map(|&j| h[j as usize]).collect();
-            let h_loaded: Vec<f32> = loaded.iter().map(|&j| h[j as usize]).collect();
-            o.fill(0.0);
-            records.down_sum(&held, &h_held, row, o);
-            let mut part = vec![0f32; d];
-            records.down_sum(&loaded, &h_loaded, row, &mut part);
-            self.heat[li].update(&held, &h_held);
-            self.heat[li].update(&loaded, &h_loaded);
-            o.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
-            self.tokens += 1;
-            self.needed += set.len() as u64;
-            self.loaded += loads.len() as u64;
-            self.computed += (held.len() + loaded.len()) as u64;
-        }
-        Ok(())
-    }
-}
-
-/// `h[id] = silu(gate_id . x)(up_id . x)` for `ids`, from their records, as `RecordRows::sum`
-/// computes the coefficients.
-fn exact_h<'a>(records: &RecordRows, ids: &[u32], row: impl Fn(u32) -> &'a [u8] + Sync, x: &[f32], h: &mut [f32]) {
-    use rayon::prelude::*;
-    let coef = records.coefficients(x);
-    let vals: Vec<f32> = ids.par_iter().map(|&j| coef.of(row(j))).collect();
-    ids.iter().zip(vals).for_each(|(&j, v)| h[j as usize] = v);
 }
 
 #[cfg(test)]

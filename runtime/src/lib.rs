@@ -32,74 +32,16 @@ pub use tokenizer::Tokenizer;
 
 use std::path::Path;
 
-/// How a prepared model (a manifest) runs with every row in memory (`--in-memory`): the sets a
-/// streamed run would use, for quality figures at batched speed.
-#[derive(Debug, Clone)]
-pub struct InMemorySettings {
-    /// The shared predictor (also with the oracle rule, the ceiling at a set size) or the scorer.
-    pub selector: stream::SelectorChoice,
-    /// Layers below the resolved prefix run dense (`Fit` sizes a streamed run's plan: refused).
-    pub dense_prefix: stream::DensePrefix,
-    /// Share of K_max (of n_ff with the scorer) kept per sparse layer and token.
-    pub set_scale: f64,
-    /// With the scorer: rows each layer holds, as a share of n_ff (default: the set size), all
-    /// of which count, as in a streamed run whose budget gives that many slots.
-    pub slot_share: Option<f64>,
-    pub head: HeadChoice,
-    /// With the scorer: tokens one at a time, as a streamed run sees them (batched prefill sums
-    /// in another order, so a marginal neuron can flip).
-    pub single_token: bool,
-    /// With the per-layer predictors or the sketch: rank by each token's exact |h| instead (the
-    /// ceiling at a set size; `-X set-rule=oracle`).
-    pub oracle_ranking: bool,
-}
-
-impl Default for InMemorySettings {
-    fn default() -> Self {
-        InMemorySettings {
-            selector: stream::SelectorChoice::default(),
-            dense_prefix: stream::DensePrefix::Default,
-            set_scale: 1.0,
-            slot_share: None,
-            head: HeadChoice::Resident,
-            single_token: false,
-            oracle_ranking: false,
-        }
-    }
-}
-
-impl InMemorySettings {
-    /// Refuses values no run can use, naming the setting (as `StreamSettings::validate`).
-    pub fn validate(&self) -> Result<()> {
-        stream::engine::check_share(error::Setting::SetScale, self.set_scale)?;
-        if let Some(c) = self.slot_share {
-            stream::engine::check_share(error::Setting::SlotShare, c)?;
-        }
-        Ok(())
-    }
-}
-
 /// How a prepared model (a manifest) runs.
 #[derive(Debug, Clone)]
 pub enum PreparedMode {
     /// Every layer dense, every row in memory (the reference for the sparse figures), logits
     /// from `head`.
     Dense { head: HeadChoice },
-    /// The sets of a streamed run, every row in memory, batched prefill.
-    InMemory(InMemorySettings),
-    /// Sets streamed from records.bin within a memory budget (the engine).
+    /// Sparse layers through the streaming engine: rows read from records.bin within a memory
+    /// budget, or from records.bin held in memory (`IoSettings::hold_records_in_memory`: the
+    /// same computation with every row in memory, for quality figures).
     Stream(stream::StreamSettings),
-}
-
-/// The MLP hook or engine a prepared model runs with.
-pub enum Sparsity {
-    InMemory(Box<predictor::PredictedSparsity>),
-    /// The 4-bit scorer's sets, every downT row in memory.
-    Scored(Box<scorer::ScoredSparsity>),
-    /// A whole-record strategy's sets (sketch, layers), every record in memory, the slots
-    /// simulated.
-    Layers(Box<layer_predictor::LayerPredictedSparsity>),
-    Stream(Box<stream::StreamingEngine>),
 }
 
 /// What the CLI opened: a model directory (dense), or a prepared `manifest.toml`.
@@ -107,7 +49,8 @@ pub struct Opened {
     pub model: Model,
     pub tokenizer: Tokenizer,
     pub manifest: Option<formats::manifest::Manifest>,
-    pub sparsity: Option<Sparsity>,
+    /// The streaming engine of a run with sparse layers (None: every layer dense in memory).
+    pub engine: Option<Box<stream::StreamingEngine>>,
     /// Things the user should know about this run (printed by the CLI, not the library).
     pub notes: Vec<String>,
 }
@@ -121,22 +64,16 @@ impl Opened {
     /// [`Opened::runner`] and the tokenizer, borrowed together.
     pub fn runner_and_tokenizer(&mut self) -> (Runner<'_>, &Tokenizer) {
         let model = &self.model;
-        let runner = match self.sparsity.as_mut() {
+        let runner = match self.engine.as_mut() {
             None => Runner::dense(model),
-            Some(Sparsity::InMemory(p)) => Runner::with_hook(model, p.as_mut()),
-            Some(Sparsity::Scored(p)) => Runner::with_hook(model, p.as_mut()),
-            Some(Sparsity::Layers(p)) => Runner::with_hook(model, p.as_mut()),
-            Some(Sparsity::Stream(e)) => Runner::streamed(model, e.as_mut()),
+            Some(e) => Runner::streamed(model, e.as_mut()),
         };
         (runner, &self.tokenizer)
     }
 
-    /// The streaming engine, when this run streams.
+    /// The streaming engine, when this run has sparse layers.
     pub fn engine(&mut self) -> Option<&mut stream::StreamingEngine> {
-        match self.sparsity.as_mut() {
-            Some(Sparsity::Stream(e)) => Some(e.as_mut()),
-            _ => None,
-        }
+        self.engine.as_deref_mut()
     }
 }
 
@@ -311,29 +248,6 @@ pub fn load_importance(
     ))
 }
 
-/// The prefix a non-streamed sparse run uses: layers below it dense.
-fn in_memory_prefix(
-    path: &Path,
-    manifest: &formats::manifest::Manifest,
-    dense_prefix: stream::DensePrefix,
-) -> Result<usize> {
-    let (d0, n) = (manifest.sparsity.dense_prefix, manifest.model.num_hidden_layers);
-    match dense_prefix {
-        stream::DensePrefix::Default => Ok(manifest.sparsity.default_dense_from()),
-        stream::DensePrefix::Layer(l) if l >= d0 && l <= n => Ok(l),
-        stream::DensePrefix::Layer(l) => Err(RuntimeError::Setting {
-            setting: error::Setting::DensePrefix,
-            value: l.to_string(),
-            why: format!("{} covers layers {d0}..{n} (the prepared dense prefix on)", path.display()),
-        }),
-        stream::DensePrefix::Fit => Err(RuntimeError::Setting {
-            setting: error::Setting::DensePrefix,
-            value: "fit".into(),
-            why: "fit sizes a streamed run's memory plan: it needs a memory budget, and runs nothing in memory".into(),
-        }),
-    }
-}
-
 /// Opens a model directory (dense; `mode` is ignored) or a prepared model's `manifest.toml`,
 /// whose artifacts' sha256 are checked on first use ([`open_with`]).
 pub fn open(path: &Path, mode: &PreparedMode) -> Result<Opened> {
@@ -348,7 +262,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
     }
     if path.is_dir() {
         let (model, tokenizer) = open_model(path, DecodeLayout::Interleaved)?;
-        return Ok(Opened { model, tokenizer, manifest: None, sparsity: None, notes: Vec::new() });
+        return Ok(Opened { model, tokenizer, manifest: None, engine: None, notes: Vec::new() });
     }
     let manifest = formats::manifest::Manifest::load(path)?;
     let tok_path = manifest.artifact_path_of(path, "tokenizer")?;
@@ -368,7 +282,7 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
             )),
         }
     }
-    let (model, sparsity) = match mode {
+    let (model, engine) = match mode {
         PreparedMode::Stream(settings) => {
             // size and check the budget before loading anything
             let mut engine = stream::StreamingEngine::new(path, &manifest, settings)?;
@@ -380,54 +294,15 @@ pub fn open_with(path: &Path, mode: &PreparedMode, verify: bool) -> Result<Opene
                 ));
             }
             let model = Model::load_streaming(path, &manifest, engine.dense_prefix, settings.head)?;
-            (model, Some(Sparsity::Stream(Box::new(engine))))
+            (model, Some(Box::new(engine)))
         }
         PreparedMode::Dense { head } => {
             let n_layers = manifest.model.num_hidden_layers;
             (Model::load_prepared(path, &manifest, n_layers, DecodeLayout::Interleaved, *head)?, None)
         }
-        PreparedMode::InMemory(s) => {
-            s.validate()?;
-            let prefix = in_memory_prefix(path, &manifest, s.dense_prefix)?;
-            // the layers below the prefix as a streamed run maps them (the GGUF's blocks)
-            let model = Model::load_prepared(path, &manifest, prefix, DecodeLayout::Mapped, s.head)?;
-            let sparsity = match s.selector {
-                stream::SelectorChoice::Dense => return Err(RuntimeError::Input(format!("{}: a dense run has no sparse layer to simulate in memory (PreparedMode::Dense is every row in memory)", path.display()))),
-                stream::SelectorChoice::Scorer { resident_bonus } => {
-                    let mut p = scorer::ScoredSparsity::new(path, &manifest)?;
-                    p.set_keep_share(s.set_scale);
-                    if let Some(c) = s.slot_share {
-                        p.set_slots((c * manifest.model.intermediate_size as f64).round() as usize);
-                    }
-                    p.resident_bonus = resident_bonus;
-                    p.dense_prefix = prefix;
-                    p.single_token = s.single_token;
-                    Sparsity::Scored(Box::new(p))
-                }
-                stream::SelectorChoice::Layers | stream::SelectorChoice::Sketch => {
-                    let kind = s.selector.ranker_kind().expect("the whole-record strategies rank");
-                    let mut p = layer_predictor::LayerPredictedSparsity::new(path, &manifest, kind)?;
-                    p.set_shares(s.set_scale, s.slot_share);
-                    p.dense_prefix = prefix;
-                    p.single_token = s.single_token;
-                    p.oracle = s.oracle_ranking;
-                    Sparsity::Layers(Box::new(p))
-                }
-                stream::SelectorChoice::Predictor { rule } => {
-                    let (a, note) = predictor::PredictorArtifacts::load(path, &manifest)?;
-                    notes.extend(note);
-                    let mut p = predictor::PredictedSparsity::new(a.predictor, &a.centroids, a.thresholds, a.importance.as_ref())?;
-                    p.dense_prefix = prefix;
-                    p.rule = rule;
-                    p.set_set_scale(s.set_scale);
-                    Sparsity::InMemory(Box::new(p))
-                }
-            };
-            (model, Some(sparsity))
-        }
     };
     let tokenizer = Tokenizer::load(&tok_path, model.vocab_size(), model.config.bos_token_id)?;
-    Ok(Opened { model, tokenizer, manifest: Some(manifest), sparsity, notes })
+    Ok(Opened { model, tokenizer, manifest: Some(manifest), engine, notes })
 }
 
 /// Tokens of `prompt` as a run of `path` (a model directory or a manifest) sees them, with BOS:

@@ -111,9 +111,9 @@ pub struct ModelWeights {
 }
 
 /// Sees (and may sparsify) the MLP activations of every layer during a batched forward pass
-/// ([`Model::forward_observed`]): activation capture, oracle-mask sparsity, and the in-memory
-/// sparsity that measures a streamed run's quality with every row in memory. Streamed runs do
-/// not use a hook: [`Model::decode_step`] calls the streaming engine directly.
+/// ([`Model::forward_observed`]): `prep`'s stages (activation capture, importance, reuse) and
+/// oracle-mask sparsity. Sparse runs do not use a hook: [`Model::decode_step`] calls the
+/// streaming engine directly (records streamed, or held in memory for quality figures).
 pub trait MlpHook {
     /// `gate_silu` = silu(x W_gate^T) and `up` = x W_up^T, both `[n_tokens, intermediate_size]`;
     /// the SwiGLU product is their elementwise product.
@@ -129,22 +129,6 @@ pub trait MlpHook {
     /// Called after `observe`: zero entries of `gate_silu` to drop those neurons (their
     /// product, and so their down-projection, becomes 0).
     fn sparsify(&mut self, _layer: usize, _gate_silu: &mut [f32], _up: &[f32]) {}
-
-    /// True when the hook wants its tokens one at a time (the forward pass then runs them one
-    /// by one), as a streamed run sees them.
-    fn single_token(&self) -> bool {
-        false
-    }
-
-    /// Does [`MlpHook::mlp`] compute this layer's MLP (instead of the resident weights)?
-    fn replaces_mlp(&self, _layer: usize) -> bool {
-        false
-    }
-
-    /// The MLP output of `layer` for the normed input `xn` `[n, d]`, into `out` `[n, d]`.
-    fn mlp(&mut self, _layer: usize, _xn: &[f32], _out: &mut [f32]) -> Result<()> {
-        Err(RuntimeError::Input("this hook computes no MLP".into()))
-    }
 }
 
 /// What computes the MLPs of the layers a model leaves on storage ([`Mlp::Streamed`]), one
@@ -671,24 +655,9 @@ impl Model {
         tokens: &[u32],
         cache: &mut KvCache,
         logits_from: usize,
-        mut observer: Option<&mut dyn MlpHook>,
+        observer: Option<&mut dyn MlpHook>,
     ) -> Result<Vec<f32>> {
-        let n = tokens.len();
         self.check_tokens(tokens, cache)?;
-        if n > 1 && observer.as_ref().is_some_and(|o| o.single_token()) {
-            // one token at a time; keep the logits of rows logits_from..
-            let mut logits = Vec::new();
-            for (t, &tok) in tokens.iter().enumerate() {
-                let from = if t >= logits_from { 0 } else { 1 };
-                logits.extend(self.forward_observed(
-                    &[tok],
-                    cache,
-                    from,
-                    observer.as_mut().map(|o| &mut **o as &mut dyn MlpHook),
-                )?);
-            }
-            return Ok(logits);
-        }
         self.forward_batch(tokens, cache, logits_from, observer, None)
     }
 
@@ -717,7 +686,7 @@ impl Model {
     }
 
     /// The batched forward pass: every layer's attention for all `tokens`, then its MLP,
-    /// resident, replaced or observed by `observer`, or staged whole by `streamed`.
+    /// resident (observed by `observer`) or staged whole by `streamed`.
     fn forward_batch(
         &self,
         tokens: &[u32],
@@ -738,27 +707,23 @@ impl Model {
             if let Some(obs) = observer.as_mut() {
                 obs.observe_input(l, &s.xn);
             }
-            if let Some(obs) = observer.as_mut().filter(|o| o.replaces_mlp(l)) {
-                obs.mlp(l, &s.xn, &mut s.proj)?;
-            } else {
-                let staged = match (&lw.mlp, streamed.as_mut()) {
-                    (Mlp::Streamed, Some(engine)) => Some(engine.staged_mlp(l)?),
-                    _ => None,
-                };
-                let w = match &staged {
-                    Some(w) => w,
-                    None => lw.mlp.resident(l)?,
-                };
-                dense_gate_up(w, n, &s.xn, &mut s.gate, &mut s.up);
-                if let Some(obs) = observer.as_mut() {
-                    obs.observe(l, &s.gate, &s.up);
-                    obs.sparsify(l, &mut s.gate, &s.up);
-                }
-                mul_in_place(&mut s.gate, &s.up); // gate now holds silu(gate) * up
-                matmul(&s.gate, n, &w.w_down, &mut s.proj);
-                if let (Some(w), Some(engine)) = (staged, streamed.as_mut()) {
-                    engine.staged_mlp_done(l, w, &s.gate)?;
-                }
+            let staged = match (&lw.mlp, streamed.as_mut()) {
+                (Mlp::Streamed, Some(engine)) => Some(engine.staged_mlp(l)?),
+                _ => None,
+            };
+            let w = match &staged {
+                Some(w) => w,
+                None => lw.mlp.resident(l)?,
+            };
+            dense_gate_up(w, n, &s.xn, &mut s.gate, &mut s.up);
+            if let Some(obs) = observer.as_mut() {
+                obs.observe(l, &s.gate, &s.up);
+                obs.sparsify(l, &mut s.gate, &s.up);
+            }
+            mul_in_place(&mut s.gate, &s.up); // gate now holds silu(gate) * up
+            matmul(&s.gate, n, &w.w_down, &mut s.proj);
+            if let (Some(w), Some(engine)) = (staged, streamed.as_mut()) {
+                engine.staged_mlp_done(l, w, &s.gate)?;
             }
             s.x.iter_mut().zip(&s.proj).for_each(|(a, b)| *a += b);
             check_finite(&s.x, "the hidden state", Some(l))?;

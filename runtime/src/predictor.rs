@@ -1,10 +1,8 @@
-//! The shared activation predictor at inference (layout: `formats::predictor`), and
-//! [`PredictedSparsity`], the MLP hook that runs every sparse layer on its predicted set.
-//! Training is `prep train`; this file only runs the trained network, with the runtime's own
+//! The shared activation predictor at inference (layout: `formats::predictor`) and how its
+//! heads become sets (`crate::select::predicted` drives it in a run). Training is `prep train`; this file only runs the trained network, with the runtime's own
 //! kernels (f16 weights, f32 math).
 
 use crate::error::Result;
-use crate::model::MlpHook;
 use crate::ops::layernorm::layernorm;
 use crate::ops::matmul::matmul_f16;
 use crate::ops::swiglu::silu_in_place;
@@ -210,10 +208,6 @@ pub enum SetRule {
     /// The K_max neurons of largest expected membership `sum_c p_c [j in set_c]` over the
     /// `candidates` most likely centroids (p = softmax of the head). Same size, fewer misses.
     Soft { candidates: usize },
-    /// The ceiling no predictor can pass: the neurons of largest true |silu(gate) * up| for
-    /// this token (needs every row, so `--in-memory` only). What perfect ranking would give
-    /// at a set size.
-    Oracle,
 }
 
 impl Default for SetRule {
@@ -225,14 +219,10 @@ impl Default for SetRule {
 impl std::str::FromStr for SetRule {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "oracle" => Ok(SetRule::Oracle),
-            _ => s
-                .strip_prefix("soft")
-                .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
-                .map(|candidates| SetRule::Soft { candidates })
-                .ok_or_else(|| format!("set rule '{s}': expected soft, softN (N candidates) or oracle")),
-        }
+        s.strip_prefix("soft")
+            .and_then(|n| if n.is_empty() { Some(8) } else { n.parse().ok() })
+            .map(|candidates| SetRule::Soft { candidates })
+            .ok_or_else(|| format!("set rule '{s}': expected soft or softN (N candidates)"))
     }
 }
 
@@ -241,7 +231,6 @@ impl std::fmt::Display for SetRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SetRule::Soft { candidates } => write!(f, "soft{candidates}"),
-            SetRule::Oracle => write!(f, "oracle"),
         }
     }
 }
@@ -362,8 +351,6 @@ pub fn predicted_set(
     let argmax = crate::sampler::argmax(head);
     let better = |a: &usize, b: &usize| prior.better(a, b);
     let bits = match rule {
-        // chosen from the true activations in `PredictedSparsity::sparsify`
-        SetRule::Oracle => vec![0u8; set.width],
         SetRule::Soft { candidates } => {
             let mut order: Vec<usize> = (0..head.len()).collect();
             let m = candidates.clamp(1, head.len());
@@ -384,219 +371,12 @@ pub fn predicted_set(
     (argmax as u32, bits)
 }
 
-/// Per sparse layer, how well the predicted sets matched the true (threshold) sets.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct LayerPredictionStats {
-    pub layer: usize,
-    pub tokens: u64,
-    /// Tokens whose predicted centroid is the one that covers the true set best.
-    pub top1_hits: u64,
-    /// Truly active neurons, and those inside the predicted set.
-    pub true_active: u64,
-    pub true_active_predicted: u64,
-    /// Neurons kept (the predicted set's size, summed over tokens).
-    pub kept: u64,
-}
-
-impl LayerPredictionStats {
-    pub fn top1_accuracy(&self) -> f64 {
-        self.top1_hits as f64 / self.tokens.max(1) as f64
-    }
-    pub fn recall(&self) -> f64 {
-        self.true_active_predicted as f64 / self.true_active.max(1) as f64
-    }
-    pub fn mean_set_size(&self) -> f64 {
-        self.kept as f64 / self.tokens.max(1) as f64
-    }
-}
-
 /// Bit-packed product mask of one token's activations.
 pub(crate) fn product_mask(th: &Thresholds, layer: usize, g: &[f32], u: &[f32], out: &mut [u8]) {
     out.fill(0);
     for (j, (&gj, &uj)) in g.iter().zip(u).enumerate() {
         if th.active(layer, gj, uj) {
             out[j / 8] |= 1 << (j % 8);
-        }
-    }
-}
-
-/// Runs the sparse layers (>= dense prefix) on the predicted centroid sets: after layer 0 the
-/// predictor picks a centroid per sparse layer and token; the layer keeps only that set's
-/// neurons. It also measures, against the true threshold masks, top-1 accuracy and recall.
-pub struct PredictedSparsity {
-    pub predictor: Predictor,
-    /// Layer-0 centroids (the c0 feature) and, per sparse layer, its centroid sets.
-    layer0: CentroidSet,
-    sparse: Vec<CentroidSet>,
-    thresholds: Thresholds,
-    pub dense_prefix: usize,
-    /// `[n_tokens, S]` (argmax id, predicted set bits) of the current forward pass.
-    current: Vec<(u32, Vec<u8>)>,
-    /// Per sparse layer: how its neurons rank (importance, membership).
-    priors: Vec<NeuronPrior>,
-    /// K_max per sparse layer (every centroid set's size).
-    k_max: Vec<usize>,
-    /// Neurons kept per sparse layer: K_max x `set_scale`.
-    set_sizes: Vec<usize>,
-    pub set_scale: f64,
-    pub rule: SetRule,
-    c0: Vec<u32>,
-    pub stats: Vec<LayerPredictionStats>,
-    /// Measure top-1 and recall against the true masks (costs a K x width scan per token).
-    pub measure: bool,
-}
-
-impl PredictedSparsity {
-    /// `importance`: the preparation's, if it has one (ranks cut sets, weighs the soft rule).
-    pub fn new(
-        predictor: Predictor,
-        centroids: &CentroidTable,
-        thresholds: Thresholds,
-        importance: Option<&formats::importance::NeuronImportance>,
-    ) -> Result<Self> {
-        let s = predictor.spec.clone();
-        if thresholds.mask_kind != formats::thresholds::MaskKind::Product {
-            return Err(crate::RuntimeError::Input(
-                "the predictor supports product masks only (gate-up: not built yet)".into(),
-            ));
-        }
-        let layer0 = centroids.layer(0)?.clone();
-        let sparse = (0..s.n_sparse_layers)
-            .map(|i| centroids.layer(s.first_layer + i).cloned())
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let stats = (0..s.n_sparse_layers)
-            .map(|i| LayerPredictionStats { layer: s.first_layer + i, ..Default::default() })
-            .collect();
-        let k_max: Vec<usize> = sparse.iter().map(|c| c.row(0).iter().map(|b| b.count_ones() as usize).sum()).collect();
-        let priors = NeuronPrior::for_layers(&sparse, s.first_layer, importance);
-        Ok(PredictedSparsity {
-            dense_prefix: s.first_layer,
-            predictor,
-            layer0,
-            sparse,
-            thresholds,
-            current: vec![],
-            priors,
-            set_sizes: k_max.clone(),
-            k_max,
-            set_scale: 1.0,
-            rule: SetRule::default(),
-            c0: vec![],
-            stats,
-            measure: true,
-        })
-    }
-
-    /// Keeps `scale` (0 < scale <= 1) of K_max neurons per sparse layer (`--set-scale`).
-    pub fn set_set_scale(&mut self, scale: f64) {
-        self.set_scale = scale;
-        self.set_sizes = scaled_set_sizes(&self.k_max, scale);
-    }
-
-    /// How cut sets are ranked in this run.
-    pub fn neuron_rank(&self) -> NeuronRank {
-        effective_neuron_rank(&self.priors)
-    }
-
-    /// Neurons kept, over neurons in the sparse layers, so far.
-    pub fn density(&self, n_ff: usize) -> f64 {
-        let kept: u64 = self.stats.iter().map(|s| s.kept).sum();
-        let tokens: u64 = self.stats.iter().map(|s| s.tokens).sum();
-        kept as f64 / (tokens.max(1) as f64 * n_ff as f64)
-    }
-
-    pub fn overall_recall(&self) -> f64 {
-        let a: u64 = self.stats.iter().map(|s| s.true_active).sum();
-        let p: u64 = self.stats.iter().map(|s| s.true_active_predicted).sum();
-        p as f64 / a.max(1) as f64
-    }
-
-    pub fn overall_top1(&self) -> f64 {
-        let h: u64 = self.stats.iter().map(|s| s.top1_hits).sum();
-        let t: u64 = self.stats.iter().map(|s| s.tokens).sum();
-        h as f64 / t.max(1) as f64
-    }
-}
-
-impl MlpHook for PredictedSparsity {
-    fn observe(&mut self, layer: usize, gate_silu: &[f32], up: &[f32]) {
-        if layer != 0 {
-            return;
-        }
-        let n_ff = self.layer0.width * 8;
-        let n_ff = n_ff.min(up.len());
-        let n = up.len() / n_ff;
-        let mut mask = vec![0u8; self.layer0.width];
-        self.c0 = (0..n)
-            .map(|t| {
-                product_mask(
-                    &self.thresholds,
-                    0,
-                    &gate_silu[t * n_ff..(t + 1) * n_ff],
-                    &up[t * n_ff..(t + 1) * n_ff],
-                    &mut mask,
-                );
-                self.layer0.best_cover(&mask)
-            })
-            .collect();
-    }
-
-    fn after_layer(&mut self, layer: usize, hidden: &[f32]) {
-        if layer == 0 {
-            let k = self.predictor.spec.k;
-            let n_sparse = self.sparse.len();
-            let logits = self.predictor.logits(hidden, &self.c0);
-            // heads of layers below dense_prefix (after --dense-prefix) are never read: no set
-            let skipped = self.dense_prefix - self.predictor.spec.first_layer;
-            self.current = logits
-                .chunks_exact(k)
-                .enumerate()
-                .map(|(i, head)| match i % n_sparse {
-                    si if si < skipped => (0, Vec::new()),
-                    si => predicted_set(head, &self.sparse[si], &self.priors[si], self.set_sizes[si], self.rule),
-                })
-                .collect();
-        }
-    }
-
-    fn sparsify(&mut self, layer: usize, gate_silu: &mut [f32], up: &[f32]) {
-        if layer < self.dense_prefix {
-            return;
-        }
-        let si = layer - self.predictor.spec.first_layer;
-        let n_sparse = self.sparse.len();
-        let set = &self.sparse[si];
-        let n = self.c0.len();
-        let n_ff = up.len() / n;
-        let mut mask = vec![0u8; set.width];
-        for t in 0..n {
-            if self.rule == SetRule::Oracle {
-                let (g, u) = (&gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
-                let magnitude = |j: &usize| (g[*j] * u[*j]).abs();
-                self.current[t * n_sparse + si].1 =
-                    best_as_bitset((0..n_ff).collect(), self.set_sizes[si], set.width, |a, b| {
-                        magnitude(b).total_cmp(&magnitude(a))
-                    });
-            }
-            let (c, ref bits) = self.current[t * n_sparse + si];
-            let c = c as usize;
-            let (g, u) = (&mut gate_silu[t * n_ff..(t + 1) * n_ff], &up[t * n_ff..(t + 1) * n_ff]);
-            let st = &mut self.stats[si];
-            st.tokens += 1;
-            if self.measure {
-                product_mask(&self.thresholds, layer, g, u, &mut mask);
-                st.true_active += mask.iter().map(|b| b.count_ones() as u64).sum::<u64>();
-                st.true_active_predicted +=
-                    mask.iter().zip(bits).map(|(a, b)| (a & b).count_ones() as u64).sum::<u64>();
-                st.top1_hits += (set.best_cover(&mask) as usize == c) as u64;
-            }
-            for (j, gj) in g.iter_mut().enumerate() {
-                if bits[j / 8] >> (j % 8) & 1 == 0 {
-                    *gj = 0.0;
-                } else {
-                    st.kept += 1;
-                }
-            }
         }
     }
 }
@@ -657,6 +437,6 @@ mod tests {
         // without importance the likelier centroid's neurons win (ties to the lower index)
         let plain = NeuronPrior::new(&set, None);
         assert_eq!(predicted_set(&head, &set, &plain, 2, SetRule::Soft { candidates: 2 }).1, vec![0b0000_0011]);
-        assert_eq!("oracle".parse::<SetRule>().unwrap(), SetRule::Oracle);
+        assert!("oracle".parse::<SetRule>().is_err());
     }
 }

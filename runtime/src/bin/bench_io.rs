@@ -183,6 +183,7 @@ fn run_engine(
             force_pread: false,
             staging_bytes: c.staging_mib << 20,
             register_staging: registered,
+            hold_in_memory: false,
         },
     )?;
     if let Some(f) = &reader.fallback {

@@ -5,7 +5,7 @@
 //! records and only the set counts, so a streamed run computes what `--in-memory` does.
 
 use super::{Footprint, SetSelector, SlotRow};
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::predictor::{predicted_set, product_mask, NeuronPrior, NeuronRank, Predictor, PredictorArtifacts, SetRule};
 use formats::centroids::CentroidSet;
 use formats::manifest::Manifest;
@@ -33,11 +33,6 @@ impl PredictedSelector {
     /// The preparation's predictor, centroids, thresholds and importance. Returns a note when
     /// the preparation has no importance artifact (cut sets then rank by membership).
     pub fn load(manifest_path: &Path, m: &Manifest, rule: SetRule) -> Result<(Self, Option<String>)> {
-        if rule == SetRule::Oracle {
-            return Err(RuntimeError::Input(
-                "the oracle set rule ranks neurons by their true activations, which needs every row in memory".into(),
-            ));
-        }
         let c = &m.model;
         let d0 = m.sparsity.dense_prefix;
         let (PredictorArtifacts { predictor, centroids, thresholds, importance }, note) =

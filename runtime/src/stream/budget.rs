@@ -417,7 +417,13 @@ impl MemoryPlan {
         let prompt_bytes = prompt_bytes_at(prompt_batch, prompt_staged_layers as u64);
         let fixed = fixed - prompt_bytes_at(PROMPT_BATCH_MIN, 1) + prompt_bytes;
         let capacity: Vec<usize> = match s.mem_budget_bytes {
-            None => vec![n_ff; set_sizes.len()],
+            None => match s.slot_share {
+                None => vec![n_ff; set_sizes.len()],
+                Some(c) => {
+                    let rows = (c * n_ff as f64).round() as usize;
+                    set_sizes.iter().map(|&k| rows.clamp(k, n_ff)).collect()
+                }
+            },
             Some(b) if b < minimum_bytes => {
                 return Err(RuntimeError::BudgetTooSmall {
                     budget: b,

@@ -101,6 +101,9 @@ pub enum SelectorChoice {
     Layers,
     /// The resident few-bit gate/up sketch ranks, whole records streamed.
     Sketch,
+    /// Each token's exact `|h|` ranks, from every record held in memory (the ceiling at a set
+    /// size; whole records, as the sketch).
+    Oracle,
     /// No sparse layer: every MLP held and computed dense (`select::dense`).
     Dense,
 }
@@ -112,6 +115,7 @@ impl SelectorChoice {
         match self {
             SelectorChoice::Layers => Some(RankerKind::Predictors),
             SelectorChoice::Sketch => Some(RankerKind::Sketch),
+            SelectorChoice::Oracle => Some(RankerKind::Exact),
             SelectorChoice::Predictor { .. } | SelectorChoice::Scorer { .. } | SelectorChoice::Dense => None,
         }
     }
@@ -131,11 +135,20 @@ pub struct IoSettings {
     /// Longest coalesced read of whole records.
     pub max_run_bytes: usize,
     pub force_pread: bool,
+    /// Hold records.bin in memory and copy each read from there: every row in memory, for
+    /// quality runs that compute exactly what a streamed run computes (no budget).
+    pub hold_records_in_memory: bool,
 }
 
 impl Default for IoSettings {
     fn default() -> Self {
-        IoSettings { queue_depth: 256, staging_bytes: 8 << 20, max_run_bytes: 1 << 20, force_pread: false }
+        IoSettings {
+            queue_depth: 256,
+            staging_bytes: 8 << 20,
+            max_run_bytes: 1 << 20,
+            force_pread: false,
+            hold_records_in_memory: false,
+        }
     }
 }
 
@@ -155,6 +168,9 @@ pub struct StreamSettings {
     /// The head the logits come from: the plan holds the Q8_0 or 4-bit one instead of the
     /// resident one.
     pub head: crate::model::HeadChoice,
+    /// Without a budget: rows each sparse layer holds, as a share of n_ff (at least its set;
+    /// None: every row). A budget sizes the slots itself.
+    pub slot_share: Option<f64>,
     pub io: IoSettings,
     /// Keep every token's sets in `StreamingEngine::history` (tests, analysis).
     pub record_sets: bool,
@@ -173,6 +189,7 @@ impl Default for StreamSettings {
             set_scale: 1.0,
             selector: SelectorChoice::default(),
             head: crate::model::HeadChoice::Resident,
+            slot_share: None,
             io: IoSettings::default(),
             record_sets: false,
             host_bytes: 0,
@@ -185,6 +202,17 @@ impl StreamSettings {
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(RuntimeError::Input(what));
         check_share(crate::error::Setting::SetScale, self.set_scale)?;
+        if let Some(c) = self.slot_share {
+            check_share(crate::error::Setting::SlotShare, c)?;
+            if self.mem_budget_bytes.is_some() {
+                return bad(format!(
+                    "slot share {c}: a memory budget sizes the slots itself (a slot share sizes them without one)"
+                ));
+            }
+        }
+        if self.io.hold_records_in_memory && self.mem_budget_bytes.is_some() {
+            return bad("records held in memory are every row: not within a memory budget".into());
+        }
         if self.ctx == 0 {
             return Err(RuntimeError::Setting {
                 setting: crate::error::Setting::Context,
@@ -291,6 +319,8 @@ pub struct StreamingEngine {
     prompt_count_from: usize,
     /// Staged layers give the records' rows byte for byte ([`StageSource::slots_can_warm`]).
     slots_can_warm: bool,
+    /// records.bin is held in memory ([`IoSettings::hold_records_in_memory`]).
+    records_in_memory: bool,
 }
 
 impl StreamingEngine {
@@ -316,7 +346,7 @@ impl StreamingEngine {
             SelectorChoice::Scorer { resident_bonus } => {
                 Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?)
             }
-            SelectorChoice::Layers | SelectorChoice::Sketch => {
+            SelectorChoice::Layers | SelectorChoice::Sketch | SelectorChoice::Oracle => {
                 let kind = settings.selector.ranker_kind().expect("the whole-record strategies rank");
                 Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind)?)
             }
@@ -379,8 +409,13 @@ impl StreamingEngine {
                 force_pread: settings.io.force_pread,
                 staging_bytes: plan.staging_bytes,
                 register_staging: true,
+                hold_in_memory: settings.io.hold_records_in_memory,
             },
         )?;
+        let records_in_memory = reader.holds_file();
+        if records_in_memory {
+            notes.push(format!("{}: held in memory ({:.1} MiB)", records_path.display(), len as f64 / 1048576.0));
+        }
         let mut fallback = reader.fallback.clone();
         let stage_source = StageSource::of(manifest_path, manifest, &records_path)?;
         let slots_can_warm = stage_source.slots_can_warm();
@@ -433,6 +468,7 @@ impl StreamingEngine {
             last_prompt_batch: false,
             prompt_count_from: 0,
             slots_can_warm,
+            records_in_memory,
         })
     }
 
@@ -543,6 +579,11 @@ impl StreamingEngine {
     }
 
     /// The set rule ("soft8", "scorer").
+    /// Whether records.bin is held in memory (every row; reads are copies).
+    pub fn holds_records(&self) -> bool {
+        self.records_in_memory
+    }
+
     pub fn rule(&self) -> String {
         self.selector.rule()
     }

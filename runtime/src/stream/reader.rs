@@ -1,7 +1,9 @@
 //! `RecordReader`: reads runs of `records.bin` into its own aligned staging buffer with
 //! io_uring and O_DIRECT (no page cache), queue depth up to 256. Where io_uring or O_DIRECT is
 //! unavailable (tmpfs, seccomp, old kernels) it falls back to pread on the rayon pool and says
-//! why in [`RecordReader::fallback`].
+//! why in [`RecordReader::fallback`]. Held in memory ([`ReaderOptions::hold_in_memory`]: a run
+//! with every row in memory, for quality), the whole file is read once and a run is a copy, so
+//! the engine computes exactly what it computes from storage.
 //!
 //! The reader owns the staging buffer, so the buffer it registers with the ring (reads then
 //! use IORING_OP_READ_FIXED) lives exactly as long as the ring and is only written by reads.
@@ -32,11 +34,19 @@ pub struct ReaderOptions {
     pub staging_bytes: usize,
     /// Register the staging buffer with the ring (no per-request page pinning).
     pub register_staging: bool,
+    /// Read the whole file into memory once; runs are then copied from there.
+    pub hold_in_memory: bool,
 }
 
 impl Default for ReaderOptions {
     fn default() -> Self {
-        ReaderOptions { queue_depth: 256, force_pread: false, staging_bytes: 8 << 20, register_staging: true }
+        ReaderOptions {
+            queue_depth: 256,
+            force_pread: false,
+            staging_bytes: 8 << 20,
+            register_staging: true,
+            hold_in_memory: false,
+        }
     }
 }
 
@@ -52,12 +62,28 @@ pub struct RecordReader {
     pub requests: u64,
     /// The staging buffer is registered with the ring.
     registered: bool,
+    /// The whole file, with [`ReaderOptions::hold_in_memory`].
+    held: Option<Vec<u8>>,
 }
 
 impl RecordReader {
     /// Opens `path` for O_DIRECT io_uring reads into a staging buffer of its own.
     pub fn open(path: &Path, o: &ReaderOptions) -> Result<Self> {
         let io = |source| RuntimeError::Io { path: path.to_path_buf(), offset: None, source };
+        if o.hold_in_memory {
+            return Ok(RecordReader {
+                path: path.to_path_buf(),
+                held: Some(std::fs::read(path).map_err(io)?),
+                file: File::open(path).map_err(io)?,
+                ring: None,
+                staging: AlignedBuf::new(o.staging_bytes.div_ceil(4096) * 4096),
+                queue_depth: o.queue_depth,
+                fallback: None,
+                bytes_read: 0,
+                requests: 0,
+                registered: false,
+            });
+        }
         let direct = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path);
         let (file, mut fallback) = match direct {
             Ok(f) => (f, None),
@@ -100,6 +126,7 @@ impl RecordReader {
             bytes_read: 0,
             requests: 0,
             registered,
+            held: None,
         })
     }
 
@@ -123,12 +150,18 @@ impl RecordReader {
         }
         self.requests += runs.len() as u64;
         self.bytes_read += runs.iter().map(|r| r.bytes as u64).sum::<u64>();
-        match self.ring.as_mut() {
-            Some(ring) => {
+        match (self.held.as_ref(), self.ring.as_mut()) {
+            (Some(held), _) => copy_held(held, &self.path, runs, &mut self.staging),
+            (None, Some(ring)) => {
                 read_uring(ring, &self.file, &self.path, self.queue_depth, self.registered, runs, &mut self.staging)
             }
-            None => read_pread(&self.file, &self.path, runs, &mut self.staging),
+            (None, None) => read_pread(&self.file, &self.path, runs, &mut self.staging),
         }
+    }
+
+    /// Whether the file is held in memory ([`ReaderOptions::hold_in_memory`]).
+    pub fn holds_file(&self) -> bool {
+        self.held.is_some()
     }
 }
 
@@ -217,6 +250,24 @@ fn read_uring(
     Ok(())
 }
 
+/// Each run copied from the file held in memory (a run past its end is refused as a read
+/// would be).
+fn copy_held(held: &[u8], path: &Path, runs: &[Run], staging: &mut AlignedBuf) -> Result<()> {
+    let staging = staging.as_mut_slice();
+    for r in runs {
+        let from = usize::try_from(r.offset).unwrap_or(usize::MAX);
+        let Some(src) = held.get(from..from.saturating_add(r.bytes)) else {
+            return Err(RuntimeError::Corrupt {
+                path: path.to_path_buf(),
+                offset: r.offset,
+                what: format!("unexpected end of file (reading {} bytes of a {}-byte file)", r.bytes, held.len()),
+            });
+        };
+        staging[r.staging_offset..r.staging_offset + r.bytes].copy_from_slice(src);
+    }
+    Ok(())
+}
+
 fn read_pread(file: &File, path: &Path, runs: &[Run], staging: &mut AlignedBuf) -> Result<()> {
     // split the staging buffer into the runs' disjoint ranges
     let mut order: Vec<usize> = (0..runs.len()).collect();
@@ -248,4 +299,40 @@ fn read_pread(file: &File, path: &Path, runs: &[Run], staging: &mut AlignedBuf) 
             _ => RuntimeError::Io { path: path.to_path_buf(), offset: Some(off), source },
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file held in memory gives the runs pread gives, byte for byte, and a run past its end
+    /// is the same kind of error, naming the file and the offset.
+    #[test]
+    fn held_in_memory_reads_what_pread_reads() {
+        let path = std::env::temp_dir().join(format!("reader-held-{}.bin", std::process::id()));
+        let bytes: Vec<u8> = (0..3 * 4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let runs = [
+            Run { offset: 4096, bytes: 4096, staging_offset: 0 },
+            Run { offset: 0, bytes: 512, staging_offset: 8192 },
+            Run { offset: 8192 + 512, bytes: 1024, staging_offset: 4096 },
+        ];
+        let open = |hold_in_memory| {
+            let o = ReaderOptions { force_pread: true, staging_bytes: 3 * 4096, hold_in_memory, ..Default::default() };
+            RecordReader::open(&path, &o).unwrap()
+        };
+        let (mut held, mut pread) = (open(true), open(false));
+        assert!(held.holds_file() && !pread.holds_file());
+        held.read_runs(&runs).unwrap();
+        pread.read_runs(&runs).unwrap();
+        assert_eq!(held.staging(), pread.staging());
+        assert_eq!(&held.staging()[8192..8192 + 512], &bytes[..512]);
+        assert_eq!((held.bytes_read, held.requests), (pread.bytes_read, pread.requests));
+        // (O_DIRECT where the file system has it: runs of whole 512-byte sectors)
+        let past = [Run { offset: 3 * 4096 - 512, bytes: 1024, staging_offset: 0 }];
+        let e = held.read_runs(&past).unwrap_err().to_string();
+        assert!(e.contains("reader-held") && e.contains(&(3 * 4096 - 512).to_string()), "{e}");
+        assert!(pread.read_runs(&past).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
 }

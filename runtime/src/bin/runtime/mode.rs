@@ -30,7 +30,8 @@ pub struct ModeArgs {
     /// `auto`'s first choice wherever it fits.
     #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     pub strategy: Strategy,
-    /// The same sets with every row in memory and batched prefill (quality figures).
+    /// The same run with records.bin held in memory instead of within a budget: every row in
+    /// memory, each read a copy (quality figures; slots as -X slot-share says).
     #[arg(long, conflicts_with = "mem_budget")]
     pub in_memory: bool,
     /// Layers below L run dense, L.. sparse (the prepared dense prefix <= L <= n_layers), or
@@ -43,7 +44,7 @@ pub struct ModeArgs {
     /// that fits --mem-budget.
     #[arg(long, value_parser = parse_set_scale)]
     pub set_scale: Option<f64>,
-    /// Research knobs, KEY=VALUE (repeatable; `-X help` lists them): set-rule, resident-bonus, slot-share, head, single-token, pread, max-run-bytes, queue-depth,
+    /// Research knobs, KEY=VALUE (repeatable; `-X help` lists them): set-rule, resident-bonus, slot-share, head, pread, max-run-bytes, queue-depth,
     /// oracle-thresholds.
     #[arg(long = "experiment", short = 'X', value_name = "KEY=VALUE")]
     pub experiment: Vec<String>,
@@ -75,11 +76,12 @@ pub enum Strategy {
 }
 
 pub const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
-  set-rule=soft8|softN|oracle              the predictor's set rule (oracle: --in-memory only;
-                                           with --strategy layers or sketch: oracle ranking in memory)
+  set-rule=soft8|softN                     the predictor's set rule
+  set-rule=oracle                          --in-memory, with --strategy layers or sketch: each token's
+                                           exact |h| ranks (the ceiling at a set size)
   resident-bonus=F                         scorer: a held row counts F (>= 1) times its score (default 2)
-  slot-share=C                             --in-memory scorer, sketch, layers: rows each layer holds, share of n_ff
-  single-token                             --in-memory scorer, sketch, layers: tokens one at a time, as streamed
+  slot-share=C                             --in-memory: rows each sparse layer holds, share of n_ff
+                                           (default: the set, as the smallest budget holds)
   head=q8|compact|resident                 the output head (default: compact with sketch and layers;
                                            q8 with the scorer on an f16 preparation)
   pread                                    read records with pread instead of io_uring
@@ -94,7 +96,8 @@ pub struct Experiment {
     pub set_rule: Option<SetRule>,
     pub resident_bonus: Option<f32>,
     pub slot_share: Option<f64>,
-    pub single_token: bool,
+    /// `set-rule=oracle`: each token's exact |h| ranks (whole records, in memory).
+    pub oracle: bool,
     pub head: Option<runtime::HeadChoice>,
     pub pread: bool,
     pub max_run_bytes: Option<usize>,
@@ -116,6 +119,7 @@ impl Experiment {
                 value.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| bad(what))
             };
             match key {
+                "set-rule" if value == "oracle" => e.oracle = true,
                 "set-rule" => {
                     e.set_rule = Some(value.parse().map_err(|m: String| anyhow::anyhow!("--experiment {item}: {m}"))?)
                 }
@@ -137,7 +141,6 @@ impl Experiment {
                             .ok_or_else(|| bad("a share of n_ff in (0, 1]"))?,
                     )
                 }
-                "single-token" if value.is_empty() => e.single_token = true,
                 "head" => {
                     e.head = Some(match value {
                         "q8" => runtime::HeadChoice::Q8,
@@ -224,12 +227,12 @@ impl ModeArgs {
                 anyhow::bail!("--strategy dense runs every layer dense with every row held: it takes no --in-memory, --dense-prefix or --set-scale");
             }
             if x.set_rule.is_some()
+                || x.oracle
                 || x.resident_bonus.is_some()
                 || x.slot_share.is_some()
-                || x.single_token
                 || x.oracle_thresholds.is_some()
             {
-                anyhow::bail!("--experiment set-rule, resident-bonus, slot-share, single-token and oracle-thresholds choose sparse sets: --strategy dense has none");
+                anyhow::bail!("--experiment set-rule, resident-bonus, slot-share and oracle-thresholds choose sparse sets: --strategy dense has none");
             }
             if self.mem_budget.is_none() && !self.engine {
                 return Ok((PreparedMode::Dense { head: x.head.unwrap_or_default() }, x, notes));
@@ -237,13 +240,17 @@ impl ModeArgs {
         }
         let scorer = strategy == Strategy::Scorer;
         let layers = matches!(strategy, Strategy::Layers | Strategy::Sketch);
-        // the whole-record strategies take set-rule=oracle only (their in-memory ceiling)
-        let layer_oracle = layers && x.set_rule == Some(SetRule::Oracle);
-        if (scorer || layers) && x.set_rule.is_some() && !layer_oracle {
+        if (scorer || layers) && x.set_rule.is_some() {
             anyhow::bail!("--experiment set-rule is the predictor's: use it with --strategy predictor (--strategy layers and sketch take set-rule=oracle, in memory)");
         }
-        if !(scorer || layers) && (x.slot_share.is_some() || x.single_token) {
-            anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots: use them with --strategy scorer, sketch or layers");
+        if x.oracle && !layers {
+            anyhow::bail!("--experiment set-rule=oracle ranks whole records by their exact |h|: use it with --strategy layers or sketch and --in-memory");
+        }
+        if x.oracle && !self.in_memory {
+            anyhow::bail!("--experiment set-rule=oracle ranks neurons by their true activations, which needs every row: use it with --in-memory");
+        }
+        if x.slot_share.is_some() && !self.in_memory {
+            anyhow::bail!("--experiment slot-share sizes the slots of a run with every row in memory (--in-memory); a streamed run's slots come from --mem-budget");
         }
         if !scorer && x.resident_bonus.is_some() {
             anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
@@ -252,6 +259,8 @@ impl ModeArgs {
             SelectorChoice::Scorer {
                 resident_bonus: x.resident_bonus.unwrap_or(runtime::scorer::SCORER_RESIDENT_BONUS),
             }
+        } else if x.oracle {
+            SelectorChoice::Oracle
         } else if strategy == Strategy::Sketch {
             SelectorChoice::Sketch
         } else if strategy == Strategy::Dense {
@@ -289,42 +298,35 @@ impl ModeArgs {
                     "--dense-prefix fit sizes a streamed run's memory plan: it needs --mem-budget, not --in-memory"
                 );
             }
-            // the scorer's streamed default (fit) puts every layer after the prepared prefix sparse
-            let dense_prefix = self.dense_prefix.unwrap_or(if scorer || layers {
-                DensePrefix::Layer(manifest.sparsity.dense_prefix)
-            } else {
-                DensePrefix::Default
-            });
-            let s = runtime::InMemorySettings {
-                selector,
-                dense_prefix,
-                set_scale,
-                slot_share: x.slot_share,
-                head,
-                single_token: x.single_token,
-                oracle_ranking: layer_oracle,
-            };
-            return Ok((PreparedMode::InMemory(s), x, notes));
-        }
-        if x.set_rule == Some(SetRule::Oracle) {
-            anyhow::bail!("--experiment set-rule=oracle ranks neurons by their true activations, which needs every row: use it with --in-memory");
-        }
-        if x.slot_share.is_some() || x.single_token {
-            anyhow::bail!("--experiment slot-share and single-token simulate a streamed run's slots with --in-memory; a streamed run's slots come from --mem-budget");
         }
         let mem_budget_bytes = match &self.mem_budget {
             Some(b) => Some(runtime::stream::parse_bytes(b).map_err(|e| anyhow::anyhow!("--mem-budget {e}"))?),
             None => None,
         };
-        let mut io = runtime::stream::IoSettings { force_pread: x.pread, ..Default::default() };
+        let mut io = runtime::stream::IoSettings {
+            force_pread: x.pread,
+            hold_records_in_memory: self.in_memory,
+            ..Default::default()
+        };
         if let Some(m) = x.max_run_bytes {
             io.max_run_bytes = m;
         }
         if let Some(q) = x.queue_depth {
             io.queue_depth = q;
         }
-        let dense_prefix =
-            self.dense_prefix.unwrap_or(if scorer || layers { DensePrefix::Fit } else { DensePrefix::Default });
+        // the strategies whose sets are shares of n_ff put every layer after the prepared prefix
+        // sparse (streamed: as the budget fits)
+        let dense_prefix = self.dense_prefix.unwrap_or(match (scorer || layers, self.in_memory) {
+            (true, true) => DensePrefix::Layer(manifest.sparsity.dense_prefix),
+            (true, false) => DensePrefix::Fit,
+            (false, _) => DensePrefix::Default,
+        });
+        // in memory, the slots of the smallest budget (the set) unless a slot share says more;
+        // the predictor's held rows do not count, so its slots change nothing computed
+        let slot_share = match self.in_memory && (scorer || layers) {
+            true => Some(x.slot_share.unwrap_or(set_scale).max(set_scale)),
+            false => x.slot_share,
+        };
         let mut s = StreamSettings {
             mem_budget_bytes,
             ctx,
@@ -332,6 +334,7 @@ impl ModeArgs {
             set_scale,
             selector,
             head,
+            slot_share,
             io,
             record_sets: false,
             host_bytes: self.host_bytes,

@@ -3,7 +3,6 @@
 use crate::mode::{open, ModeArgs};
 use crate::report::operating_point;
 use anyhow::Result;
-use runtime::Sparsity;
 use std::path::PathBuf;
 
 /// The flags of `runtime bench`.
@@ -55,8 +54,8 @@ pub fn run(args: Args) -> Result<()> {
     if prompt_tokens.saturating_add(n) > ctx {
         return Err(runtime::RuntimeError::ContextOverflow { needed: prompt_tokens + n, ctx, prompt_tokens }.into());
     }
-    let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
-    let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else { unreachable!("a streamed mode") };
+    let runtime::Opened { model, tokenizer, engine, .. } = &mut opened;
+    let Some(engine) = engine.as_deref_mut() else { unreachable!("a streamed mode") };
     let r = runtime::bench::bench(model, tokenizer, engine, prompt.trim_end(), n)?;
     if json {
         println!("{}", serde_json::to_string(&r)?);

@@ -46,11 +46,11 @@ pub fn run(args: Args) -> Result<()> {
     }
     if json {
         let mut v = serde_json::to_value(&r)?;
-        v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
+        v["sparsity"] = sparsity_json(opened.engine.as_deref(), n_ff);
         println!("{v}");
     } else {
         eprintln!();
-        print_sparsity(opened.sparsity.as_mut(), n_ff);
+        print_sparsity(opened.engine(), n_ff);
         println!(
             "{}: acc_norm {:.4} (acc {:.4}) over {} items, {:.1} s",
             r.task, r.accuracy, r.accuracy_unnormalized, r.items, r.seconds

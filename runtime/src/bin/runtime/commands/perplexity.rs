@@ -33,7 +33,7 @@ pub fn run(args: Args) -> Result<()> {
     let n_ff = opened.model.config.intermediate_size;
     let mut oracle = match &x.oracle_thresholds {
         Some(p) => {
-            if opened.sparsity.is_some() {
+            if opened.engine.is_some() {
                 anyhow::bail!("--experiment oracle-thresholds masks a dense model's activations: use it with a model directory or --strategy dense");
             }
             let t = formats::thresholds::Thresholds::load(p)?;
@@ -73,7 +73,7 @@ pub fn run(args: Args) -> Result<()> {
     if json {
         let mut v = serde_json::to_value(&r)?;
         v["oracle_sparsity"] = oracle_json.unwrap_or(serde_json::Value::Null);
-        v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
+        v["sparsity"] = sparsity_json(opened.engine.as_deref(), n_ff);
         v["peak_rss_bytes"] = runtime::bench::peak_rss_bytes().into();
         println!("{v}");
     } else {
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(o) = &oracle {
             println!("oracle sparsity: {:.3} of sparse-layer neurons kept (layers >= {})", o.density(), o.dense_prefix);
         }
-        print_sparsity(opened.sparsity.as_mut(), n_ff);
+        print_sparsity(opened.engine(), n_ff);
         println!(
             "perplexity {:.4} over {} chunks of {} ({} tokens scored, {} in the text), {:.1} tok/s",
             r.perplexity, r.chunks, r.ctx, r.tokens_scored, r.tokens, r.tokens_per_s

@@ -2,7 +2,6 @@
 
 use crate::mode::{ModeArgs, Strategy};
 use anyhow::Result;
-use runtime::Sparsity;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -151,10 +150,8 @@ fn probe_storage(
                 };
                 let (pm, _, _) = mode.mode(m, 512)?;
                 let mut opened = runtime::open_with(m, &pm, false)?;
-                let runtime::Opened { model, tokenizer, sparsity, .. } = &mut opened;
-                let Some(Sparsity::Stream(engine)) = sparsity.as_mut() else {
-                    unreachable!("a manifest streams by default")
-                };
+                let runtime::Opened { model, tokenizer, engine, .. } = &mut opened;
+                let Some(engine) = engine.as_deref_mut() else { unreachable!("a manifest streams by default") };
                 let r = runtime::bench::bench(
                     model,
                     tokenizer,

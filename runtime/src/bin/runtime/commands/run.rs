@@ -98,7 +98,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     if json {
         let mut v = serde_json::to_value(&r)?;
-        v["sparsity"] = sparsity_json(opened.sparsity.as_ref(), n_ff);
+        v["sparsity"] = sparsity_json(opened.engine.as_deref(), n_ff);
         v["peak_rss_bytes"] = runtime::bench::peak_rss_bytes().into();
         println!("{v}");
     } else {
@@ -107,7 +107,7 @@ pub fn run(args: Args) -> Result<()> {
             "prompt {} tokens, prefill {:.1} tok/s; generated {} tokens, decode {:.1} tok/s",
             r.prompt_tokens, r.prefill_tok_per_s, r.generated_tokens, r.decode_tok_per_s
         );
-        print_sparsity(opened.sparsity.as_mut(), n_ff);
+        print_sparsity(opened.engine(), n_ff);
     }
     Ok(())
 }
