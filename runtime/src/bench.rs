@@ -51,6 +51,8 @@ pub struct BenchReport {
     pub neuron_rank: Option<crate::predictor::NeuronRank>,
     /// How sets were chosen (soft8, top1, static, scorer).
     pub set_rule: String,
+    /// What `set_scale` is a share of ("n_ff", "K_max").
+    pub set_unit: &'static str,
     /// Logits from the Q8_0 head (`-X head=q8`).
     pub head_q8: bool,
     /// The head the logits came from: resident, q8 or compact.
@@ -187,6 +189,7 @@ pub fn bench(
         set_scale: engine.plan.set_scale,
         neuron_rank: engine.neuron_rank(),
         set_rule: engine.rule(),
+        set_unit: engine.choice.set_unit(),
         head_q8: model.weights.head == crate::model::HeadChoice::Q8,
         head: model.weights.head,
         computed_rows_per_token: per(d.computed_rows as f64),

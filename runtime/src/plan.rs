@@ -46,6 +46,8 @@ pub struct Prediction {
     pub planned_bytes: u64,
     pub minimum_bytes: u64,
     pub selector: String,
+    /// What `set_scale` is a share of ("n_ff", "K_max").
+    pub set_unit: &'static str,
     pub dense_prefix: usize,
     pub set_scale: f64,
     pub mean_set_rows: f64,
@@ -70,11 +72,11 @@ pub struct Prediction {
 
 /// Class A3, the bytes a token reads from memory: everything planned but the slots, the KV
 /// cache, staging and the process, plus the rows each token sums (held or just read): its sets,
-/// or with the whole-record strategies (`rule` sketch or layers) every held record, whose gate
-/// and up rows give each its exact h. (The scorer's held down rows are left out: its compute is
-/// calibrated by probe-storage's measurement with this count.)
-pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, rule: &str) -> u64 {
-    let summed = if matches!(rule, "sketch" | "layers") { &p.capacity } else { &p.set_sizes };
+/// or with the whole-record strategies every held record, whose gate and up rows give each its
+/// exact h. (The scorer's held down rows are left out: its compute is calibrated by
+/// probe-storage's measurement with this count.)
+pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, choice: crate::stream::SelectorChoice) -> u64 {
+    let summed = if choice.sums_held_records() { &p.capacity } else { &p.set_sizes };
     let rows_summed: u64 = summed.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
     p.resident_bytes + p.head_artifact_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
 }
@@ -90,7 +92,7 @@ pub fn predict(
     device: &DeviceFile,
     reuse: Reuse,
 ) -> Prediction {
-    predict_plan(&e.plan, &e.rule(), e.read_span_bytes, model_name, n_ff, embed_row_bytes, device, reuse)
+    predict_plan(&e.plan, e.choice, &e.rule(), e.read_span_bytes, model_name, n_ff, embed_row_bytes, device, reuse)
 }
 
 /// What the planner knows of the share of needed rows already held.
@@ -104,10 +106,12 @@ pub enum Reuse<'a> {
     Assumed,
 }
 
-/// [`predict`] from a memory plan (a preparation's, or a shape's) and its selector's rule.
+/// [`predict`] from a memory plan (a preparation's, or a shape's), its strategy and its rule's
+/// name (the reuse table's and the device file's key).
 #[allow(clippy::too_many_arguments)]
 pub fn predict_plan(
     p: &crate::stream::MemoryPlan,
+    choice: crate::stream::SelectorChoice,
     rule: &str,
     read_span_bytes: usize,
     model_name: &str,
@@ -116,9 +120,8 @@ pub fn predict_plan(
     device: &DeviceFile,
     reuse: Reuse,
 ) -> Prediction {
-    // the scorer, sketch and layers rank at the layer (A2); the shared predictor after
-    // layer 0 (A1)
-    let in_layer = matches!(rule, "scorer" | "sketch" | "layers");
+    // reads known at their layer (A2), or after layer 0 (A1)
+    let in_layer = choice.chooses_at_layer();
     let n_sparse = p.set_sizes.len();
     // the sparse layers run to the last
     let n_layers = p.dense_prefix + n_sparse;
@@ -131,7 +134,12 @@ pub fn predict_plan(
             (
                 r,
                 t.tokens,
-                if rule == "scorer" { format!(", resident bonus {}", t.scorer_resident_bonus) } else { String::new() },
+                match choice {
+                    crate::stream::SelectorChoice::Scorer { .. } => {
+                        format!(", resident bonus {}", t.scorer_resident_bonus)
+                    }
+                    _ => String::new(),
+                },
             )
         }),
         _ => None,
@@ -142,7 +150,7 @@ pub fn predict_plan(
         (_, Some((r, tokens, bonus))) => (r, format!("the preparation's reuse table at sets {set_share:.3} and slots {slot_share:.3} of n_ff ({tokens} tokens simulated{bonus})")),
         _ => (slot_share, "assumed: held / n_ff (needed sets independent of held rows; a floor)".to_string()),
     };
-    let a3 = memory_bytes_per_token(p, rule);
+    let a3 = memory_bytes_per_token(p, choice);
     // measured on this device for this model (probe-storage --manifest), scaled by the bytes
     // this plan touches; else the bytes over the device's decode rate
     let measured = device.models.iter().find(|m| m.model == model_name && m.selector == rule);
@@ -184,6 +192,7 @@ pub fn predict_plan(
         planned_bytes: p.total_bytes,
         minimum_bytes: p.minimum_bytes,
         selector: rule.to_string(),
+        set_unit: choice.set_unit(),
         dense_prefix: p.dense_prefix,
         set_scale: p.set_scale,
         mean_set_rows: mean_set,
@@ -392,7 +401,7 @@ pub fn known_shape(name: &str) -> Option<KnownShape> {
 pub fn shape_plan(
     k: &KnownShape,
     settings: &crate::stream::StreamSettings,
-) -> crate::Result<(crate::stream::MemoryPlan, &'static str, usize, u64)> {
+) -> crate::Result<(crate::stream::MemoryPlan, crate::stream::SelectorChoice, &'static str, usize, u64)> {
     use formats::ggml_quants::GgmlType;
     let c = &k.config;
     let (d, n_ff, layers, vocab) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size);
@@ -451,7 +460,13 @@ pub fn shape_plan(
     };
     match crate::stream::MemoryPlan::for_settings(&inputs, &dense_sizing, &dense_settings) {
         Ok(plan) if settings.mem_budget_bytes.is_some() => {
-            return Ok((plan, "dense", shape.record_bytes(), embed / vocab as u64))
+            return Ok((
+                plan,
+                crate::stream::SelectorChoice::Dense,
+                "dense",
+                shape.record_bytes(),
+                embed / vocab as u64,
+            ))
         }
         Ok(_) | Err(crate::RuntimeError::BudgetTooSmall { .. }) => {}
         Err(e) => return Err(e),
@@ -468,7 +483,8 @@ pub fn shape_plan(
     };
     let sizing = crate::stream::budget::Sizing { footprint: &footprint, slot_row: crate::select::SlotRow::Down };
     let plan = crate::stream::MemoryPlan::fit(&inputs, &sizing, settings)?;
-    Ok((plan, "scorer", shape.down_section_bytes(), embed / vocab as u64))
+    let scorer = crate::stream::SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS };
+    Ok((plan, scorer, "scorer", shape.down_section_bytes(), embed / vocab as u64))
 }
 
 #[cfg(test)]

@@ -60,12 +60,16 @@ pub struct Candidate {
 }
 
 /// What one candidate holds per sparse layer, from its artifact's header; None without the
-/// artifact.
-fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(usize, u64, HeldAs, SlotRow)>> {
+/// artifact, or for a strategy `auto` does not choose.
+fn sizing_of(
+    manifest_path: &Path,
+    m: &Manifest,
+    choice: SelectorChoice,
+) -> Result<Option<(usize, u64, HeldAs, SlotRow)>> {
     let c = &m.model;
     let d0 = m.sparsity.dense_prefix;
-    Ok(match name {
-        "scorer" => match m.artifacts.iter().find(|a| a.role == "scorer") {
+    Ok(match choice {
+        SelectorChoice::Scorer { .. } => match m.artifacts.iter().find(|a| a.role == "scorer") {
             None => None,
             Some(a) => {
                 let per_layer = formats::scorer::held_bytes_per_layer(
@@ -78,7 +82,7 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
                 Some((d0, per_layer as u64, HeldAs::Scorer, SlotRow::Down))
             }
         },
-        "sketch" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
+        SelectorChoice::Sketch => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
             None => None,
             Some(a) => {
                 let per_layer = formats::sketch::held_bytes_per_layer(
@@ -91,7 +95,7 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
                 Some((m.records.first_layer, per_layer as u64, HeldAs::Scorer, SlotRow::GateUpDown))
             }
         },
-        "layers" => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
+        SelectorChoice::Layers => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
             None => None,
             Some(a) => {
                 let spec = formats::layer_predictors::read_spec(&m.artifact_path(manifest_path, a))?;
@@ -103,19 +107,20 @@ fn sizing_of(manifest_path: &Path, m: &Manifest, name: &str) -> Result<Option<(u
                 ))
             }
         },
-        _ => unreachable!("a ranking candidate's name"),
+        SelectorChoice::Predictor { .. } | SelectorChoice::Oracle | SelectorChoice::Dense => None,
     })
 }
 
-/// The footprint `--strategy <name>` would have (scorer, sketch or layers) from its files'
-/// headers, and the rows its slots hold; None when the preparation lacks its artifact.
+/// The footprint a strategy would have (the scorer, the sketch or the per-layer predictors)
+/// from its files' headers, and the rows its slots hold; None when the preparation lacks its
+/// artifact.
 pub fn footprint_of(
     manifest_path: &Path,
     m: &Manifest,
-    name: &str,
+    choice: SelectorChoice,
 ) -> Result<Option<(impl Fn(usize) -> Footprint, SlotRow)>> {
     let (n_layers, n_ff) = (m.model.num_hidden_layers, m.model.intermediate_size);
-    Ok(sizing_of(manifest_path, m, name)?.map(|(first, per_layer, held_as, slot_row)| {
+    Ok(sizing_of(manifest_path, m, choice)?.map(|(first, per_layer, held_as, slot_row)| {
         (move |l: usize| Footprint::per_layer(l.max(first), n_layers, n_ff, per_layer, held_as), slot_row)
     }))
 }
@@ -157,7 +162,7 @@ pub fn candidates(
         ("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }),
         ("sketch", SelectorChoice::Sketch),
     ] {
-        let Some((footprint, slot_row)) = footprint_of(manifest_path, m, name)? else { continue };
+        let Some((footprint, slot_row)) = footprint_of(manifest_path, m, choice)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };
         let heads = match head {
             Some(h) => vec![h],

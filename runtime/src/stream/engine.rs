@@ -109,6 +109,34 @@ pub enum SelectorChoice {
 }
 
 impl SelectorChoice {
+    /// Chooses each sparse layer's set from that layer's own input once the layer is reached
+    /// (the scorer and the rankers: Budgeting Bytes' class A2), rather than every set after
+    /// layer 0 (the shared predictor: A1).
+    pub fn chooses_at_layer(self) -> bool {
+        match self {
+            SelectorChoice::Scorer { .. }
+            | SelectorChoice::Layers
+            | SelectorChoice::Sketch
+            | SelectorChoice::Oracle => true,
+            SelectorChoice::Predictor { .. } | SelectorChoice::Dense => false,
+        }
+    }
+
+    /// Every record a layer holds is summed, each with its exact h from its own gate and up
+    /// rows (the whole-record strategies); otherwise the rows summed are the set's (the
+    /// predictor) or down rows alone (the scorer).
+    pub fn sums_held_records(self) -> bool {
+        self.ranker_kind().is_some()
+    }
+
+    /// What a set scale is a share of: each layer's K_max (the predictor) or n_ff.
+    pub fn set_unit(self) -> &'static str {
+        match self {
+            SelectorChoice::Predictor { .. } => "K_max",
+            _ => "n_ff",
+        }
+    }
+
     /// What ranks a whole-record strategy's neurons (None: the predictor and the scorer).
     pub fn ranker_kind(self) -> Option<crate::layer_predictor::RankerKind> {
         use crate::layer_predictor::RankerKind;

@@ -37,7 +37,7 @@ pub fn print_sparsity(e: Option<&mut StreamingEngine>, n_ff: usize) {
         "{}: {} tokens, {}, {:.3} of sparse-layer rows summed, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
         if e.holds_records() { "records in memory" } else { "streamed" },
         st.tokens,
-        operating_point(&e.rule(), e.dense_prefix, e.plan.set_scale),
+        operating_point(&e.rule(), e.choice.set_unit(), e.dense_prefix, e.plan.set_scale),
         sparse_layer_density(e, n_ff),
         st.reuse_ratio(),
         st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
@@ -48,13 +48,10 @@ pub fn print_sparsity(e: Option<&mut StreamingEngine>, n_ff: usize) {
 
 /// A streamed run's operating point in words: "every layer dense", or "layers 1.. sparse,
 /// scorer sets of 0.25 x n_ff".
-pub fn operating_point(rule: &str, dense_prefix: usize, set_scale: f64) -> String {
+pub fn operating_point(rule: &str, set_unit: &str, dense_prefix: usize, set_scale: f64) -> String {
     match rule {
         "dense" => "every layer dense".into(),
-        _ => format!(
-            "layers {dense_prefix}.. sparse, {rule} sets of {set_scale:.2} x {}",
-            if matches!(rule, "scorer" | "sketch" | "layers" | "oracle") { "n_ff" } else { "K_max" }
-        ),
+        _ => format!("layers {dense_prefix}.. sparse, {rule} sets of {set_scale:.2} x {set_unit}"),
     }
 }
 

@@ -76,7 +76,7 @@ pub fn run(args: Args) -> Result<()> {
             r.peak_rss_bytes as f64 / 1048576.0,
             r.planned_bytes as f64 / 1048576.0,
             r.minimum_budget_bytes as f64 / 1048576.0,
-            operating_point(&r.set_rule, r.dense_prefix, r.set_scale)
+            operating_point(&r.set_rule, r.set_unit, r.dense_prefix, r.set_scale)
         );
     }
     Ok(())

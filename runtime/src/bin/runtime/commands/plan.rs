@@ -95,8 +95,9 @@ fn plan_shape(
             ..Default::default()
         };
         let ours = match runtime::plan::shape_plan(&k, &settings) {
-            Ok((p, rule, span, embed_row)) => Ok(runtime::plan::predict_plan(
+            Ok((p, choice, rule, span, embed_row)) => Ok(runtime::plan::predict_plan(
                 &p,
+                choice,
                 rule,
                 span,
                 k.name,
@@ -272,6 +273,7 @@ fn plan(
                     let r = match &cand.plan {
                         Ok(plan) => Ok(runtime::plan::predict_plan(
                             plan,
+                            cand.choice,
                             cand.name,
                             cand.read_span_bytes,
                             &mf.model_name,
@@ -306,7 +308,7 @@ fn plan(
     println!("device: {} ({})", dev.name, device_path.display());
     println!(
         "operating point: {} ({:.0} rows per set, {:.0} slots per layer); plan {:.1} MiB of {} (minimum {:.1} MiB)",
-        operating_point(&p.selector, p.dense_prefix, p.set_scale),
+        operating_point(&p.selector, p.set_unit, p.dense_prefix, p.set_scale),
         p.mean_set_rows,
         p.mean_slots,
         mib(p.planned_bytes),

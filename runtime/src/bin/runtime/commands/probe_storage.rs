@@ -162,7 +162,7 @@ fn probe_storage(
                 Ok((
                     r,
                     engine.plan.minimum_bytes,
-                    runtime::plan::memory_bytes_per_token(&engine.plan, &engine.rule()) as f64,
+                    runtime::plan::memory_bytes_per_token(&engine.plan, engine.choice) as f64,
                     engine.rule().to_string(),
                 ))
             };
