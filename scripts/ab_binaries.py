@@ -35,7 +35,7 @@ def run(g, side, manifest, budget, n, prompt_file, threads, timeout):
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
     j = json.loads(out.stdout.strip().splitlines()[-1])
-    keep = ["prompt_tokens", "prefill_tok_per_s", "decode_tok_per_s", "bytes_read_per_token", "rows_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "predictor_ms_per_token",
+    keep = ["prompt_tokens", "prefill_tok_per_s", "decode_tok_per_s", "bytes_read_per_token", "rows_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "choose_ms_per_token",
             "sparse_mlp_ms_per_token", "set_rule", "set_scale", "head_q8", "peak_rss_bytes"]
     r = {k: j.get(k) for k in keep}
     r.update({"dense_prefix": j.get("dense_prefix", j.get("dense_from")), "major_faults": faults, "time_peak_rss_bytes": rss,

@@ -392,7 +392,7 @@ def main():
                     mf = [r["major_faults_per_token"] for r in rs if r.get("major_faults_per_token") is not None]
                     row["llama_cpp_major_faults_per_token"] = statistics.median(mf) if mf else None
                 else:
-                    for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token",
+                    for k in ("bytes_read_per_token", "reuse_ratio", "io_wait_ms_per_token", "compute_ms_per_token", "choose_ms_per_token",
                               "sparse_mlp_ms_per_token", "io_busy_ms_per_token", "major_faults_per_token", "peak_rss_bytes", "dense_from", "set_scale",
                               "computed_rows_per_token", "requests_per_token"):
                         v = [r[k] for r in rs if r.get(k) is not None]

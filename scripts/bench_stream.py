@@ -58,7 +58,7 @@ def main():
     for b in budgets:
         rs = [r for r in rows if r["budget"] == b]
         s = {k: med([r[k] for r in rs]) for k in ["decode_tok_per_s", "bytes_read_per_token", "rows_read_per_token", "reuse_ratio",
-                                                  "io_wait_ms_per_token", "compute_ms_per_token", "predictor_ms_per_token", "peak_rss_bytes",
+                                                  "io_wait_ms_per_token", "compute_ms_per_token", "choose_ms_per_token", "peak_rss_bytes",
                                                   "read_bandwidth_bytes_per_s"]}
         s["budget_bytes"] = b
         s["planned_bytes"] = rs[0]["planned_bytes"]
@@ -67,7 +67,7 @@ def main():
         summary.append(s)
         print(f"budget {('%.1f MiB' % (b / 2**20)) if b else 'unlimited':>12}: {s['decode_tok_per_s']:6.2f} tok/s ({s['x_dense_in_memory']:.2f}x dense), "
               f"{s['bytes_read_per_token']/1024:8.1f} KiB/token, reuse {s['reuse_ratio']:.3f}, I/O wait {s['io_wait_ms_per_token']:.2f} ms, "
-              f"compute {s['compute_ms_per_token']:.2f} ms, predictor {s['predictor_ms_per_token']:.2f} ms, peak RSS {s['peak_rss_bytes']/2**20:.0f} MiB")
+              f"compute {s['compute_ms_per_token']:.2f} ms, choosing sets {s['choose_ms_per_token']:.2f} ms, peak RSS {s['peak_rss_bytes']/2**20:.0f} MiB")
     print(f"dense, every row in memory: {dense_tps:.2f} tok/s")
     res = {"model": a.model, "generated_tokens": a.n, "threads": a.threads, "reps": a.reps, "minimum_budget_bytes": minimum,
            "dense_in_memory_decode_tok_per_s": dense_tps, "budgets": summary, "runs": rows}

@@ -233,7 +233,7 @@ fn scorer_streaming_equals_in_memory() {
         let mut s = runtime::open(m, &PreparedMode::Stream(settings(Some(minimum + extra)))).unwrap();
         let e = s.engine().expect("streaming");
         assert_eq!(e.plan.slot_row_bytes, 576 * 2, "slots hold downT rows only");
-        assert!(e.plan.predictor_bytes == 0 && e.plan.scorer_bytes > 0);
+        assert!(e.plan.predictor_bytes == 0 && e.plan.ranking_rows_bytes > 0);
         if extra == 0 {
             assert_eq!(e.plan.capacity, e.plan.set_sizes, "the smallest budget holds exactly the sets");
         } else {

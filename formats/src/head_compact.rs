@@ -1,8 +1,8 @@
 //! `head_compact.safetensors`: the output head (`lm_head`, or the tied embedding) in 4-bit GGML
 //! blocks: Q4_K (4.5 bits a weight), or Q5_0 (5.5) where d_model is not a multiple of Q4_K's
 //! 256 (llama.cpp's own fallback for such rows). The whole-record strategies compute the logits
-//! from it: below the 4-bit model's size every MiB buys row slots, and on Qwen2.5-Coder-1.5B
-//! this head is 58 MiB smaller than the GGUF's Q6_K one at +1.5% dense perplexity (docs/RESULTS.md).
+//! from it: below the 4-bit model's size every MiB buys row slots, and this head is smaller
+//! than a GGUF's Q6_K one at a small cost in perplexity (docs/RESULTS.md).
 //!
 //! One tensor, `lm_head.weight`: U8 `[vocab, row_bytes]` with its type in the `ggml_types`
 //! metadata, as `resident.safetensors` stores the GGUF's blocks (`safetensors_io`).

@@ -1,8 +1,8 @@
 //! `prep importance`: per layer and neuron, the mean contribution `|silu(g_j) * u_j| *
 //! ||W_down[:, j]||` over calibration tokens (layout: `formats::importance`). The runtime ranks
 //! neurons by it when a set is cut below K_max (`--set-scale`): K = 512 binary centroids say
-//! which neurons may fire, not which matter, and at 0.46 x K_max on Qwen2.5-Coder-1.5B that
-//! ranking alone moves LAMBADA perplexity from 18.8x dense to about 5x.
+//! which neurons may fire, not which matter, and a cut set ranked by membership alone loses
+//! most of the quality this ranking keeps (docs/RESULTS.md).
 
 use crate::capture::{corpus_sequences, expand_corpus};
 use anyhow::{bail, Result};

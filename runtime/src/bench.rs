@@ -20,7 +20,7 @@ pub struct BenchReport {
     pub reuse_ratio: f64,
     pub io_wait_ms_per_token: f64,
     pub compute_ms_per_token: f64,
-    pub predictor_ms_per_token: f64,
+    pub choose_ms_per_token: f64,
     /// Of compute: the sparse layers' MLPs over their slots.
     pub sparse_mlp_ms_per_token: f64,
     /// Wall time the I/O thread spent reading, checking and scattering (overlapped with compute).
@@ -49,7 +49,7 @@ pub struct BenchReport {
     /// How cut sets ranked neurons: "importance" or "membership".
     /// How cut sets were ranked (null with the scorer, which ranks by its own score).
     pub neuron_rank: Option<crate::predictor::NeuronRank>,
-    /// How sets were chosen (soft8, top1, static, scorer).
+    /// How sets were chosen (softN, scorer, sketch, layers, oracle, dense).
     pub set_rule: String,
     /// What `set_scale` is a share of ("n_ff", "K_max").
     pub set_unit: &'static str,
@@ -98,7 +98,7 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         bytes_read: a.bytes_read - b.bytes_read,
         read_requests: a.read_requests - b.read_requests,
         io_wait_ms: a.io_wait_ms - b.io_wait_ms,
-        predictor_ms: a.predictor_ms - b.predictor_ms,
+        choose_ms: a.choose_ms - b.choose_ms,
         sparse_compute_ms: a.sparse_compute_ms - b.sparse_compute_ms,
         io_busy_ms: a.io_busy_ms - b.io_busy_ms,
         computed_rows: a.computed_rows - b.computed_rows,
@@ -168,8 +168,8 @@ pub fn bench(
         rows_needed_per_token: per(d.rows_needed as f64),
         reuse_ratio: d.reuse_ratio(),
         io_wait_ms_per_token: per(d.io_wait_ms),
-        compute_ms_per_token: per(decode_s * 1e3 - d.io_wait_ms - d.predictor_ms),
-        predictor_ms_per_token: per(d.predictor_ms),
+        compute_ms_per_token: per(decode_s * 1e3 - d.io_wait_ms - d.choose_ms),
+        choose_ms_per_token: per(d.choose_ms),
         sparse_mlp_ms_per_token: per(d.sparse_compute_ms),
         io_busy_ms_per_token: per(d.io_busy_ms),
         read_bandwidth_bytes_per_s: if d.io_busy_ms > 0.0 { d.bytes_read as f64 / (d.io_busy_ms / 1e3) } else { 0.0 },

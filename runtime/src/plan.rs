@@ -78,7 +78,12 @@ pub struct Prediction {
 pub fn memory_bytes_per_token(p: &crate::stream::MemoryPlan, choice: crate::stream::SelectorChoice) -> u64 {
     let summed = if choice.sums_held_records() { &p.capacity } else { &p.set_sizes };
     let rows_summed: u64 = summed.iter().map(|&k| (k * p.slot_row_bytes) as u64).sum();
-    p.resident_bytes + p.head_artifact_bytes + p.prefix_records_bytes + p.predictor_bytes + p.scorer_bytes + rows_summed
+    p.resident_bytes
+        + p.head_artifact_bytes
+        + p.prefix_records_bytes
+        + p.predictor_bytes
+        + p.ranking_rows_bytes
+        + rows_summed
 }
 
 /// The prediction for a streamed run whose engine (plan, slots, selector) is `e`;
@@ -475,7 +480,7 @@ pub fn shape_plan(
     let footprint = move |first: usize| crate::select::Footprint {
         predictor_bytes: 0,
         centroid_bytes: 0,
-        scorer_bytes: (layers - first.max(d0)) as u64 * n_ff as u64 * 2 * gate_up_row,
+        ranking_rows_bytes: (layers - first.max(d0)) as u64 * n_ff as u64 * 2 * gate_up_row,
         full_sets: vec![n_ff; layers - first.max(d0)],
         set_unit: "n_ff",
         min_set_scale: crate::select::MIN_SCORER_SHARE,

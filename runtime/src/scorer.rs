@@ -124,11 +124,9 @@ fn swiglu_pairs(gu: &[f32], h: &mut [f32]) {
 }
 
 /// The scorer's default resident bonus: a held row counts twice its score, so a missing row is
-/// read only when it beats the held one it would replace by a factor 2. At 25% of
-/// Qwen2.5-Coder-1.5B's F16 size (sets 0.25, slots 0.433 of n_ff, LAMBADA in memory) against 1:
-/// 53% fewer rows read for +6.3% perplexity on 8 chunks, 1.136x of F16 on 16 chunks (the 25%
-/// goal's bound is 1.15x); 1.5 reads 33% fewer for +3.1%, 3 75% fewer for +14%
-/// (docs/RESULTS.md, "Issue #17" parts 7-9). `-X resident-bonus=1` restores the exact top set.
+/// read only when it beats the held one it would replace by a factor 2: about half the reads
+/// for a few percent of perplexity, the best trade of those measured (docs/RESULTS.md, "Issue
+/// #17" parts 7-9). `-X resident-bonus=1` restores the exact top set.
 pub const SCORER_RESIDENT_BONUS: f32 = 2.0;
 
 /// How fast a neuron's heat follows its score: heat <- HEAT_DECAY x heat + (1 - HEAT_DECAY) x

@@ -27,7 +27,7 @@ impl SetSelector for DenseSelector {
         Footprint {
             predictor_bytes: 0,
             centroid_bytes: 0,
-            scorer_bytes: 0,
+            ranking_rows_bytes: 0,
             full_sets: Vec::new(),
             set_unit: "n_ff",
             min_set_scale: 1.0,

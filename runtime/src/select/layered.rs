@@ -58,8 +58,8 @@ impl SetSelector for LayeredSelector {
     fn footprint(&self, first_layer: usize) -> Footprint {
         let first = first_layer.max(self.first_layer);
         let held_as = match self.ranker {
-            Ranker::Sketch(_) | Ranker::Exact(_) => super::HeldAs::Scorer,
-            Ranker::Predictors(_) => super::HeldAs::Predictor,
+            Ranker::Sketch(_) | Ranker::Exact(_) => super::HeldAs::RankingRows,
+            Ranker::Predictors(_) => super::HeldAs::Networks,
         };
         Footprint::per_layer(first, self.n_layers, self.n_ff, self.ranker.layer_bytes(), held_as)
     }

@@ -67,7 +67,7 @@ impl SlotRow {
 pub struct Footprint {
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
-    pub scorer_bytes: u64,
+    pub ranking_rows_bytes: u64,
     /// Per sparse layer, the set `--set-scale` is a share of (K_max, or n_ff).
     pub full_sets: Vec<usize>,
     /// "K_max" or "n_ff": how set sizes are named in messages.
@@ -83,10 +83,11 @@ pub struct Footprint {
 /// Where a strategy that ranks every neuron counts what it holds for a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeldAs {
-    /// 4-bit gate/up (or gate) rows: `scorer_bytes`.
-    Scorer,
-    /// Small networks: `predictor_bytes`.
-    Predictor,
+    /// Gate/up rows that rank (the scorer's 4-bit, the sketch's 2-bit, the oracle's
+    /// records): `ranking_rows_bytes`.
+    RankingRows,
+    /// Small networks (the per-layer predictors): `predictor_bytes`.
+    Networks,
 }
 
 impl Footprint {
@@ -98,9 +99,9 @@ impl Footprint {
         let sparse = n_layers.saturating_sub(first);
         let held = sparse as u64 * per_layer_bytes;
         Footprint {
-            predictor_bytes: if held_as == HeldAs::Predictor { held } else { 0 },
+            predictor_bytes: if held_as == HeldAs::Networks { held } else { 0 },
             centroid_bytes: 0,
-            scorer_bytes: if held_as == HeldAs::Scorer { held } else { 0 },
+            ranking_rows_bytes: if held_as == HeldAs::RankingRows { held } else { 0 },
             full_sets: vec![n_ff; sparse],
             set_unit: "n_ff",
             min_set_scale: MIN_SCORER_SHARE,

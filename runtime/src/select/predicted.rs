@@ -79,7 +79,7 @@ impl SetSelector for PredictedSelector {
         Footprint {
             predictor_bytes: self.predictor.n_bytes() as u64,
             centroid_bytes: self.centroid_bytes,
-            scorer_bytes: 0,
+            ranking_rows_bytes: 0,
             full_sets: self.k_max[first_layer.saturating_sub(self.first_layer).min(self.k_max.len())..].to_vec(),
             set_unit: "K_max",
             min_set_scale: super::MIN_SET_SCALE,

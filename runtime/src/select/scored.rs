@@ -57,7 +57,7 @@ impl SetSelector for ScoredSelector {
             f.first_layer + f.n_layers,
             f.n_ff,
             (f.n_bytes() / f.n_layers.max(1)) as u64,
-            super::HeldAs::Scorer,
+            super::HeldAs::RankingRows,
         )
     }
 

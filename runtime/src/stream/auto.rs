@@ -3,7 +3,7 @@
 //! The candidates, best quality first at equal memory (docs/RESULTS.md, "Strategies"):
 //! 0. `dense`: where the whole model fits, every MLP held and computed dense from the GGUF's own
 //!    blocks (a native preparation's dense_mlp.safetensors): the source file's quality, and
-//!    faster than the scorer summing every held down row (docs/RESULTS.md, "Issue #18 (part 9)");
+//!    faster than the scorer summing every held down row;
 //! 1. `scorer`: resident 4-bit gate/up rows rank every neuron, the down rows stream (a budget
 //!    that holds every row computes the dense MLP);
 //! 2. `sketch`: the resident 2-bit gate/up sketch ranks, whole records stream.
@@ -25,9 +25,8 @@ use std::path::Path;
 
 /// The head a strategy's logits come from unless `-X head=` says otherwise:
 /// - the whole-record strategies (sketch, layers) run below the 4-bit model, where every
-///   MiB buys row slots: the 4-bit head (`head_compact`; Qwen2.5-Coder-1.5B: 125 MiB for the
-///   GGUF's 183 MiB Q6_K, +1.5% dense perplexity, while the 58 MiB it frees as slots cut the
-///   sketch's perplexity at 25% of F16 by 6%: docs/RESULTS.md, "Issue #18 (part 3)");
+///   MiB buys row slots: the 4-bit head (`head_compact`), whose freed MiB as slots gain more
+///   perplexity than its own rounding costs (docs/RESULTS.md, "Issue #18 (part 3)");
 /// - the scorer, near the 4-bit model's size: the resident head when it is already GGML blocks,
 ///   else the Q8_0 one (`head_q8`);
 /// - the shared predictor: the resident head.
@@ -79,7 +78,7 @@ fn sizing_of(
                     c.intermediate_size,
                     c.hidden_size,
                 )?;
-                Some((d0, per_layer as u64, HeldAs::Scorer, SlotRow::Down))
+                Some((d0, per_layer as u64, HeldAs::RankingRows, SlotRow::Down))
             }
         },
         SelectorChoice::Sketch => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
@@ -92,19 +91,14 @@ fn sizing_of(
                     c.intermediate_size,
                     c.hidden_size,
                 )?;
-                Some((m.records.first_layer, per_layer as u64, HeldAs::Scorer, SlotRow::GateUpDown))
+                Some((m.records.first_layer, per_layer as u64, HeldAs::RankingRows, SlotRow::GateUpDown))
             }
         },
         SelectorChoice::Layers => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
             None => None,
             Some(a) => {
                 let spec = formats::layer_predictors::read_spec(&m.artifact_path(manifest_path, a))?;
-                Some((
-                    m.records.first_layer,
-                    spec.layer_parameters() as u64 * 2,
-                    HeldAs::Predictor,
-                    SlotRow::GateUpDown,
-                ))
+                Some((m.records.first_layer, spec.layer_parameters() as u64 * 2, HeldAs::Networks, SlotRow::GateUpDown))
             }
         },
         SelectorChoice::Predictor { .. } | SelectorChoice::Oracle | SelectorChoice::Dense => None,
@@ -136,10 +130,9 @@ pub fn candidates(
     let inputs = PlanInputs::of(manifest_path, m)?;
     let has_compact = m.artifacts.iter().any(|a| a.role == formats::head_compact::ARTIFACT_ROLE);
     let mut out = Vec::new();
-    // every layer dense, with the resident head (the GGUF's own) unless another is asked for.
-    // (Not also with the 4-bit head, as the scorer: on Qwen2.5-Coder-1.5B that saves 58 MiB at
-    // 1.009x F16's perplexity on 8 chunks, where the scorer holding every row is 1.003x:
-    // docs/RESULTS.md "Issue #18 (part 9)"; `--strategy dense -X head=compact` runs it.)
+    // every layer dense, with the resident head (the GGUF's own) unless another is asked for;
+    // not also with the 4-bit head, as the scorer is: where dense with it would fit, the
+    // scorer holding every row does better (docs/RESULTS.md "Issue #18 (part 9)")
     {
         let dense = crate::select::dense::DenseSelector { n_layers: m.model.num_hidden_layers };
         let footprint = Sizing::of(&dense);
@@ -168,9 +161,9 @@ pub fn candidates(
             Some(h) => vec![h],
             None => {
                 let h = default_head(manifest_path, m, choice)?;
-                // the scorer again with the 4-bit head: the MiB it frees keep the scorer below
-                // its own minimum (Qwen2.5-Coder-1.5B at 25% of F16: 1.14x against the
-                // sketch's 1.25x, docs/RESULTS.md "Issue #17 (part 3)")
+                // the scorer again with the 4-bit head: the MiB it frees keep the scorer
+                // running below its own minimum, where it beats the sketch (docs/RESULTS.md
+                // "Issue #17 (part 3)")
                 if matches!(choice, SelectorChoice::Scorer { .. }) && h != HeadChoice::Compact && has_compact {
                     vec![h, HeadChoice::Compact]
                 } else {

@@ -179,8 +179,8 @@ pub struct MemoryPlan {
     pub prefix_records_bytes: u64,
     pub predictor_bytes: u64,
     pub centroid_bytes: u64,
-    /// The 4-bit gate/up scorer of the sparse layers (`--strategy scorer`; else 0).
-    pub scorer_bytes: u64,
+    /// The resident gate/up rows that rank the sparse layers' neurons (the scorer's, the sketch's; else 0).
+    pub ranking_rows_bytes: u64,
     pub kv_cache_bytes: u64,
     pub staging_bytes: usize,
     /// Prompt tokens computed at once (a streamed layer's whole MLP is read once per batch).
@@ -331,7 +331,8 @@ impl MemoryPlan {
                     RuntimeError::Input(format!("{}: d_model {} has no 4-bit head", inputs.label, c.hidden_size))
                 })?,
         };
-        let (predictor_bytes, centroid_bytes, scorer_bytes) = (fp.predictor_bytes, fp.centroid_bytes, fp.scorer_bytes);
+        let (predictor_bytes, centroid_bytes, ranking_rows_bytes) =
+            (fp.predictor_bytes, fp.centroid_bytes, fp.ranking_rows_bytes);
         let kv_cache_bytes = kv_cache_bytes(c, s.ctx);
         let staging_bytes = s.io.staging_bytes.max(rb).div_ceil(4096) * 4096;
         // the process: code, activations and the tokenizer's tables
@@ -388,7 +389,7 @@ impl MemoryPlan {
             + prefix_records_bytes
             + predictor_bytes
             + centroid_bytes
-            + scorer_bytes
+            + ranking_rows_bytes
             + kv_cache_bytes
             + staging_bytes as u64
             + prompt_bytes_at(PROMPT_BATCH_MIN, 1)
@@ -433,8 +434,8 @@ impl MemoryPlan {
                         resident_bytes >> 20,
                         if own_head { format!(" + {} head {} MiB", s.head.label().0, head_artifact_bytes >> 20) } else { String::new() },
                         prefix_records_bytes >> 20,
-                        if scorer_bytes > 0 {
-                            format!("resident ranking rows (scorer, sketch or gate) {:.1} MiB", scorer_bytes as f64 / 1048576.0)
+                        if ranking_rows_bytes > 0 {
+                            format!("resident ranking rows (scorer or sketch) {:.1} MiB", ranking_rows_bytes as f64 / 1048576.0)
                         } else {
                             format!("predictor {:.1} MiB, centroids {:.1} MiB", predictor_bytes as f64 / 1048576.0, centroid_bytes as f64 / 1048576.0)
                         },
@@ -470,7 +471,7 @@ impl MemoryPlan {
             prefix_records_bytes,
             predictor_bytes,
             centroid_bytes,
-            scorer_bytes,
+            ranking_rows_bytes,
             kv_cache_bytes,
             staging_bytes,
             prompt_batch,

@@ -54,8 +54,8 @@ pub struct StreamStats {
     pub bytes_read: u64,
     pub read_requests: u64,
     pub io_wait_ms: f64,
-    /// Choosing sets: the predictor after layer 0, or the scorer at each layer.
-    pub predictor_ms: f64,
+    /// Choosing sets: the predictor after layer 0, or the scorer or a ranker at each layer.
+    pub choose_ms: f64,
     /// Adding up the sparse layers' rows (overlapped with their reads, then the read rows).
     pub sparse_compute_ms: f64,
     /// Wall time the I/O thread spent reading and checking.
@@ -658,7 +658,7 @@ impl StreamingEngine {
     pub fn after_first_layer(&mut self, hidden: &[f32]) -> Result<()> {
         let t0 = Instant::now();
         let Some(sets) = self.selector.sets_after_first_layer(hidden, &self.plan.set_sizes) else { return Ok(()) };
-        self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
+        self.stats.choose_ms += t0.elapsed().as_secs_f64() * 1e3;
         let mut reads = Vec::new();
         for (si, set) in sets.iter().enumerate() {
             let loads = self.layers[si].map.plan(set, self.tick);
@@ -690,7 +690,7 @@ impl StreamingEngine {
             self.tick,
             &mut self.h,
         ) {
-            self.stats.predictor_ms += t0.elapsed().as_secs_f64() * 1e3;
+            self.stats.choose_ms += t0.elapsed().as_secs_f64() * 1e3;
             self.stats.count_layer(si, choice.set.len(), choice.loads.len());
             if !choice.loads.is_empty() {
                 self.io.submit(self.tick, vec![LayerReads { si, layer, loads: choice.loads.clone() }])?;

@@ -174,8 +174,8 @@ fn parse_set_scale(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-/// The set scale the scorer needs by default: 0.25 x n_ff per layer (Qwen2.5-Coder-1.5B at
-/// 50% of its F16 size: HellaSwag 0.98x and 1.075x perplexity of dense; docs/RESULTS.md).
+/// The set scale the scorer and the rankers use by default: 0.25 x n_ff per layer, the
+/// smallest set whose quality stays near dense (docs/RESULTS.md, "Strategies").
 pub const SCORER_SET_SCALE: f64 = 0.25;
 
 impl ModeArgs {

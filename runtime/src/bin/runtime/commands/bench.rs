@@ -65,9 +65,9 @@ pub fn run(args: Args) -> Result<()> {
             r.decode_tok_per_s, r.generated_tokens, r.prompt_tokens, r.prefill_tok_per_s
         );
         println!(
-            "per token: {:.1} KiB read in {:.1} requests, {:.0} of {:.0} rows read (reuse {:.3}); I/O wait {:.2} ms, compute {:.2} ms, predictor {:.2} ms",
+            "per token: {:.1} KiB read in {:.1} requests, {:.0} of {:.0} rows read (reuse {:.3}); I/O wait {:.2} ms, compute {:.2} ms, choosing sets {:.2} ms",
             r.bytes_read_per_token / 1024.0, r.requests_per_token, r.rows_read_per_token, r.rows_needed_per_token, r.reuse_ratio,
-            r.io_wait_ms_per_token, r.compute_ms_per_token, r.predictor_ms_per_token
+            r.io_wait_ms_per_token, r.compute_ms_per_token, r.choose_ms_per_token
         );
         println!(
             "read bandwidth {:.1} MiB/s ({}); peak RSS {:.1} MiB; plan {:.1} MiB (minimum {:.1} MiB); {}",
