@@ -28,11 +28,11 @@ pub struct BenchReport {
     pub read_bandwidth_bytes_per_s: f64,
     pub requests_per_token: f64,
     pub first_token_bytes_read: u64,
-    /// Prompt tokens computed in batches, how many at once (the batches before a sequence's
-    /// last: `prompt_batch_fresh`), and what staging their streamed layers read and waited.
+    /// Prompt tokens computed in batches, how many at most at once (beside full slots:
+    /// `prompt_batch_min`), and what staging their streamed layers read and waited.
     pub prompt_batched_tokens: u64,
     pub prompt_batch: usize,
-    pub prompt_batch_fresh: usize,
+    pub prompt_batch_min: usize,
     pub prompt_bytes_read: u64,
     pub prompt_wait_ms: f64,
     /// Rows the prompt's staged layers put in slots before decode (warm slots).
@@ -177,7 +177,7 @@ pub fn bench(
         first_token_bytes_read,
         prompt_batched_tokens: before.prompt_tokens,
         prompt_batch: engine.plan.prompt_batch,
-        prompt_batch_fresh: engine.plan.prompt_batch_fresh,
+        prompt_batch_min: engine.plan.prompt_batch_min,
         prompt_bytes_read: before.prompt_bytes_read,
         prompt_wait_ms: before.prompt_wait_ms,
         warmed_rows: before.warmed_rows,

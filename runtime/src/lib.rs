@@ -157,26 +157,24 @@ impl<'a> Runner<'a> {
                 // staged (exact); the others token by token, as generated tokens do
                 let (prompt, scored) = tokens.split_at(logits_from.min(tokens.len()));
                 if prompt.len() >= 2 {
-                    let batches = engine.plan.prompt_batches(prompt.len(), fresh);
+                    // the batches use the emptied slots' memory; the slots fill after them
+                    engine.begin_prompt_batches();
                     // the window of the prompt's last tokens that chooses the warm slots
                     let window_from = prompt.len().saturating_sub(stream::engine::WARM_WINDOW_TOKENS);
                     let mut start = 0;
-                    for (i, &len) in batches.iter().enumerate() {
-                        let last = i + 1 == batches.len();
-                        if last && batches[0] > len {
-                            // the larger batches before it lent the emptied slots' memory:
-                            // their freed activations go back before the slots fill
-                            release_freed_heap();
-                        }
+                    for len in engine.plan.prompt_batches(prompt.len()) {
                         let batch = &prompt[start..start + len];
                         let count_from = window_from.saturating_sub(start).min(len);
-                        self.model.prompt_batch(batch, cache, *engine, last, count_from)?;
+                        self.model.prompt_batch(batch, cache, *engine, count_from)?;
                         engine.count_prompt(len);
                         start += len;
                         if let Some(f) = self.prompt_progress.as_mut() {
                             f(start, prompt.len());
                         }
                     }
+                    // the batches' freed activations go back before the slots fill
+                    release_freed_heap();
+                    engine.warm_slots()?;
                 } else {
                     for &tok in prompt {
                         self.model.decode_step(tok, cache, *engine)?;

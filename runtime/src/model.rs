@@ -147,14 +147,14 @@ pub trait StreamedMlp {
     fn abandon_token(&mut self);
     /// A batch of prompt tokens starts (none of their logits is wanted): each streamed layer's
     /// whole MLP is staged for it ([`StreamedMlp::staged_mlp`]), the first one's read now.
-    /// `last`: the prompt's last batch; rows `count_from..` of the batch are in the window that
-    /// chooses what the slots hold after the prompt.
-    fn begin_prompt(&mut self, last: bool, count_from: usize) -> Result<()>;
+    /// Rows `count_from..` of the batch are in the window that chooses what the slots hold
+    /// after the prompt.
+    fn begin_prompt(&mut self, count_from: usize) -> Result<()>;
     /// Streamed layer `layer`'s whole MLP, staged from storage for the batch (the next streamed
     /// layer's read starts).
     fn staged_mlp(&mut self, layer: usize) -> Result<DenseMlp>;
     /// The batch's tokens went through the staged MLP of `layer`: `h` `[n, n_ff]` are their
-    /// coefficients `silu(gate . x) (up . x)`. The engine may keep rows of it (warm slots).
+    /// coefficients `silu(gate . x) (up . x)` (the engine counts each neuron's use).
     fn staged_mlp_done(&mut self, layer: usize, mlp: DenseMlp, h: &[f32]) -> Result<()>;
     /// The batch failed part-way: what was asked of storage for it is dropped.
     fn abandon_prompt(&mut self);
@@ -665,18 +665,17 @@ impl Model {
     /// batched forward pass of [`Model::forward`], each streamed layer's whole MLP staged from
     /// storage by `engine` ([`StreamedMlp::staged_mlp`]), so the prompt is computed exactly as
     /// the dense model computes it. Appends the tokens' keys and values to the cache.
-    /// `last` and `count_from` as [`StreamedMlp::begin_prompt`] takes them.
+    /// `count_from` as [`StreamedMlp::begin_prompt`] takes it.
     pub fn prompt_batch(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
         engine: &mut dyn StreamedMlp,
-        last: bool,
         count_from: usize,
     ) -> Result<()> {
         self.check_tokens(tokens, cache)?;
         let pos0 = cache.len;
-        engine.begin_prompt(last, count_from)?;
+        engine.begin_prompt(count_from)?;
         let r = self.forward_batch(tokens, cache, tokens.len(), None, Some(&mut *engine));
         if r.is_err() {
             engine.abandon_prompt();

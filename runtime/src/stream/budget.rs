@@ -183,16 +183,19 @@ pub struct MemoryPlan {
     pub ranking_rows_bytes: u64,
     pub kv_cache_bytes: u64,
     pub staging_bytes: usize,
-    /// Prompt tokens computed at once (a streamed layer's whole MLP is read once per batch).
+    /// Prompt tokens a batch computes beside full slots: what `prompt_bytes` holds (the plan's
+    /// share of the budget for prompts).
+    pub prompt_batch_min: usize,
+    /// Prompt tokens a batch computes (a streamed layer's whole MLP is read once per batch):
+    /// the slots are emptied while a prompt runs and filled after it
+    /// (`StreamingEngine::begin_prompt_batches`, `warm_slots`), so the batches also have the
+    /// slots' whole pages ([`MemoryPlan::prompt_batches`]).
     pub prompt_batch: usize,
-    /// Prompt tokens a batch computes when the prompt starts a sequence: the slots are empty
-    /// and their pages handed back while it runs (`StreamingEngine::begin_sequence`), so every
-    /// batch but the last also has the slots' whole pages ([`MemoryPlan::prompt_batches`]).
-    pub prompt_batch_fresh: usize,
     /// Streamed layers' MLPs a prompt batch holds staged at once: 1, or 2 (the next one's read
     /// overlaps the compute of the one before).
     pub prompt_staged_layers: usize,
-    /// A prompt batch's staged MLPs, its activations and the warm-slot scratch.
+    /// A prompt batch of `prompt_batch_min` tokens: its staged MLPs and its activations (after
+    /// the batches, the warm slots' reads land in these bytes, two layers' rows at a time).
     pub prompt_bytes: u64,
     pub process_bytes: u64,
     /// What the program around the engine holds for its input (the server's requests).
@@ -214,13 +217,10 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// The batches a prompt of `len` tokens runs in: the last of at most [`Self::prompt_batch`]
-    /// tokens (it warms the slots, so it runs beside them), the ones before it of up to
-    /// [`Self::prompt_batch_fresh`] where the prompt starts a sequence (`fresh`: the slots are
-    /// empty), else of `prompt_batch`.
-    pub fn prompt_batches(&self, len: usize, fresh: bool) -> Vec<usize> {
-        let small = self.prompt_batch;
-        split_prompt(len, small, if fresh { self.prompt_batch_fresh } else { small })
+    /// The batches a prompt of `len` tokens runs in: as few as [`Self::prompt_batch`] allows,
+    /// of even sizes (every batch reads each streamed layer's MLP once).
+    pub fn prompt_batches(&self, len: usize) -> Vec<usize> {
+        split_prompt(len, self.prompt_batch)
     }
 
     /// The plan `s.dense_prefix` asks for: [`MemoryPlan::fit`], a given layer, or the
@@ -373,17 +373,8 @@ impl MemoryPlan {
                 }
             }
         };
-        // warm slots: a block of down's rows in f32 at a time, and that block of every column
-        // requantized, twice (stream/warm.rs)
-        let warm_bytes = if stage_first > 0 {
-            let requantized = shape.map_or(0, |s| 2 * s.down.block_bytes());
-            (shape.map_or(32, |s| s.down.block_elements()) * 4 + requantized) as u64 * c.intermediate_size as u64
-        } else {
-            0
-        };
-        let prompt_bytes_at = |n: usize, staged: u64| {
-            stage_first + (staged - 1) * stage_second + warm_bytes + prompt_activation_bytes(c, n)
-        };
+        let prompt_bytes_at =
+            |n: usize, staged: u64| stage_first + (staged - 1) * stage_second + prompt_activation_bytes(c, n);
         let fixed = resident_bytes
             + head_artifact_bytes
             + prefix_records_bytes
@@ -402,7 +393,7 @@ impl MemoryPlan {
         // a prompt takes up to an eighth of what the budget leaves beyond the minimum (the rest
         // goes to slots): first a second staged layer (its read overlaps the compute of the one
         // before), then larger batches (every streamed MLP is read once per batch)
-        let (prompt_staged_layers, prompt_batch) = match s.mem_budget_bytes {
+        let (prompt_staged_layers, prompt_batch_min) = match s.mem_budget_bytes {
             None => (2, PROMPT_BATCH_MAX),
             Some(b) => {
                 let spare = b.saturating_sub(minimum_bytes) / 8;
@@ -415,7 +406,7 @@ impl MemoryPlan {
                 (staged as usize, n)
             }
         };
-        let prompt_bytes = prompt_bytes_at(prompt_batch, prompt_staged_layers as u64);
+        let prompt_bytes = prompt_bytes_at(prompt_batch_min, prompt_staged_layers as u64);
         let fixed = fixed - prompt_bytes_at(PROMPT_BATCH_MIN, 1) + prompt_bytes;
         let capacity: Vec<usize> = match s.mem_budget_bytes {
             None => match s.slot_share {
@@ -457,11 +448,14 @@ impl MemoryPlan {
         // batches before its last (which warms the slots)
         let page = super::aligned::DIRECT_ALIGN_BYTES;
         let slot_pages_bytes: u64 = capacity.iter().map(|&c| (c * srb / page * page) as u64).sum();
-        let mut prompt_batch_fresh = prompt_batch;
-        while prompt_batch_fresh < PROMPT_BATCH_MAX
-            && prompt_bytes_at(2 * prompt_batch_fresh, prompt_staged_layers as u64) <= prompt_bytes + slot_pages_bytes
+        // the largest batch (in steps of the smallest) the prompt's bytes and the emptied
+        // slots' pages hold
+        let mut prompt_batch = prompt_batch_min;
+        while prompt_batch + PROMPT_BATCH_MIN <= PROMPT_BATCH_MAX
+            && prompt_bytes_at(prompt_batch + PROMPT_BATCH_MIN, prompt_staged_layers as u64)
+                <= prompt_bytes + slot_pages_bytes
         {
-            prompt_batch_fresh *= 2;
+            prompt_batch += PROMPT_BATCH_MIN;
         }
         Ok(MemoryPlan {
             budget_bytes: s.mem_budget_bytes,
@@ -474,8 +468,8 @@ impl MemoryPlan {
             ranking_rows_bytes,
             kv_cache_bytes,
             staging_bytes,
+            prompt_batch_min,
             prompt_batch,
-            prompt_batch_fresh,
             prompt_staged_layers,
             prompt_bytes,
             process_bytes,
@@ -492,18 +486,11 @@ impl MemoryPlan {
     }
 }
 
-/// `len` prompt tokens in batches: the last of `(len - 1) % small + 1` tokens (as batches of
-/// `small` would end), the ones before it of up to `big` (at least `small`).
-fn split_prompt(len: usize, small: usize, big: usize) -> Vec<usize> {
-    if len == 0 {
-        return Vec::new();
-    }
-    let big = big.max(small);
-    let last = (len - 1) % small + 1;
-    let head = len - last;
-    let mut batches: Vec<usize> = (0..head).step_by(big).map(|start| big.min(head - start)).collect();
-    batches.push(last);
-    batches
+/// `len` prompt tokens in as few batches of at most `max` as there can be, their sizes within
+/// one token of each other.
+fn split_prompt(len: usize, max: usize) -> Vec<usize> {
+    let n = len.div_ceil(max.max(1));
+    (0..n).map(|i| len / n + usize::from(i < len % n)).collect()
 }
 
 /// The KV cache of `ctx` positions (f16 keys and values of every layer, [`crate::kv_cache`]).
@@ -545,20 +532,17 @@ mod tests {
     #[test]
     fn prompt_batches() {
         use super::split_prompt;
-        // as batches of `small` where no larger one is allowed
-        assert_eq!(split_prompt(100, 32, 32), vec![32, 32, 32, 4]);
-        assert_eq!(split_prompt(96, 32, 32), vec![32, 32, 32]);
-        // the larger batches first, the last one as small batches would end
-        assert_eq!(split_prompt(396, 16, 512), vec![384, 12]);
-        assert_eq!(split_prompt(1100, 16, 512), vec![512, 512, 64, 12]);
-        assert_eq!(split_prompt(16, 16, 512), vec![16]);
-        assert_eq!(split_prompt(17, 16, 512), vec![16, 1]);
-        assert_eq!(split_prompt(5, 16, 8), vec![5]);
-        assert!(split_prompt(0, 16, 512).is_empty());
-        for (len, small, big) in [(511, 16, 256), (1000, 64, 512), (33, 32, 32)] {
-            let b = split_prompt(len, small, big);
-            assert_eq!(b.iter().sum::<usize>(), len);
-            assert!(b.iter().all(|&n| n > 0 && n <= big) && *b.last().unwrap() <= small);
+        assert_eq!(split_prompt(100, 32), vec![25, 25, 25, 25]);
+        assert_eq!(split_prompt(96, 32), vec![32, 32, 32]);
+        assert_eq!(split_prompt(396, 432), vec![396]);
+        assert_eq!(split_prompt(511, 432), vec![256, 255]);
+        assert_eq!(split_prompt(1100, 512), vec![367, 367, 366]);
+        assert_eq!(split_prompt(17, 16), vec![9, 8]);
+        assert!(split_prompt(0, 16).is_empty());
+        for (len, max) in [(511, 256), (1000, 64), (33, 32), (1, 16)] {
+            let b = split_prompt(len, max);
+            assert_eq!((b.iter().sum::<usize>(), b.len()), (len, len.div_ceil(max)));
+            assert!(b.iter().all(|&n| n > 0 && n <= max) && b[0] - b[b.len() - 1] <= 1);
         }
     }
 

@@ -68,7 +68,7 @@ pub struct StreamStats {
     pub prompt_bytes_read: u64,
     /// Time the prompt batches waited for a staged layer.
     pub prompt_wait_ms: f64,
-    /// Rows put in slots from the prompt's staged layers (warm slots), over layers.
+    /// Rows read into slots after a prompt (warm slots), over layers.
     pub warmed_rows: u64,
     pub layers: Vec<LayerStreamStats>,
 }
@@ -341,12 +341,8 @@ pub struct StreamingEngine {
     /// Per sparse layer `[n_ff]`: each neuron's |coefficient| summed over the sequence's prompt
     /// tokens so far.
     prompt_use: Vec<Vec<f32>>,
-    /// The prompt batch computed now is the prompt's last: its staged layers fill the slots.
-    last_prompt_batch: bool,
     /// The batch's rows from this one on count in `prompt_use`.
     prompt_count_from: usize,
-    /// Staged layers give the records' rows byte for byte ([`StageSource::slots_can_warm`]).
-    slots_can_warm: bool,
     /// records.bin is held in memory ([`IoSettings::hold_records_in_memory`]).
     records_in_memory: bool,
 }
@@ -446,7 +442,6 @@ impl StreamingEngine {
         }
         let mut fallback = reader.fallback.clone();
         let stage_source = StageSource::of(manifest_path, manifest, &records_path)?;
-        let slots_can_warm = stage_source.slots_can_warm();
         let stager = PromptStager::start(stage_source)?;
         if let (None, Some(f)) = (&fallback, &stager.fallback) {
             fallback = Some(format!("prompts: {f}"));
@@ -493,9 +488,7 @@ impl StreamingEngine {
             stager,
             n_layers: c.num_hidden_layers,
             prompt_use: vec![vec![0.0; c.intermediate_size]; n_sparse],
-            last_prompt_batch: false,
             prompt_count_from: 0,
-            slots_can_warm,
             records_in_memory,
         })
     }
@@ -504,23 +497,31 @@ impl StreamingEngine {
     /// selector forgets what it saw, so what a sequence computes depends on its own tokens only,
     /// never on what ran before it.
     pub fn begin_sequence(&mut self) {
+        self.empty_slots();
+        self.prompt_use.iter_mut().for_each(|u| u.fill(0.0));
+        self.selector.begin_sequence();
+    }
+
+    /// Every slot emptied; their memory goes to a prompt's batches until rows land again.
+    fn empty_slots(&mut self) {
         for (layer, cap) in self.layers.iter_mut().zip(&self.plan.capacity) {
             layer.map = SlotMap::new(self.h.len(), *cap);
-            // the emptied slots' memory goes to the prompt's batches until rows land again
             layer.buf.release_pages();
         }
         for loads in &mut self.in_flight {
             loads.clear();
         }
-        self.prompt_use.iter_mut().for_each(|u| u.fill(0.0));
-        self.selector.begin_sequence();
     }
 
-    /// A prompt batch starts (`last`: the prompt's last; its rows `count_from..` are in the
-    /// window that chooses the warm slots): the first streamed layer's MLP is asked of the
-    /// stager.
-    pub fn begin_prompt(&mut self, last: bool, count_from: usize) -> Result<()> {
-        self.last_prompt_batch = last;
+    /// A prompt's batches start: the slots are emptied, so the batches may use their memory
+    /// ([`MemoryPlan::prompt_batches`]); [`StreamingEngine::warm_slots`] fills them after.
+    pub fn begin_prompt_batches(&mut self) {
+        self.empty_slots();
+    }
+
+    /// A prompt batch starts (its rows `count_from..` are in the window that chooses the warm
+    /// slots): the first streamed layer's MLP is asked of the stager.
+    pub fn begin_prompt(&mut self, count_from: usize) -> Result<()> {
         self.prompt_count_from = count_from;
         self.stager.drain();
         if self.dense_prefix < self.n_layers {
@@ -545,11 +546,12 @@ impl StreamingEngine {
     }
 
     /// The batch went through streamed layer `layer`'s staged MLP with coefficients `h`
-    /// `[n, n_ff]`: each neuron's use is added up, and after the prompt's last batch the layer's
-    /// slots hold the rows of the neurons the prompt used most (warm slots: decode starts with
-    /// the prompt's working set, read by the staging, not again).
+    /// `[n, n_ff]`: each neuron's use in the window is added up (what the warm slots hold).
     pub fn staged_mlp_done(&mut self, layer: usize, mlp: crate::model::DenseMlp, h: &[f32]) -> Result<()> {
-        self.warm_from_staged(layer, &mlp, h)?;
+        let use_ = &mut self.prompt_use[layer - self.dense_prefix];
+        for row in h.chunks_exact(use_.len()).skip(self.prompt_count_from) {
+            use_.iter_mut().zip(row).for_each(|(u, v)| *u += v.abs());
+        }
         drop(mlp);
         // one staged layer at a time: the next one's read starts now that this one is gone
         // (overlapping the next layer's attention)
@@ -559,35 +561,87 @@ impl StreamingEngine {
         Ok(())
     }
 
-    /// [`StreamingEngine::staged_mlp_done`]'s use counts and warm slots.
-    fn warm_from_staged(&mut self, layer: usize, mlp: &crate::model::DenseMlp, h: &[f32]) -> Result<()> {
-        let si = layer - self.dense_prefix;
-        let use_ = &mut self.prompt_use[si];
-        for row in h.chunks_exact(use_.len()).skip(self.prompt_count_from) {
-            use_.iter_mut().zip(row).for_each(|(u, v)| *u += v.abs());
+    /// After a prompt's batches: each streamed layer's slots hold the rows of the neurons the
+    /// prompt used most (warm slots: decode starts with the prompt's working set), read from
+    /// records.bin as decode reads rows, one layer's reads ahead of the one landing.
+    pub fn warm_slots(&mut self) -> Result<()> {
+        self.tick += 1;
+        let n = self.layers.len();
+        let mut planned: Vec<Vec<Load>> = Vec::with_capacity(n);
+        for si in 0..n {
+            let use_ = &self.prompt_use[si];
+            let cap = self.layers[si].map.capacity();
+            let mut neurons: Vec<u32> = (0..use_.len() as u32).filter(|&j| use_[j as usize] > 0.0).collect();
+            if neurons.len() > cap {
+                neurons.select_nth_unstable_by(cap - 1, |&a, &b| {
+                    use_[b as usize].total_cmp(&use_[a as usize]).then(a.cmp(&b))
+                });
+                neurons.truncate(cap);
+            }
+            neurons.sort_unstable();
+            let slots = &mut self.layers[si];
+            slots.map = SlotMap::new(use_.len(), cap);
+            planned.push(slots.map.plan(&neurons, self.tick));
         }
-        if !(self.last_prompt_batch && self.slots_can_warm) {
-            return Ok(());
+        let submit = |engine: &mut Self, si: usize, loads: &[Load]| -> Result<()> {
+            if loads.is_empty() {
+                return Ok(());
+            }
+            let layer = engine.dense_prefix + si;
+            engine.io.submit(engine.tick, vec![LayerReads { si, layer, loads: loads.to_vec() }])
+        };
+        let result = (|| -> Result<()> {
+            if let Some(first) = planned.first() {
+                submit(self, 0, first)?;
+            }
+            for si in 0..n {
+                if si + 1 < n {
+                    submit(self, si + 1, &planned[si + 1])?;
+                }
+                if !planned[si].is_empty() {
+                    self.land(si, &planned[si])?;
+                    self.stats.warmed_rows += planned[si].len() as u64;
+                }
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            // rows that did not land must not be summed: the slots start empty instead
+            self.empty_slots();
         }
-        let cap = self.layers[si].map.capacity();
-        let mut neurons: Vec<u32> = (0..use_.len() as u32).filter(|&j| use_[j as usize] > 0.0).collect();
-        if neurons.len() > cap {
-            neurons.select_nth_unstable_by(cap - 1, |&a, &b| {
-                use_[b as usize].total_cmp(&use_[a as usize]).then(a.cmp(&b))
-            });
-            neurons.truncate(cap);
-        }
-        neurons.sort_unstable();
+        result
+    }
+
+    /// Waits for sparse layer `si`'s `loads` from the reader and copies each row into its slot.
+    fn land(&mut self, si: usize, loads: &[Load]) -> Result<()> {
         let slots = &mut self.layers[si];
-        slots.map = SlotMap::new(use_.len(), cap);
-        let loads = slots.map.plan(&neurons, self.tick);
-        if let Err(e) =
-            super::warm::write_slot_rows(mlp, self.selector.slot_row(), self.records, &loads, slots.buf.as_mut_slice())
-        {
-            loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+        let tw = Instant::now();
+        let landed = self.io.wait(self.tick, si)?;
+        self.stats.io_wait_ms += tw.elapsed().as_secs_f64() * 1e3;
+        if let Err(e) = landed.result {
+            landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+            self.io.recycle(landed.rows);
             return Err(e);
         }
-        self.stats.warmed_rows += neurons.len() as u64;
+        let rb = self.plan.slot_row_bytes;
+        if landed.rows.len() != landed.loads.len() * rb || landed.loads.len() != loads.len() {
+            landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
+            let what = format!(
+                "layer {}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)",
+                self.dense_prefix + si,
+                landed.rows.len(),
+                landed.loads.len(),
+                loads.len()
+            );
+            self.io.recycle(landed.rows);
+            return Err(RuntimeError::Internal(what));
+        }
+        let buf = slots.buf.as_mut_slice();
+        for (k, l) in landed.loads.iter().enumerate() {
+            let s = l.slot as usize;
+            buf[s * rb..(s + 1) * rb].copy_from_slice(&landed.rows[k * rb..(k + 1) * rb]);
+        }
+        self.io.recycle(landed.rows);
         Ok(())
     }
 
@@ -716,33 +770,9 @@ impl StreamingEngine {
         let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
         // 2. the read rows, into their slots, then added (in neuron order)
         if !loads.is_empty() {
-            let tw = Instant::now();
-            let landed = self.io.wait(self.tick, si)?;
-            self.stats.io_wait_ms += tw.elapsed().as_secs_f64() * 1e3;
-            if let Err(e) = landed.result {
-                landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
-                self.io.recycle(landed.rows);
-                return Err(e);
-            }
+            self.land(si, &loads)?;
             let t2 = Instant::now();
-            let rb = self.plan.slot_row_bytes;
-            if landed.rows.len() != landed.loads.len() * rb || landed.loads.len() != loads.len() {
-                landed.loads.iter().for_each(|l| slots.map.invalidate(l.slot));
-                let what = format!(
-                    "layer {layer}: the reader landed {} bytes for {} rows of {rb} bytes ({} planned)",
-                    landed.rows.len(),
-                    landed.loads.len(),
-                    loads.len()
-                );
-                self.io.recycle(landed.rows);
-                return Err(RuntimeError::Internal(what));
-            }
-            let buf = slots.buf.as_mut_slice();
-            for (k, l) in landed.loads.iter().enumerate() {
-                let s = l.slot as usize;
-                buf[s * rb..(s + 1) * rb].copy_from_slice(&landed.rows[k * rb..(k + 1) * rb]);
-            }
-            self.io.recycle(landed.rows);
+            let (slots, h) = (&self.layers[si], &self.h);
             let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
             let mut part = vec![0f32; d];
             if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &loaded, &mut part) {
@@ -824,8 +854,8 @@ impl crate::model::StreamedMlp for StreamingEngine {
     fn scratch(&mut self) -> &mut Option<crate::model::DecodeState> {
         &mut self.scratch
     }
-    fn begin_prompt(&mut self, last: bool, count_from: usize) -> Result<()> {
-        StreamingEngine::begin_prompt(self, last, count_from)
+    fn begin_prompt(&mut self, count_from: usize) -> Result<()> {
+        StreamingEngine::begin_prompt(self, count_from)
     }
     fn staged_mlp_done(&mut self, layer: usize, mlp: crate::model::DenseMlp, h: &[f32]) -> Result<()> {
         StreamingEngine::staged_mlp_done(self, layer, mlp, h)

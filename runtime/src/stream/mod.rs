@@ -8,7 +8,6 @@ pub mod engine;
 pub mod io;
 pub mod prompt;
 pub mod reader;
-pub mod warm;
 
 pub use budget::{parse_bytes, MemoryPlan};
 pub use engine::{DensePrefix, IoSettings, SelectorChoice, StreamSettings, StreamStats, StreamingEngine};

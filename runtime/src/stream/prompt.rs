@@ -112,17 +112,6 @@ impl StageSource {
         Ok(StageSource::DenseMlp { path, first_layer, layers })
     }
 
-    /// Whether a staged layer's matrices give the records' own rows, byte for byte, so slots
-    /// may be filled from them: the GGUF's blocks (down columns requantized as `prep pack`
-    /// does), or version-1 records (f16). Version-2 records rebuild down in f16 from their
-    /// columns, which would not requantize to the same bytes.
-    pub fn slots_can_warm(&self) -> bool {
-        match self {
-            StageSource::DenseMlp { .. } => true,
-            StageSource::Records { shape, .. } => shape.is_none(),
-        }
-    }
-
     /// Bytes of the buffer any of its layers is read into (the largest layer's aligned reads).
     fn buffer_bytes(&self) -> usize {
         match self {
