@@ -603,7 +603,7 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
         assert!(ok, "{err}");
         let r: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
         assert_eq!(r["set_rule"], name, "runtime bench at {budget}: {err}");
-        assert!(err.contains(&format!("--strategy auto runs {name}")), "{err}");
+        assert!(err.contains(&format!("auto runs {name}")), "{err}");
     }
     let err = auto::choose(&manifest, &m, &settings(Some(mins[2] - 1)), None).err().unwrap().to_string();
     assert!(

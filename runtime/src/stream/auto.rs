@@ -270,11 +270,11 @@ pub fn choose(
                 (i, Some(first)) if i != first => {
                     let f = &cands[first];
                     let also = if skipped.is_empty() { String::new() } else { format!("; {}", skipped.join(", ")) };
-                    Some(format!("--strategy auto runs {} with sets of {:.2} (with its default head, {} fits only with sets of {:.2}{also})", c.label(), c.set_scale(), f.name, f.set_scale()))
+                    Some(format!("auto runs {} with sets of {:.2} (with its default head, {} fits only with sets of {:.2}{also})", c.label(), c.set_scale(), f.name, f.set_scale()))
                 }
                 _ => (!skipped.is_empty()).then(|| {
                     format!(
-                        "--strategy auto runs {}, the best-quality strategy that fits --mem-budget ({})",
+                        "auto runs {}, the best-quality strategy that fits the memory budget ({})",
                         c.label(),
                         skipped.join(", ")
                     )
