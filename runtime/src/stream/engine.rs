@@ -571,14 +571,9 @@ impl StreamingEngine {
         for si in 0..n {
             let use_ = &self.prompt_use[si];
             let cap = self.layers[si].map.capacity();
-            let mut neurons: Vec<u32> = (0..use_.len() as u32).filter(|&j| use_[j as usize] > 0.0).collect();
-            if neurons.len() > cap {
-                neurons.select_nth_unstable_by(cap - 1, |&a, &b| {
-                    use_[b as usize].total_cmp(&use_[a as usize]).then(a.cmp(&b))
-                });
-                neurons.truncate(cap);
-            }
-            neurons.sort_unstable();
+            // the most used (ties: the lower neuron), never one the window did not use
+            let mut neurons = crate::layer_predictor::top_k(use_, cap);
+            neurons.retain(|&j| use_[j as usize] > 0.0);
             let slots = &mut self.layers[si];
             slots.map = SlotMap::new(use_.len(), cap);
             planned.push(slots.map.plan(&neurons, self.tick));
@@ -660,12 +655,12 @@ impl StreamingEngine {
         self.stats.prompt_tokens += n as u64;
     }
 
-    /// The set rule ("soft8", "scorer").
     /// Whether records.bin is held in memory (every row; reads are copies).
     pub fn holds_records(&self) -> bool {
         self.records_in_memory
     }
 
+    /// The set rule ("soft8", "scorer").
     pub fn rule(&self) -> String {
         self.selector.rule()
     }

@@ -323,8 +323,9 @@ impl ModeArgs {
         });
         // in memory, the slots of the smallest budget (the set) unless a slot share says more;
         // the predictor's held rows do not count, so its slots change nothing computed
+        // (the plan holds at least each layer's set)
         let slot_share = match self.in_memory && (scorer || layers) {
-            true => Some(x.slot_share.unwrap_or(set_scale).max(set_scale)),
+            true => x.slot_share.or(Some(set_scale)),
             false => x.slot_share,
         };
         let mut s = StreamSettings {
