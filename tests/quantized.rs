@@ -114,7 +114,7 @@ fn interleaved_rows_of_a_real_model_compute_its_products() {
     use runtime::ops::interleaved;
     use runtime::tensor::BlockLayout;
     if !interleaved::supports(GgmlType::Q4K) {
-        eprintln!("no AVX-512 VNNI here: matrices keep the GGUF's layout");
+        eprintln!("no AVX-512 VNNI or dot-product extension here: matrices keep the GGUF's layout");
         return;
     }
     let (plain, tok) = runtime::open_model(&qwen_native_model(), runtime::DecodeLayout::Mapped).unwrap();

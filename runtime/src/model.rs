@@ -177,7 +177,7 @@ pub enum DecodeLayout {
     /// The GGUF's rows, mapped from the file (pages read on first use): what `prep` and the
     /// in-memory quality runs load.
     Mapped,
-    /// Where the CPU has the kernel (`ops::interleaved`: Q4_K and Q6_K with AVX-512 VNNI), rows
+    /// Where the CPU has the kernel (`ops::interleaved`: Q4_K and Q6_K with AVX-512 VNNI or SDOT), rows
     /// interleaved by eight for decode, read from the file into memory (never through the map,
     /// so no page is held twice); mapped otherwise. What runs load, under a memory budget too
     /// (`MemoryPlan` counts the interleaved bytes: [`decode_held_bytes`]).

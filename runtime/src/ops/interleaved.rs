@@ -1,6 +1,7 @@
-//! Q4_K and Q6_K rows interleaved by eight for decode on CPUs with AVX-512 VNNI: `out[o] =
-//! w[o, :] . x` with the eight rows of a group in the eight i32 lanes of one vector, so one
-//! `vpdpbusd` multiplies 4 weights of each of 8 rows by the same 4 activations (broadcast),
+//! Q4_K and Q6_K rows interleaved by eight for decode on CPUs with AVX-512 VNNI (x86-64) or the
+//! dot-product extension (aarch64): `out[o] = w[o, :] . x` with the eight rows of a group in the
+//! eight i32 lanes of one vector (two on aarch64), so one `vpdpbusd` (two `SDOT`s) multiplies 4
+//! weights of each of 8 rows by the same 4 activations (broadcast),
 //! the sub-block scales (and Q4_K's mins) apply to 8 rows in one multiply, and no row needs a
 //! horizontal sum. This is the layout llama.cpp's repacked CPU kernels use for the same reason
 //! (its `q4_K_8x8`); a matrix is interleaved once when it is loaded for a run with every row
@@ -65,7 +66,7 @@ mod q6k {
 }
 
 /// Whether matrices of `ty` are interleaved on this CPU (Q4_K and Q6_K, with AVX-512 F, BW,
-/// VL and VNNI).
+/// VL and VNNI on x86-64 or the dot-product extension on aarch64).
 pub fn supports(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && crate::ops::kquant_gemm::available()
 }
@@ -275,7 +276,17 @@ pub fn matvec_groups(ty: GgmlType, inter: &[u8], x: &[BlockQ8K], g0: usize, out:
                 x86::q6_k_group(g, x)
             }
         });
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the dot-product extension detected (asserted above); the group holds
+        // x.len() group blocks of ty.
+        dst.copy_from_slice(&unsafe {
+            if ty == GgmlType::Q4K {
+                neon::q4_k_group(g, x)
+            } else {
+                neon::q6_k_group(g, x)
+            }
+        });
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let _ = (g, dst);
     }
 }
@@ -437,5 +448,187 @@ mod x86 {
         // SAFETY: out is 8 f32; unaligned store.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
         out
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::*;
+    use crate::ops::sdot::sdot;
+    use std::arch::aarch64::*;
+
+    /// The 8 rows' bytes of group `k` (4 bytes a row) at `at` of a group block, as rows 0..4
+    /// and 4..8.
+    ///
+    /// # Safety
+    /// `p + at + 32 (k + 1)` is within the group block.
+    #[inline(always)]
+    unsafe fn rows4(p: *const u8, at: usize, k: usize) -> [uint8x16_t; 2] {
+        // SAFETY: the caller's contract; unaligned loads.
+        unsafe { [vld1q_u8(p.add(at + 32 * k)), vld1q_u8(p.add(at + 32 * k + 16))] }
+    }
+
+    /// 4 activations at `at`, broadcast to the 4 lanes.
+    ///
+    /// # Safety
+    /// `at + 4 <= 256`.
+    #[inline(always)]
+    unsafe fn x4(y: &BlockQ8K, at: usize) -> int8x16_t {
+        // SAFETY: the caller's contract; unaligned read of 4 bytes of qs.
+        let v = unsafe { (y.qs.as_ptr().add(at) as *const i32).read_unaligned() };
+        // SAFETY: NEON is the aarch64 baseline; registers only.
+        unsafe { vreinterpretq_s8_s32(vdupq_n_s32(v)) }
+    }
+
+    /// 8 bytes at `at` (one per row) widened to i32 as rows 0..4 and 4..8: unsigned, or
+    /// (`signed`) signed.
+    ///
+    /// # Safety
+    /// `p + at + 8` is within the group block.
+    #[inline(always)]
+    unsafe fn lanes(p: *const u8, at: usize, signed: bool) -> [int32x4_t; 2] {
+        // SAFETY: the caller's contract; unaligned 8-byte loads.
+        unsafe {
+            if signed {
+                let v = vmovl_s8(vld1_s8(p.add(at) as *const i8));
+                [vmovl_s16(vget_low_s16(v)), vmovl_s16(vget_high_s16(v))]
+            } else {
+                let v = vmovl_u8(vld1_u8(p.add(at)));
+                [vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(v))), vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(v)))]
+            }
+        }
+    }
+
+    /// The 8 f16 at `at` as f32, rows 0..4 and 4..8.
+    ///
+    /// # Safety
+    /// `p + at + 16` is within the group block.
+    #[inline(always)]
+    unsafe fn f16x8(p: *const u8, at: usize) -> [float32x4_t; 2] {
+        // SAFETY: the caller's contract; 16 bytes read.
+        let b: [u8; 16] = unsafe { std::ptr::read_unaligned(p.add(at) as *const [u8; 16]) };
+        let v: [f32; 8] = std::array::from_fn(|i| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32());
+        // SAFETY: v is 8 f32; unaligned loads.
+        unsafe { [vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))] }
+    }
+
+    fn store(acc: [float32x4_t; 2]) -> [f32; ROWS] {
+        let mut out = [0f32; ROWS];
+        // SAFETY: out is 8 f32; unaligned stores.
+        unsafe {
+            vst1q_f32(out.as_mut_ptr(), acc[0]);
+            vst1q_f32(out.as_mut_ptr().add(4), acc[1]);
+        }
+        out
+    }
+
+    /// # Safety
+    /// The dot-product extension is here; `group` holds `x.len()` Q4_K group blocks.
+    pub unsafe fn q4_k_group(group: &[u8], x: &[BlockQ8K]) -> [f32; ROWS] {
+        debug_assert!(group.len() >= x.len() * Q4_K_GROUP_BYTES);
+        // SAFETY: NEON is the aarch64 baseline; SDOT is here (the caller's contract); every
+        // load is within the group block as each helper states.
+        unsafe {
+            let m4 = vdupq_n_u8(0xF);
+            let mut acc = [vdupq_n_f32(0.0); 2];
+            for (b, y) in x.iter().enumerate() {
+                let p = group[b * Q4_K_GROUP_BYTES..].as_ptr();
+                let mut isum = [vdupq_n_s32(0); 2];
+                for j in 0..4 {
+                    // sub-blocks 2j (low nibbles) and 2j + 1 (high), per half of the rows
+                    let (mut lo, mut hi) = ([vdupq_n_s32(0); 2], [vdupq_n_s32(0); 2]);
+                    for g in 0..8 {
+                        // 8j + g < 32 groups of qs; activations 64j + 4g (+ 32) + 4 <= 256
+                        let v = rows4(p, q4k::QS, 8 * j + g);
+                        let (xl, xh) = (x4(y, 64 * j + 4 * g), x4(y, 64 * j + 32 + 4 * g));
+                        for h in 0..2 {
+                            lo[h] = sdot(lo[h], vreinterpretq_s8_u8(vandq_u8(v[h], m4)), xl);
+                            hi[h] = sdot(hi[h], vreinterpretq_s8_u8(vshrq_n_u8::<4>(v[h])), xh);
+                        }
+                    }
+                    let (sl, sh) = (lanes(p, q4k::SCALES + 16 * j, false), lanes(p, q4k::SCALES + 16 * j + 8, false));
+                    for h in 0..2 {
+                        isum[h] = vaddq_s32(isum[h], vaddq_s32(vmulq_s32(lo[h], sl[h]), vmulq_s32(hi[h], sh[h])));
+                    }
+                }
+                // the mins' term: each sub-block's 32 activations' sum times the rows' mins
+                let mut msum = [vdupq_n_s32(0); 2];
+                for j in 0..8 {
+                    let bs = y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32;
+                    let m = lanes(p, q4k::MINS + 8 * j, false);
+                    for h in 0..2 {
+                        msum[h] = vaddq_s32(msum[h], vmulq_n_s32(m[h], bs));
+                    }
+                }
+                let (d, dmin) = (f16x8(p, q4k::D), f16x8(p, q4k::DMIN));
+                for h in 0..2 {
+                    acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(d[h], y.d));
+                    acc[h] = vfmsq_f32(acc[h], vcvtq_f32_s32(msum[h]), vmulq_n_f32(dmin[h], y.d));
+                }
+            }
+            store(acc)
+        }
+    }
+
+    /// # Safety
+    /// The dot-product extension is here; `group` holds `x.len()` Q6_K group blocks.
+    pub unsafe fn q6_k_group(group: &[u8], x: &[BlockQ8K]) -> [f32; ROWS] {
+        debug_assert!(group.len() >= x.len() * Q6_K_GROUP_BYTES);
+        // SAFETY: NEON is the aarch64 baseline; SDOT is here (the caller's contract); every
+        // load is within the group block as each helper states.
+        unsafe {
+            let (m4, m2) = (vdupq_n_u8(0xF), vdupq_n_u8(3));
+            let mut acc = [vdupq_n_f32(0.0); 2];
+            for (b, y) in x.iter().enumerate() {
+                let p = group[b * Q6_K_GROUP_BYTES..].as_ptr();
+                let mut isum = [vdupq_n_s32(0); 2];
+                for n in 0..2 {
+                    // s[h][i][half]: weights 128n + 32i + 16h.. (sub-block 8n + 2i + h)
+                    let mut s = [[[vdupq_n_s32(0); 2]; 4]; 2];
+                    for (h, s) in s.iter_mut().enumerate() {
+                        for g in 4 * h..4 * h + 4 {
+                            // 96 (8n + g) + 96 <= 1536 bytes of bits; activations
+                            // 128n + 96 + 4g + 4 <= 256
+                            let at = q6k::BITS + 96 * (8 * n + g);
+                            let (l0, l1, hi) = (rows4(p, at, 0), rows4(p, at, 1), rows4(p, at, 2));
+                            let xs: [int8x16_t; 4] = std::array::from_fn(|i| x4(y, 128 * n + 32 * i + 4 * g));
+                            for half in 0..2 {
+                                let q = [
+                                    vorrq_u8(vandq_u8(l0[half], m4), vshlq_n_u8::<4>(vandq_u8(hi[half], m2))),
+                                    vorrq_u8(
+                                        vandq_u8(l1[half], m4),
+                                        vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(hi[half]), m2)),
+                                    ),
+                                    vorrq_u8(
+                                        vshrq_n_u8::<4>(l0[half]),
+                                        vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<4>(hi[half]), m2)),
+                                    ),
+                                    vorrq_u8(vshrq_n_u8::<4>(l1[half]), vshlq_n_u8::<4>(vshrq_n_u8::<6>(hi[half]))),
+                                ];
+                                for i in 0..4 {
+                                    s[i][half] = sdot(s[i][half], vreinterpretq_s8_u8(q[i]), xs[i]);
+                                }
+                            }
+                        }
+                    }
+                    for (h, s) in s.iter().enumerate() {
+                        for (i, sum) in s.iter().enumerate() {
+                            let sb = 8 * n + 2 * i + h;
+                            // the weights are stored + 32: 32 x the 16 activations' sum comes off
+                            let bias = vdupq_n_s32(32 * y.bsums[sb] as i32);
+                            let sc = lanes(p, q6k::SCALES + 8 * sb, true);
+                            for half in 0..2 {
+                                isum[half] = vaddq_s32(isum[half], vmulq_s32(vsubq_s32(sum[half], bias), sc[half]));
+                            }
+                        }
+                    }
+                }
+                let d = f16x8(p, q6k::D);
+                for h in 0..2 {
+                    acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(d[h], y.d));
+                }
+            }
+            store(acc)
+        }
     }
 }

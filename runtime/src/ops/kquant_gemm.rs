@@ -1,5 +1,6 @@
-//! A prompt's product with Q4_K or Q6_K weights on CPUs with AVX-512 VNNI: `out[t, o] = w[o, :]
-//! . x[t, :]` for many tokens at once, as an integer matrix product.
+//! A prompt's product with Q4_K or Q6_K weights on CPUs with AVX-512 VNNI (x86-64) or the
+//! dot-product extension (aarch64): `out[t, o] = w[o, :] . x[t, :]` for many tokens at once, as
+//! an integer matrix product.
 //!
 //! The weight rows are unpacked once per task, 8 rows at a time, into one byte per weight (Q4_K
 //! 0..15, Q6_K 0..63) with their sub-block scales; the tokens' Q8_K rows are laid out once per
@@ -10,7 +11,10 @@
 //! per block run in a different order (one fused multiply-add per block and token), so a token's
 //! result differs from [`crate::ops::kquant_dot`]'s in the last bits (tested within 1e-5 of
 //! |w| |x|). llama.cpp's prompt path on such CPUs works the same way (its `tiled` kernels).
-//! Where the CPU lacks AVX-512 VNNI, [`available`] is false and the caller uses `kquant_dot`.
+//! On aarch64 `SDOT` by element multiplies 4 weights of 4 rows by the same 4 positions of one
+//! token, 4 tokens at a time, with the same integer sums and per-block f32 operations as on
+//! x86-64. Where the CPU lacks both, [`available`] is false and the caller
+//! uses `kquant_dot`.
 
 use crate::ops::interleaved;
 use crate::ops::qdot::{BlockQ8K, QK_K};
@@ -21,7 +25,8 @@ pub const TOKENS: usize = 16;
 /// Weight rows unpacked together.
 pub const ROWS: usize = 8;
 
-/// Whether this CPU runs the integer product (AVX-512 F, BW, VL and VNNI), checked once.
+/// Whether this CPU runs the integer product (x86-64: AVX-512 F, BW, VL and VNNI; aarch64: the
+/// dot-product extension), checked once.
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -33,7 +38,11 @@ pub fn available() -> bool {
                 && is_x86_feature_detected!("avx512vnni")
         })
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        crate::ops::sdot::available()
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     false
 }
 
@@ -194,7 +203,7 @@ pub enum WeightRows<'a> {
 /// blocks in `w` and every tile's tokens; `out` is `[tiles x TOKENS][n_rows]`.
 /// Only where [`available`].
 pub fn product(ty: GgmlType, w: WeightRows<'_>, n_rows: usize, tiles: &[TokenTile], out: &mut [f32]) {
-    assert!(available(), "the integer product needs AVX-512 VNNI");
+    assert!(available(), "the integer product needs AVX-512 VNNI or the dot-product extension");
     let nb = tiles[0].d.len() / TOKENS;
     let held = match w {
         WeightRows::RowMajor { bytes, row_bytes } => bytes.len() >= n_rows * row_bytes,
@@ -223,7 +232,17 @@ pub fn product(ty: GgmlType, w: WeightRows<'_>, n_rows: usize, tiles: &[TokenTil
                     x86::q6_k_tile(&unpacked, tile, nb)
                 }
             };
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: the dot-product extension detected (asserted above); the tile and the
+            // unpacked rows hold nb blocks each (built for the same columns).
+            let acc = unsafe {
+                if ty == GgmlType::Q4K {
+                    neon::q4_k_tile(&unpacked, tile, nb)
+                } else {
+                    neon::q6_k_tile(&unpacked, tile, nb)
+                }
+            };
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             let acc = [[0f32; TOKENS]; ROWS];
             for (i, a) in acc.iter().enumerate() {
                 for (t, v) in a.iter().enumerate() {
@@ -347,6 +366,163 @@ mod x86 {
         for i in 0..ROWS {
             // SAFETY: out[i] is 16 f32; unaligned store.
             unsafe { _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]) };
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::{RowTile, TokenTile, ROWS, TOKENS};
+    use crate::ops::qdot::QK_K;
+    use crate::ops::sdot::sdot_lane;
+    use std::arch::aarch64::*;
+
+    /// Block `b`'s integer scales of the 8 rows as `[sub-block][row]` (Q4_K: the 8 scales then
+    /// the 8 mins; Q6_K: the 16 scales), and its `d` and `dmin` per row.
+    fn block_scales(rows: &RowTile, nb: usize, b: usize) -> ([[i32; ROWS]; 16], [f32; ROWS], [f32; ROWS]) {
+        (
+            std::array::from_fn(|j| std::array::from_fn(|i| rows.scales[(i * nb + b) * 16 + j])),
+            std::array::from_fn(|i| rows.d[i * nb + b]),
+            std::array::from_fn(|i| rows.dmin[i * nb + b]),
+        )
+    }
+
+    /// 8 values as two vectors (rows 0..4, 4..8).
+    ///
+    /// # Safety
+    /// None beyond NEON, the aarch64 baseline.
+    #[inline(always)]
+    unsafe fn halves_i32(v: &[i32; ROWS]) -> [int32x4_t; 2] {
+        // SAFETY: v holds 8 i32; unaligned loads.
+        unsafe { [vld1q_s32(v.as_ptr()), vld1q_s32(v.as_ptr().add(4))] }
+    }
+
+    /// As [`halves_i32`], for f32.
+    #[inline(always)]
+    unsafe fn halves_f32(v: &[f32; ROWS]) -> [float32x4_t; 2] {
+        // SAFETY: v holds 8 f32; unaligned loads.
+        unsafe { [vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))] }
+    }
+
+    /// Sums of groups `first..first + groups` of a block for 4 tokens: `s[t][h]` holds rows
+    /// `4h..4h + 4` against token `t`, one `SDOT` by element per token and half, the 32 bytes of
+    /// weights and the 16 of tokens loaded once per group.
+    ///
+    /// # Safety
+    /// The dot-product extension is here; `q` points at the block's unpacked weights
+    /// (`[64][ROWS][4]`) and `xq` at its first group's 4 tokens (`TOKENS x 4` bytes a group).
+    #[inline(always)]
+    unsafe fn sub_block_sums(q: *const i8, xq: *const i8, first: usize, groups: usize) -> [[int32x4_t; 2]; 4] {
+        let mut s = [[vdupq_n_s32(0); 2]; 4];
+        for g in first..first + groups {
+            // SAFETY (caller): group g < 64 of the block: 32 bytes of weights and 16 of tokens
+            // in bounds, read unaligned; SDOT is here.
+            unsafe {
+                let (w0, w1) = (vld1q_s8(q.add(g * ROWS * 4)), vld1q_s8(q.add(g * ROWS * 4 + 16)));
+                let x = vld1q_s8(xq.add(g * TOKENS * 4));
+                s[0] = [sdot_lane::<0>(s[0][0], w0, x), sdot_lane::<0>(s[0][1], w1, x)];
+                s[1] = [sdot_lane::<1>(s[1][0], w0, x), sdot_lane::<1>(s[1][1], w1, x)];
+                s[2] = [sdot_lane::<2>(s[2][0], w0, x), sdot_lane::<2>(s[2][1], w1, x)];
+                s[3] = [sdot_lane::<3>(s[3][0], w0, x), sdot_lane::<3>(s[3][1], w1, x)];
+            }
+        }
+        s
+    }
+
+    /// `acc[t][h]` (token `4 quad + t`, rows `4h..`) into `out[row][token]`.
+    fn store(acc: &[[float32x4_t; 2]; 4], quad: usize, out: &mut [[f32; TOKENS]; ROWS]) {
+        for (t, a) in acc.iter().enumerate() {
+            for (h, v) in a.iter().enumerate() {
+                let mut lanes = [0f32; 4];
+                // SAFETY: lanes is 4 f32; unaligned store.
+                unsafe { vst1q_f32(lanes.as_mut_ptr(), *v) };
+                for (l, x) in lanes.iter().enumerate() {
+                    out[4 * h + l][4 * quad + t] = *x;
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
+    pub unsafe fn q4_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
+        let mut out = [[0f32; TOKENS]; ROWS];
+        for quad in 0..TOKENS / 4 {
+            let mut acc = [[vdupq_n_f32(0.0); 2]; 4];
+            for b in 0..nb {
+                let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
+                let xq = tile.qs[b * 64 * TOKENS * 4 + 16 * quad..].as_ptr();
+                let (sc, d, dmin) = block_scales(rows, nb, b);
+                let mut isum = [[vdupq_n_s32(0); 2]; 4];
+                for (j, sc) in sc.iter().enumerate().take(8) {
+                    // SAFETY: the caller's contract; 8 groups of sub-block j; sc is 8 i32.
+                    let (s, scale) = unsafe { (sub_block_sums(q, xq, 8 * j, 8), halves_i32(sc)) };
+                    for (isum, s) in isum.iter_mut().zip(&s) {
+                        for h in 0..2 {
+                            isum[h] = vmlaq_s32(isum[h], s[h], scale[h]);
+                        }
+                    }
+                }
+                // SAFETY: 8 values each.
+                let (d, dmin) = unsafe { (halves_f32(&d), halves_f32(&dmin)) };
+                for (t, (acc, isum)) in acc.iter_mut().zip(&isum).enumerate() {
+                    let token = 4 * quad + t;
+                    // the mins' term: each 32 values' sum times the sub-block's min
+                    let mut msum = [vdupq_n_s32(0); 2];
+                    for j in 0..8 {
+                        let at = (b * 16 + 2 * j) * TOKENS + token;
+                        let sums = tile.sums16[at] + tile.sums16[at + TOKENS];
+                        // SAFETY: sc[8 + j] is 8 i32.
+                        let min = unsafe { halves_i32(&sc[8 + j]) };
+                        for h in 0..2 {
+                            msum[h] = vmlaq_n_s32(msum[h], min[h], sums);
+                        }
+                    }
+                    let yd = tile.d[b * TOKENS + token];
+                    for h in 0..2 {
+                        acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(d[h], yd));
+                        acc[h] = vfmsq_f32(acc[h], vcvtq_f32_s32(msum[h]), vmulq_n_f32(dmin[h], yd));
+                    }
+                }
+            }
+            store(&acc, quad, &mut out);
+        }
+        out
+    }
+
+    /// # Safety
+    /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
+    pub unsafe fn q6_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
+        let mut out = [[0f32; TOKENS]; ROWS];
+        for quad in 0..TOKENS / 4 {
+            let mut acc = [[vdupq_n_f32(0.0); 2]; 4];
+            for b in 0..nb {
+                let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
+                let xq = tile.qs[b * 64 * TOKENS * 4 + 16 * quad..].as_ptr();
+                let (sc, d, _) = block_scales(rows, nb, b);
+                let mut isum = [[vdupq_n_s32(0); 2]; 4];
+                for (j, sc) in sc.iter().enumerate() {
+                    // SAFETY: the caller's contract; 4 groups of sub-block j; sc is 8 i32.
+                    let (s, scale) = unsafe { (sub_block_sums(q, xq, 4 * j, 4), halves_i32(sc)) };
+                    for (t, (isum, s)) in isum.iter_mut().zip(&s).enumerate() {
+                        // the weights are stored + 32: 32 x the 16 values' sum comes off
+                        let bias = vdupq_n_s32(32 * tile.sums16[(b * 16 + j) * TOKENS + 4 * quad + t]);
+                        for h in 0..2 {
+                            isum[h] = vmlaq_s32(isum[h], vsubq_s32(s[h], bias), scale[h]);
+                        }
+                    }
+                }
+                // SAFETY: 8 values.
+                let d = unsafe { halves_f32(&d) };
+                for (t, (acc, isum)) in acc.iter_mut().zip(&isum).enumerate() {
+                    let yd = tile.d[b * TOKENS + 4 * quad + t];
+                    for h in 0..2 {
+                        acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(d[h], yd));
+                    }
+                }
+            }
+            store(&acc, quad, &mut out);
         }
         out
     }

@@ -14,6 +14,8 @@ pub mod qmatvec;
 pub mod record_sum;
 pub mod rmsnorm;
 pub mod rope;
+#[cfg(target_arch = "aarch64")]
+pub mod sdot;
 pub mod simd;
 pub mod sketch_dot;
 pub mod softmax;

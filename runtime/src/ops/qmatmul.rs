@@ -18,7 +18,7 @@ use formats::ggml_quants::GgmlType;
 use rayon::prelude::*;
 
 /// Tokens from which a k-quant prompt product runs as an integer matrix product
-/// ([`kquant_gemm`]) where the CPU has AVX-512 VNNI.
+/// ([`kquant_gemm`]) where the CPU has AVX-512 VNNI or the dot-product extension.
 const INTEGER_PRODUCT_MIN_TOKENS: usize = 8;
 /// Weight rows per rayon task of the integer product.
 const INTEGER_PRODUCT_ROWS_PER_TASK: usize = 32;
@@ -462,14 +462,14 @@ mod tests {
             }
         }
     }
-    /// The k-quants' integer product (a prompt of 8 tokens or more, on CPUs with AVX-512 VNNI)
+    /// The k-quants' integer product (a prompt of 8 tokens or more, with AVX-512 VNNI or SDOT)
     /// equals the one-token kernels up to f32 summation order: within 1e-5 of sum |w x| per
     /// product, on 16 rows x 1024 columns and 21 tokens (two tiles, the second padded), scaled
-    /// 1e-3 to 1e3. Skipped where the CPU lacks AVX-512 VNNI.
+    /// 1e-3 to 1e3. Skipped where the CPU lacks both.
     #[test]
     fn the_integer_product_matches_the_one_token_kernels() {
         if !kquant_gemm::available() {
-            eprintln!("no AVX-512 VNNI here: the integer product does not run");
+            eprintln!("no AVX-512 VNNI or dot-product extension here: the integer product does not run");
             return;
         }
         let (rows, cols, n_tokens) = (16, 1024, 21);
@@ -504,11 +504,11 @@ mod tests {
     /// give back their GGUF bytes, compute each product within 1e-5 of sum |w x| of the
     /// one-token kernel and within 2e-5 of the exact block product, and a prompt's integer
     /// product over them equals the row-major one bit for bit. Skipped where the CPU lacks
-    /// AVX-512 VNNI.
+    /// AVX-512 VNNI and the dot-product extension.
     #[test]
     fn interleaved_rows_compute_the_same_products() {
         if !interleaved::supports(GgmlType::Q4K) {
-            eprintln!("no AVX-512 VNNI here: matrices keep the GGUF's layout");
+            eprintln!("no AVX-512 VNNI or dot-product extension here: matrices keep the GGUF's layout");
             return;
         }
         let (rows, cols, n_tokens) = (24, 1024, 21);
@@ -520,7 +520,7 @@ mod tests {
         for ty in [GgmlType::Q4K, GgmlType::Q6K] {
             let m = quantized(ty, &w, rows, cols);
             let BlockLayout::RowMajor(bytes) = m.layout() else { unreachable!() };
-            let mi = QMatrix::interleaved(ty, rows, cols, bytes).expect("AVX-512 VNNI is here");
+            let mi = QMatrix::interleaved(ty, rows, cols, bytes).expect("the interleaved kernel is here");
             assert!(matches!(mi.layout(), BlockLayout::Interleaved(_)));
             for r in 0..rows {
                 assert_eq!(mi.row(r), m.row(r), "{}: row {r} changed by interleaving", ty.name());
