@@ -378,31 +378,28 @@ mod neon {
     use crate::ops::sdot::sdot_lane;
     use std::arch::aarch64::*;
 
-    /// Block `b`'s integer scales of the 8 rows as `[sub-block][row]` (Q4_K: the 8 scales then
-    /// the 8 mins; Q6_K: the 16 scales), and its `d` and `dmin` per row.
-    fn block_scales(rows: &RowTile, nb: usize, b: usize) -> ([[i32; ROWS]; 16], [f32; ROWS], [f32; ROWS]) {
-        (
-            std::array::from_fn(|j| std::array::from_fn(|i| rows.scales[(i * nb + b) * 16 + j])),
-            std::array::from_fn(|i| rows.d[i * nb + b]),
-            std::array::from_fn(|i| rows.dmin[i * nb + b]),
-        )
-    }
-
-    /// 8 values as two vectors (rows 0..4, 4..8).
+    /// Block `b`'s integer scales of the 8 rows as `[sub-block][rows 0..4, 4..8]` (Q4_K: the 8
+    /// scales then the 8 mins; Q6_K: the 16 scales), and its `d` and `dmin` per row, laid out
+    /// once per block for the tile's 4 passes over its tokens.
     ///
     /// # Safety
     /// None beyond NEON, the aarch64 baseline.
     #[inline(always)]
-    unsafe fn halves_i32(v: &[i32; ROWS]) -> [int32x4_t; 2] {
-        // SAFETY: v holds 8 i32; unaligned loads.
-        unsafe { [vld1q_s32(v.as_ptr()), vld1q_s32(v.as_ptr().add(4))] }
-    }
-
-    /// As [`halves_i32`], for f32.
-    #[inline(always)]
-    unsafe fn halves_f32(v: &[f32; ROWS]) -> [float32x4_t; 2] {
-        // SAFETY: v holds 8 f32; unaligned loads.
-        unsafe { [vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))] }
+    unsafe fn block_scales(
+        rows: &RowTile,
+        nb: usize,
+        b: usize,
+    ) -> ([[int32x4_t; 2]; 16], [float32x4_t; 2], [float32x4_t; 2]) {
+        let sc: [[i32; ROWS]; 16] =
+            std::array::from_fn(|j| std::array::from_fn(|i| rows.scales[(i * nb + b) * 16 + j]));
+        let d: [f32; ROWS] = std::array::from_fn(|i| rows.d[i * nb + b]);
+        let dmin: [f32; ROWS] = std::array::from_fn(|i| rows.dmin[i * nb + b]);
+        // SAFETY: each array holds 8 values; unaligned loads of 4 at 0 and 4.
+        unsafe {
+            let i32x8 = |v: &[i32; ROWS]| [vld1q_s32(v.as_ptr()), vld1q_s32(v.as_ptr().add(4))];
+            let f32x8 = |v: &[f32; ROWS]| [vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))];
+            (std::array::from_fn(|j| i32x8(&sc[j])), f32x8(&d), f32x8(&dmin))
+        }
     }
 
     /// Sums of groups `first..first + groups` of a block for 4 tokens: `s[t][h]` holds rows
@@ -430,51 +427,51 @@ mod neon {
         s
     }
 
-    /// `acc[t][h]` (token `4 quad + t`, rows `4h..`) into `out[row][token]`.
-    fn store(acc: &[[float32x4_t; 2]; 4], quad: usize, out: &mut [[f32; TOKENS]; ROWS]) {
-        for (t, a) in acc.iter().enumerate() {
-            for (h, v) in a.iter().enumerate() {
-                let mut lanes = [0f32; 4];
-                // SAFETY: lanes is 4 f32; unaligned store.
-                unsafe { vst1q_f32(lanes.as_mut_ptr(), *v) };
-                for (l, x) in lanes.iter().enumerate() {
-                    out[4 * h + l][4 * quad + t] = *x;
+    /// `acc[quad][t][h]` (token `4 quad + t`, rows `4h..`) as `out[row][token]`.
+    fn store(acc: &[[[float32x4_t; 2]; 4]; TOKENS / 4]) -> [[f32; TOKENS]; ROWS] {
+        let mut out = [[0f32; TOKENS]; ROWS];
+        for (quad, acc) in acc.iter().enumerate() {
+            for (t, a) in acc.iter().enumerate() {
+                for (h, v) in a.iter().enumerate() {
+                    let mut lanes = [0f32; 4];
+                    // SAFETY: lanes is 4 f32; unaligned store.
+                    unsafe { vst1q_f32(lanes.as_mut_ptr(), *v) };
+                    for (l, x) in lanes.iter().enumerate() {
+                        out[4 * h + l][4 * quad + t] = *x;
+                    }
                 }
             }
         }
+        out
     }
 
     /// # Safety
     /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
     pub unsafe fn q4_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
-        let mut out = [[0f32; TOKENS]; ROWS];
-        for quad in 0..TOKENS / 4 {
-            let mut acc = [[vdupq_n_f32(0.0); 2]; 4];
-            for b in 0..nb {
-                let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
+        let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; TOKENS / 4];
+        for b in 0..nb {
+            let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
+            // SAFETY: NEON only.
+            let (sc, d, dmin) = unsafe { block_scales(rows, nb, b) };
+            for (quad, acc) in acc.iter_mut().enumerate() {
                 let xq = tile.qs[b * 64 * TOKENS * 4 + 16 * quad..].as_ptr();
-                let (sc, d, dmin) = block_scales(rows, nb, b);
                 let mut isum = [[vdupq_n_s32(0); 2]; 4];
-                for (j, sc) in sc.iter().enumerate().take(8) {
-                    // SAFETY: the caller's contract; 8 groups of sub-block j; sc is 8 i32.
-                    let (s, scale) = unsafe { (sub_block_sums(q, xq, 8 * j, 8), halves_i32(sc)) };
+                for (j, scale) in sc.iter().enumerate().take(8) {
+                    // SAFETY: the caller's contract; 8 groups of sub-block j.
+                    let s = unsafe { sub_block_sums(q, xq, 8 * j, 8) };
                     for (isum, s) in isum.iter_mut().zip(&s) {
                         for h in 0..2 {
                             isum[h] = vmlaq_s32(isum[h], s[h], scale[h]);
                         }
                     }
                 }
-                // SAFETY: 8 values each.
-                let (d, dmin) = unsafe { (halves_f32(&d), halves_f32(&dmin)) };
                 for (t, (acc, isum)) in acc.iter_mut().zip(&isum).enumerate() {
                     let token = 4 * quad + t;
                     // the mins' term: each 32 values' sum times the sub-block's min
                     let mut msum = [vdupq_n_s32(0); 2];
-                    for j in 0..8 {
+                    for (j, min) in sc[8..].iter().enumerate() {
                         let at = (b * 16 + 2 * j) * TOKENS + token;
                         let sums = tile.sums16[at] + tile.sums16[at + TOKENS];
-                        // SAFETY: sc[8 + j] is 8 i32.
-                        let min = unsafe { halves_i32(&sc[8 + j]) };
                         for h in 0..2 {
                             msum[h] = vmlaq_n_s32(msum[h], min[h], sums);
                         }
@@ -486,25 +483,24 @@ mod neon {
                     }
                 }
             }
-            store(&acc, quad, &mut out);
         }
-        out
+        store(&acc)
     }
 
     /// # Safety
     /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
     pub unsafe fn q6_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
-        let mut out = [[0f32; TOKENS]; ROWS];
-        for quad in 0..TOKENS / 4 {
-            let mut acc = [[vdupq_n_f32(0.0); 2]; 4];
-            for b in 0..nb {
-                let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
+        let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; TOKENS / 4];
+        for b in 0..nb {
+            let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
+            // SAFETY: NEON only.
+            let (sc, d, _) = unsafe { block_scales(rows, nb, b) };
+            for (quad, acc) in acc.iter_mut().enumerate() {
                 let xq = tile.qs[b * 64 * TOKENS * 4 + 16 * quad..].as_ptr();
-                let (sc, d, _) = block_scales(rows, nb, b);
                 let mut isum = [[vdupq_n_s32(0); 2]; 4];
-                for (j, sc) in sc.iter().enumerate() {
-                    // SAFETY: the caller's contract; 4 groups of sub-block j; sc is 8 i32.
-                    let (s, scale) = unsafe { (sub_block_sums(q, xq, 4 * j, 4), halves_i32(sc)) };
+                for (j, scale) in sc.iter().enumerate() {
+                    // SAFETY: the caller's contract; 4 groups of sub-block j.
+                    let s = unsafe { sub_block_sums(q, xq, 4 * j, 4) };
                     for (t, (isum, s)) in isum.iter_mut().zip(&s).enumerate() {
                         // the weights are stored + 32: 32 x the 16 values' sum comes off
                         let bias = vdupq_n_s32(32 * tile.sums16[(b * 16 + j) * TOKENS + 4 * quad + t]);
@@ -513,8 +509,6 @@ mod neon {
                         }
                     }
                 }
-                // SAFETY: 8 values.
-                let d = unsafe { halves_f32(&d) };
                 for (t, (acc, isum)) in acc.iter_mut().zip(&isum).enumerate() {
                     let yd = tile.d[b * TOKENS + 4 * quad + t];
                     for h in 0..2 {
@@ -522,8 +516,7 @@ mod neon {
                     }
                 }
             }
-            store(&acc, quad, &mut out);
         }
-        out
+        store(&acc)
     }
 }
