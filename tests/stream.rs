@@ -730,16 +730,21 @@ fn shipped_device_files_load() {
 /// with the bonus; the table prep writes records the run's default.
 #[test]
 fn the_reuse_simulation_counts_the_resident_bonus() {
-    use runtime::reuse::{Chooser, ReuseSimulation};
+    use runtime::reuse::ReuseSimulation;
     use runtime::scorer::SCORER_RESIDENT_BONUS;
+    use runtime::select::{scored::ScoredSelector, LayerChooser};
     let m = default_sparse();
     let mf = formats::manifest::Manifest::load(m).unwrap();
-    let scorer = runtime::scorer::GateUpScorer::load(m, &mf).unwrap();
     let (model, tok) = runtime::open_model(&fixture_model(), runtime::DecodeLayout::Mapped).unwrap();
     let text = std::fs::read_to_string(data_text("hamlet.txt")).unwrap();
     let ids: Vec<u32> = tok.encode(&text[..4000], true).unwrap().into_iter().take(160).collect();
     let reuse = |bonus: f32| {
-        let mut sim = ReuseSimulation::new(Chooser::Scorer(&scorer, bonus), &scorer, &[0.1, 0.25], &[0.3, 0.5], 16);
+        let scorer = ScoredSelector::load(m, &mf, bonus).unwrap();
+        let f = &scorer.scorer.file;
+        let (first, n_layers, n_ff) = (f.first_layer, f.first_layer + f.n_layers, f.n_ff);
+        let chooser: &dyn LayerChooser = &scorer;
+        let mut sim =
+            ReuseSimulation::new("scorer".into(), chooser, first, n_layers, n_ff, &[0.1, 0.25], &[0.3, 0.5], 16);
         let mut cache = model.new_cache(ids.len()).unwrap();
         model.forward_observed(&ids, &mut cache, ids.len(), Some(&mut sim)).unwrap();
         sim.reuse()

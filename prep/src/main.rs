@@ -233,7 +233,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The resident 4-bit gate/up copy of layers D.. (scorer.safetensors): lets `--set-rule
+    /// The resident 4-bit gate/up copy of layers D.. (scorer.safetensors): lets `--strategy
     /// scorer` pick each layer's neurons from its own input and stream only down rows.
     Scorer {
         /// Canonical model directory (from `prep import`).

@@ -2,15 +2,17 @@
 //! `formats::reuse_table`) of the scorer, sketch and layers strategies, which `runtime plan` reads
 //! to predict how many of a token's needed rows are already held at a budget's set and slot
 //! sizes. Simulated (`runtime::reuse`) over one dense forward pass of calibration sequences:
-//! each strategy chooses its sets and evicts as its streamed run does.
+//! each strategy's own selector (`runtime::select`) chooses its sets and evicts as in its
+//! streamed run.
 
 use crate::capture::{corpus_sequences, expand_corpus};
 use anyhow::{bail, Context, Result};
 use formats::reuse_table::{ReuseTable, REUSE_TABLE_FORMAT};
 use runtime::layer_predictor::{LayerPredictors, Ranker, SketchRanker};
 use runtime::model::MlpHook;
-use runtime::reuse::{Chooser, ReuseSimulation};
+use runtime::reuse::ReuseSimulation;
 use runtime::scorer::{GateUpScorer, SCORER_RESIDENT_BONUS};
+use runtime::select::{layered::LayeredSelector, scored::ScoredSelector, SetSelector};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -92,14 +94,22 @@ pub fn reuse(
     let (model, tok) = runtime::open_model(model_dir, runtime::DecodeLayout::Mapped)?;
     let c = &model.config;
     let (n_sparse, n_ff, d) = (c.num_hidden_layers - first_layer, c.intermediate_size, c.hidden_size);
-    let scorer =
-        GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? };
-    let sketch = Ranker::Sketch(SketchRanker {
-        file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)?,
-    });
+    let n_layers = c.num_hidden_layers;
+    let scorer = ScoredSelector::new(
+        GateUpScorer { file: formats::scorer::GateUpScorerFile::load(scorer_path, first_layer, n_sparse, n_ff, d)? },
+        SCORER_RESIDENT_BONUS,
+    );
+    let sketch = LayeredSelector::new(
+        Ranker::Sketch(SketchRanker {
+            file: formats::sketch::SketchFile::load(sketch_path, first_layer, n_sparse, n_ff, d)?,
+        }),
+        first_layer,
+        n_layers,
+        n_ff,
+    );
     let predictors = match predictors_path {
         Some(path) => {
-            let mut p = LayerPredictors::load(path, d, n_ff, c.num_hidden_layers)?;
+            let mut p = LayerPredictors::load(path, d, n_ff, n_layers)?;
             if p.spec.first_layer > first_layer {
                 bail!(
                     "{}: predictors start at layer {}, the sparse layers at {first_layer}",
@@ -108,7 +118,7 @@ pub fn reuse(
                 );
             }
             p.drop_layers_before(first_layer);
-            Some(Ranker::Predictors(p))
+            Some(LayeredSelector::new(Ranker::Predictors(p), first_layer, n_layers, n_ff))
         }
         None => None,
     };
@@ -116,12 +126,29 @@ pub fn reuse(
     if seqs.is_empty() {
         bail!("reuse: the corpus gives no sequence of {seq_len} tokens");
     }
-    let sim = |chooser| ReuseSimulation::new(chooser, &scorer, &s.set_shares, &s.slot_shares, warmup);
-    let mut all =
-        AllStrategies(vec![sim(Chooser::Scorer(&scorer, SCORER_RESIDENT_BONUS)), sim(Chooser::Ranked(&sketch))]);
-    if let Some(p) = &predictors {
-        all.0.push(sim(Chooser::Ranked(p)));
-    }
+    let selectors: Vec<&dyn SetSelector> =
+        [Some(&scorer as &dyn SetSelector), Some(&sketch as &dyn SetSelector), predictors.as_ref().map(|p| p as _)]
+            .into_iter()
+            .flatten()
+            .collect();
+    let mut all = AllStrategies(
+        selectors
+            .iter()
+            .map(|sel| {
+                let chooser = sel.per_layer().expect("the simulated strategies choose at each layer");
+                ReuseSimulation::new(
+                    sel.rule(),
+                    chooser,
+                    first_layer,
+                    n_layers,
+                    n_ff,
+                    &s.set_shares,
+                    &s.slot_shares,
+                    warmup,
+                )
+            })
+            .collect(),
+    );
     for seq in &seqs {
         all.0.iter_mut().for_each(|s| s.new_sequence());
         let mut cache = model.new_cache(seq.len())?;

@@ -1,6 +1,6 @@
 //! `prep scorer`: the resident 4-bit gate/up copy of the sparse layers (layout:
 //! `formats::scorer`). With it a sparse layer scores every neuron from its own input
-//! (`--set-rule scorer`) and streams only the down-projection rows it keeps: 4-bit gate and up
+//! (`--strategy scorer`) and streams only the down-projection rows it keeps: 4-bit gate and up
 //! rows are 0.56 bytes a weight, a third of the f16 record they stand for. Per neuron it also
 //! stores the down column's norm (the score's weight) and the CRC32C of its downT row (reads of
 //! that row alone are checked against it).

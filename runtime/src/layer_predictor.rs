@@ -7,13 +7,12 @@
 //!
 //! At each sparse layer the layer's own normed input ranks every neuron, the `k` best are the
 //! set, the set's missing records are planned into the layer's slots (the held rows not in the
-//! set that contributed least lately make room, [`HeldHeat`]), and every row the layer then
+//! set that contributed least lately make room: `select::layered`), and every row the layer then
 //! holds counts with its exact `h = silu(gate . x)(up . x)`, from its own record.
 
 use crate::error::{Result, RuntimeError};
 use crate::ops::matmul::matmul_f16;
 use crate::ops::record_sum::RecordRows;
-use crate::slots::SlotMap;
 use crate::tensor::F16Matrix;
 use formats::layer_predictors::{LayerPredictorFile, LayerPredictorSpec};
 use formats::manifest::Manifest;
@@ -235,32 +234,6 @@ impl Ranker {
                 }
             }
         }
-    }
-}
-
-/// What a layer learns of its held rows from token to token: `[n_ff]` a moving average of each
-/// summed row's exact `|h|` (rows not held keep their last value). Slots evict the coolest held
-/// rows: a row that just mattered stays, whatever the predictor thinks of it now.
-pub struct HeldHeat {
-    pub heat: Vec<f32>,
-}
-
-impl HeldHeat {
-    pub fn new(n_ff: usize) -> Self {
-        HeldHeat { heat: vec![0.0; n_ff] }
-    }
-
-    /// `neurons` were summed with coefficients `h` (the same order).
-    pub fn update(&mut self, neurons: &[u32], h: &[f32]) {
-        for (&j, v) in neurons.iter().zip(h) {
-            let t = &mut self.heat[j as usize];
-            *t = crate::scorer::HEAT_DECAY * *t + (1.0 - crate::scorer::HEAT_DECAY) * v.abs();
-        }
-    }
-
-    /// The set's missing rows and their slots: the coolest held rows not in the set make room.
-    pub fn plan(&self, map: &mut SlotMap, set: &[u32], tick: u64) -> Vec<crate::slots::Load> {
-        map.plan_by_heat(set, tick, &self.heat)
     }
 }
 

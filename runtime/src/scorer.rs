@@ -1,5 +1,5 @@
 //! The resident 4-bit gate/up scorer (`prep scorer`, layout `formats::scorer`): how it scores
-//! a sparse layer's neurons and plans their rows ([`score_and_plan`]).
+//! a sparse layer's neurons (`select::scored` chooses and plans their rows from the scores).
 //!
 //! Per sparse layer and token, from the layer's own normed input `xn`:
 //! `h_j = silu(gate4_j . xn) * (up4_j . xn)` for every neuron j (4-bit rows, int8 `xn`); the `k`
@@ -16,7 +16,6 @@
 use crate::error::{Result, RuntimeError};
 use crate::ops::qmatvec::{matvec_q4, Q8Vector};
 use crate::ops::swiglu::silu;
-use crate::slots::{Load, SlotMap};
 use formats::manifest::Manifest;
 use formats::scorer::GateUpScorerFile;
 use std::path::Path;
@@ -138,40 +137,4 @@ pub fn update_heat(heat: &mut [f32], h: &[f32], down_norm: &[f32]) {
     heat.iter_mut()
         .zip(h.iter().zip(down_norm))
         .for_each(|(t, (a, b))| *t = HEAT_DECAY * *t + (1.0 - HEAT_DECAY) * a.abs() * b);
-}
-
-/// What [`score_and_plan`] carries from token to token for one sparse layer: `[n_ff]` moving
-/// average of each neuron's score ([`update_heat`]); slots evict the coolest.
-pub struct LayerScoring {
-    pub heat: Vec<f32>,
-}
-
-impl LayerScoring {
-    pub fn new(n_ff: usize) -> Self {
-        LayerScoring { heat: vec![0.0; n_ff] }
-    }
-}
-
-/// One token of one sparse layer (the engine's scorer and the reuse simulation): score every neuron into `h`, keep
-/// the `k` largest ([`GateUpScorer::keep`]), update the heat, and give the kept rows still
-/// missing slots (those of the coolest rows). Returns the kept neurons (ascending) and their
-/// loads (sorted by neuron).
-#[allow(clippy::too_many_arguments)]
-pub fn score_and_plan(
-    scorer: &GateUpScorer,
-    layer: usize,
-    xn: &[f32],
-    k: usize,
-    resident_bonus: f32,
-    map: &mut SlotMap,
-    state: &mut LayerScoring,
-    tick: u64,
-    h: &mut [f32],
-) -> (Vec<u32>, Vec<Load>) {
-    let norm = scorer.file.layer_down_norm(layer);
-    scorer.activations(layer, xn, h);
-    let kept = scorer.keep(layer, h, k, &map.slot_of, resident_bonus);
-    update_heat(&mut state.heat, h, norm);
-    let loads = map.plan_by_heat(&kept, tick, &state.heat);
-    (kept, loads)
 }

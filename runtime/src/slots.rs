@@ -1,7 +1,8 @@
 //! `SlotMap`: which neuron rows of one sparse layer are resident, in which slot of the layer's
 //! buffer, and when each was last used. Planning a token's active set gives the `Load`s (the
 //! delta): missing rows, each with the slot it goes to, taken from free slots first and then
-//! from the least recently used rows not in the set.
+//! from the least recently used rows not in the set, or the coolest (the map's heat, which the
+//! layer's chooser keeps: `select::LayerChooser`).
 
 pub const EMPTY: u32 = u32::MAX;
 
@@ -18,11 +19,27 @@ pub struct SlotMap {
     pub neuron_of: Vec<u32>,
     /// `[capacity]` tick of the last token that used the slot.
     last_used: Vec<u64>,
+    /// `[n_ff]` what [`SlotMap::plan_by_heat`] evicts by: the coolest held row goes first. A
+    /// moving average the layer's chooser updates token by token (of every neuron's score, or
+    /// of each summed row's coefficient); it outlives [`SlotMap::empty`].
+    pub heat: Vec<f32>,
 }
 
 impl SlotMap {
     pub fn new(n_ff: usize, capacity: usize) -> Self {
-        SlotMap { slot_of: vec![EMPTY; n_ff], neuron_of: vec![EMPTY; capacity], last_used: vec![0; capacity] }
+        SlotMap {
+            slot_of: vec![EMPTY; n_ff],
+            neuron_of: vec![EMPTY; capacity],
+            last_used: vec![0; capacity],
+            heat: vec![0.0; n_ff],
+        }
+    }
+
+    /// Every slot emptied; the heat stays (a prompt's batches empty the slots mid-sequence).
+    pub fn empty(&mut self) {
+        self.slot_of.fill(EMPTY);
+        self.neuron_of.fill(EMPTY);
+        self.last_used.fill(0);
     }
 
     pub fn capacity(&self) -> usize {
@@ -39,14 +56,14 @@ impl SlotMap {
         })
     }
 
-    /// [`SlotMap::plan`], but the rows evicted first are those of lowest `heat[neuron]` (not
-    /// the least recently used): a row that often scores high stays through the tokens it is
-    /// not needed.
-    pub fn plan_by_heat(&mut self, active: &[u32], tick: u64, heat: &[f32]) -> Vec<Load> {
+    /// [`SlotMap::plan`], but the rows evicted first are those of lowest [`SlotMap::heat`]
+    /// (not the least recently used): a row that often scores high stays through the tokens it
+    /// is not needed.
+    pub fn plan_by_heat(&mut self, active: &[u32], tick: u64) -> Vec<Load> {
         self.plan_evicting(active, tick, |m, victims, n| {
             let key = |s: u32| match m.neuron_of[s as usize] {
                 EMPTY => f32::NEG_INFINITY,
-                j => heat[j as usize],
+                j => m.heat[j as usize],
             };
             if victims.len() > n {
                 victims.select_nth_unstable_by(n - 1, |&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
@@ -168,15 +185,15 @@ mod tests {
     #[test]
     fn heat_evicts_the_coolest_row_not_the_oldest() {
         let mut m = SlotMap::new(10, 3);
-        let heat = [0.0, 5.0, 1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        assert_eq!(m.plan_by_heat(&[1, 2, 3], 1, &heat).len(), 3);
+        m.heat = vec![0.0, 5.0, 1.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(m.plan_by_heat(&[1, 2, 3], 1).len(), 3);
         // 1 is the oldest but the hottest: 2 (coolest, not needed now) goes
-        let l = m.plan_by_heat(&[3, 4], 2, &heat);
+        let l = m.plan_by_heat(&[3, 4], 2);
         assert_eq!(l.len(), 1);
         assert_eq!(m.slot_of[2], EMPTY);
         assert!(m.slot_of[1] != EMPTY && m.slot_of[4] != EMPTY);
         // a needed row is never evicted, however cool
-        let l = m.plan_by_heat(&[4, 5], 3, &heat);
+        let l = m.plan_by_heat(&[4, 5], 3);
         assert_eq!(l.len(), 1);
         assert!(m.slot_of[4] != EMPTY && m.slot_of[5] != EMPTY && m.slot_of[1] != EMPTY && m.slot_of[3] == EMPTY);
     }

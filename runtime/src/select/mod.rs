@@ -157,25 +157,28 @@ pub trait SetSelector: Send {
         None
     }
 
-    /// Sparse layer `si` (model layer `layer`) with its normed input `xn` `[d_model]`: a selector
-    /// that chooses from the layer's own input scores every neuron's coefficient into `h`
-    /// `[n_ff]`, keeps `k`, and plans the missing ones into `map`. None: the set was chosen after
-    /// layer 0.
-    /// With [`SlotRow::GateUpDown`]: sparse layer `si` summed `neurons` with their exact
-    /// coefficients `h` (the same order), the held rows and then the read ones.
-    fn observe_coefficients(&mut self, _si: usize, _neurons: &[u32], _h: &[f32]) {}
-
-    #[allow(clippy::too_many_arguments)]
-    fn choose_at_layer(
-        &mut self,
-        _si: usize,
-        _layer: usize,
-        _xn: &[f32],
-        _k: usize,
-        _map: &mut SlotMap,
-        _tick: u64,
-        _h: &mut [f32],
-    ) -> Option<LayerChoice> {
+    /// A selector that chooses each sparse layer's set from the layer's own input says how
+    /// (None: the sets were chosen after layer 0).
+    fn per_layer(&self) -> Option<&dyn LayerChooser> {
         None
     }
+}
+
+/// How a selector chooses one sparse layer's set from the layer's own input, token by token.
+/// What it carries from token to token is the layer's [`SlotMap`] (its rows and their heat), so
+/// one chooser serves one map per layer (the streaming engine) or many (the reuse simulation,
+/// one per set and slot size, scored once a token).
+pub trait LayerChooser: Sync {
+    /// Scores every neuron of model layer `layer` from its normed input `xn` `[d_model]` into
+    /// `scores` `[n_ff]`. With [`SlotRow::Down`] a score is the neuron's coefficient, which its
+    /// held row is summed with.
+    fn score(&self, layer: usize, xn: &[f32], scores: &mut [f32]);
+
+    /// The `k` neurons the layer needs by `scores` and what `map` holds (ascending), with their
+    /// missing rows planned into `map`'s slots.
+    fn choose(&self, layer: usize, scores: &[f32], k: usize, map: &mut SlotMap, tick: u64) -> LayerChoice;
+
+    /// With [`SlotRow::GateUpDown`]: the layer summed the rows `map` holds for `neurons` with
+    /// their exact coefficients `h` (the same order).
+    fn observe_coefficients(&self, _map: &mut SlotMap, _neurons: &[u32], _h: &[f32]) {}
 }

@@ -1,12 +1,14 @@
 //! The resident 4-bit gate/up scorer as a [`SetSelector`]: at each sparse layer, every
 //! neuron's `h = silu(gate4 . xn) x (up4 . xn)` from the layer's own input
-//! (`crate::scorer::score_and_plan`); the `k` of largest `|h| x ||down||` must be in memory,
-//! slots evict the coolest rows, and every row a layer holds counts with its `h`. Slots hold
-//! downT rows only, read one 512-aligned span each and checked against the scorer's CRC32C.
+//! ([`GateUpScorer::activations`]); the `k` of largest `|h| x ||down||` must be in memory
+//! ([`GateUpScorer::keep`], a held row counting the resident bonus times), slots evict the rows
+//! of lowest heat (a moving average of every neuron's score, [`update_heat`]), and every row a
+//! layer holds counts with its `h`. Slots hold downT rows only, read one 512-aligned span each
+//! and checked against the scorer's CRC32C.
 
-use super::{Footprint, LayerChoice, SetSelector, SlotRow};
+use super::{Footprint, LayerChoice, LayerChooser, SetSelector, SlotRow};
 use crate::error::Result;
-use crate::scorer::{score_and_plan, GateUpScorer, LayerScoring};
+use crate::scorer::{update_heat, GateUpScorer};
 use crate::slots::SlotMap;
 use formats::manifest::Manifest;
 use std::path::Path;
@@ -14,25 +16,21 @@ use std::sync::Arc;
 
 pub struct ScoredSelector {
     pub scorer: GateUpScorer,
-    /// Per sparse layer from the scorer's first, the heat of each neuron.
-    scoring: Vec<LayerScoring>,
     /// A neuron whose row is held counts this many times its score (`GateUpScorer::keep`).
     resident_bonus: f32,
 }
 
 impl ScoredSelector {
     pub fn load(manifest_path: &Path, m: &Manifest, resident_bonus: f32) -> Result<Self> {
-        let scorer = GateUpScorer::load(manifest_path, m)?;
-        let scoring = (0..scorer.file.n_layers).map(|_| LayerScoring::new(scorer.file.n_ff)).collect();
-        Ok(ScoredSelector { scorer, scoring, resident_bonus })
+        Ok(Self::new(GateUpScorer::load(manifest_path, m)?, resident_bonus))
+    }
+
+    pub fn new(scorer: GateUpScorer, resident_bonus: f32) -> Self {
+        ScoredSelector { scorer, resident_bonus }
     }
 }
 
 impl SetSelector for ScoredSelector {
-    fn begin_sequence(&mut self) {
-        self.scoring.iter_mut().for_each(|l| l.heat.fill(0.0));
-    }
-
     fn rule(&self) -> String {
         "scorer".into()
     }
@@ -62,23 +60,25 @@ impl SetSelector for ScoredSelector {
     }
 
     fn keep_layers_from(&mut self, first_layer: usize) {
-        let drop = first_layer.saturating_sub(self.scorer.file.first_layer).min(self.scoring.len());
         self.scorer.drop_layers_before(first_layer);
-        self.scoring.drain(..drop);
     }
 
-    fn choose_at_layer(
-        &mut self,
-        si: usize,
-        layer: usize,
-        xn: &[f32],
-        k: usize,
-        map: &mut SlotMap,
-        tick: u64,
-        h: &mut [f32],
-    ) -> Option<LayerChoice> {
-        let (set, loads) =
-            score_and_plan(&self.scorer, layer, xn, k, self.resident_bonus, map, &mut self.scoring[si], tick, h);
-        Some(LayerChoice { set, loads })
+    fn per_layer(&self) -> Option<&dyn LayerChooser> {
+        Some(self)
+    }
+}
+
+impl LayerChooser for ScoredSelector {
+    fn score(&self, layer: usize, xn: &[f32], scores: &mut [f32]) {
+        self.scorer.activations(layer, xn, scores);
+    }
+
+    /// The kept neurons ([`GateUpScorer::keep`]), the heat updated with every neuron's score,
+    /// and the kept rows still missing given the slots of the coolest rows.
+    fn choose(&self, layer: usize, h: &[f32], k: usize, map: &mut SlotMap, tick: u64) -> LayerChoice {
+        let set = self.scorer.keep(layer, h, k, &map.slot_of, self.resident_bonus);
+        update_heat(&mut map.heat, h, self.scorer.file.layer_down_norm(layer));
+        let loads = map.plan_by_heat(&set, tick);
+        LayerChoice { set, loads }
     }
 }

@@ -498,14 +498,16 @@ impl StreamingEngine {
     /// never on what ran before it.
     pub fn begin_sequence(&mut self) {
         self.empty_slots();
+        self.layers.iter_mut().for_each(|l| l.map.heat.fill(0.0));
         self.prompt_use.iter_mut().for_each(|u| u.fill(0.0));
         self.selector.begin_sequence();
     }
 
-    /// Every slot emptied; their memory goes to a prompt's batches until rows land again.
+    /// Every slot emptied (their heat kept); their memory goes to a prompt's batches until rows
+    /// land again.
     fn empty_slots(&mut self) {
-        for (layer, cap) in self.layers.iter_mut().zip(&self.plan.capacity) {
-            layer.map = SlotMap::new(self.h.len(), *cap);
+        for layer in self.layers.iter_mut() {
+            layer.map.empty();
             layer.buf.release_pages();
         }
         for loads in &mut self.in_flight {
@@ -575,7 +577,7 @@ impl StreamingEngine {
             let mut neurons = crate::layer_predictor::top_k(use_, cap);
             neurons.retain(|&j| use_[j as usize] > 0.0);
             let slots = &mut self.layers[si];
-            slots.map = SlotMap::new(use_.len(), cap);
+            slots.map.empty();
             planned.push(slots.map.plan(&neurons, self.tick));
         }
         let submit = |engine: &mut Self, si: usize, loads: &[Load]| -> Result<()> {
@@ -730,15 +732,9 @@ impl StreamingEngine {
     pub fn mlp(&mut self, layer: usize, xn: &[f32], out: &mut [f32]) -> Result<()> {
         let si = layer - self.dense_prefix;
         let t0 = Instant::now();
-        if let Some(choice) = self.selector.choose_at_layer(
-            si,
-            layer,
-            xn,
-            self.plan.set_sizes[si],
-            &mut self.layers[si].map,
-            self.tick,
-            &mut self.h,
-        ) {
+        if let Some(chooser) = self.selector.per_layer() {
+            chooser.score(layer, xn, &mut self.h);
+            let choice = chooser.choose(layer, &self.h, self.plan.set_sizes[si], &mut self.layers[si].map, self.tick);
             self.stats.choose_ms += t0.elapsed().as_secs_f64() * 1e3;
             self.stats.count_layer(si, choice.set.len(), choice.loads.len());
             if !choice.loads.is_empty() {
@@ -759,20 +755,24 @@ impl StreamingEngine {
         };
         let records = self.records;
         if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &held, out) {
-            let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
-            self.selector.observe_coefficients(si, &neurons, &c);
+            if let Some(chooser) = self.selector.per_layer() {
+                let neurons: Vec<u32> = held.iter().map(|&s| slots.map.neuron_of[s as usize]).collect();
+                chooser.observe_coefficients(&mut slots.map, &neurons, &c);
+            }
         }
         let mut compute_ms = t1.elapsed().as_secs_f64() * 1e3;
         // 2. the read rows, into their slots, then added (in neuron order)
         if !loads.is_empty() {
             self.land(si, &loads)?;
             let t2 = Instant::now();
-            let (slots, h) = (&self.layers[si], &self.h);
+            let (slots, h) = (&mut self.layers[si], &self.h);
             let loaded: Vec<u32> = loads.iter().map(|l| l.slot).collect();
             let mut part = vec![0f32; d];
             if let Some(c) = sum_slots(slots, slot_row, records, d, xn, h, &loaded, &mut part) {
-                let neurons: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
-                self.selector.observe_coefficients(si, &neurons, &c);
+                if let Some(chooser) = self.selector.per_layer() {
+                    let neurons: Vec<u32> = loads.iter().map(|l| l.neuron).collect();
+                    chooser.observe_coefficients(&mut slots.map, &neurons, &c);
+                }
             }
             out.iter_mut().zip(&part).for_each(|(o, p)| *o += p);
             compute_ms += t2.elapsed().as_secs_f64() * 1e3;
