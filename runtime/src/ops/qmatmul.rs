@@ -11,7 +11,7 @@
 //! x: `[n_tokens, cols]` f32, w: `[rows, cols]` blocks, out: `[n_tokens, rows]` f32.
 
 use crate::ops::qdot::{self, BlockQ8K, BlockQ8_0, BlockQ8_1};
-use crate::ops::{interleaved, kquant_dot, kquant_gemm};
+use crate::ops::{block32_gemm, interleaved, kquant_dot, kquant_gemm};
 use crate::tensor::{BlockLayout, QMatrix};
 use candle_core::quantized::k_quants::{self as ck, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, GgmlType as Blocks};
 use formats::ggml_quants::GgmlType;
@@ -240,7 +240,7 @@ impl<'a> TokenBlocks<'a> {
 pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let (n_tokens, n_out) = (xs.len(), w.rows);
     assert_eq!(out.len(), n_tokens * n_out);
-    if matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K)
+    if (matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
         && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
         && n_out.is_multiple_of(kquant_gemm::ROWS)
         && kquant_gemm::available()
@@ -291,20 +291,32 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     });
 }
 
-/// [`qmatmul`] for Q4_K and Q6_K by [`kquant_gemm`]: the tokens laid out once in tiles of 16,
-/// each task's rows unpacked once for all of them.
+/// [`qmatmul`] as an integer matrix product: Q4_K and Q6_K by [`kquant_gemm`], the 32-value
+/// block types by [`block32_gemm`]; the tokens laid out once in tiles of 16, each task's rows
+/// unpacked once for all of them.
 fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let (n_tokens, n_out) = (xs.len(), w.rows);
-    let rows: Vec<&[BlockQ8K]> = xs
-        .iter()
-        .map(|x| match x {
-            QActivation::Q8K(b) => b.as_slice(),
-            _ => panic!("{} weights need Q8_K activations", w.ty.name()),
-        })
-        .collect();
-    let tiles: Vec<kquant_gemm::TokenTile> =
-        rows.par_chunks(kquant_gemm::TOKENS).map(kquant_gemm::TokenTile::new).collect();
-    let padded = tiles.len() * kquant_gemm::TOKENS;
+    let tiles = if block32_gemm::supports(w.ty) {
+        let rows: Vec<block32_gemm::TokenRow<'_>> = xs
+            .iter()
+            .map(|x| match x {
+                QActivation::Q8_0(b) => block32_gemm::TokenRow::Q8_0(b),
+                QActivation::Q8_1(b) => block32_gemm::TokenRow::Q8_1(b),
+                QActivation::Q8K(_) => panic!("{} weights need Q8_0 or Q8_1 activations", w.ty.name()),
+            })
+            .collect();
+        Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
+    } else {
+        let rows: Vec<&[BlockQ8K]> = xs
+            .iter()
+            .map(|x| match x {
+                QActivation::Q8K(b) => b.as_slice(),
+                _ => panic!("{} weights need Q8_K activations", w.ty.name()),
+            })
+            .collect();
+        Tiles::KQuant(rows.par_chunks(kquant_gemm::TOKENS).map(kquant_gemm::TokenTile::new).collect())
+    };
+    let padded = n_tokens.div_ceil(kquant_gemm::TOKENS) * kquant_gemm::TOKENS;
     let parts: Vec<(usize, Vec<f32>)> = (0..n_out)
         .step_by(INTEGER_PRODUCT_ROWS_PER_TASK)
         .collect::<Vec<_>>()
@@ -312,16 +324,26 @@ fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
         .map(|r0| {
             let n = INTEGER_PRODUCT_ROWS_PER_TASK.min(n_out - r0);
             let mut part = vec![0f32; padded * n]; // [padded tokens, n rows]
-            let rows = match w.layout() {
-                BlockLayout::RowMajor(b) => {
-                    kquant_gemm::WeightRows::RowMajor { bytes: &b[r0 * w.row_bytes..], row_bytes: w.row_bytes }
+            match (&tiles, w.layout()) {
+                (Tiles::Block32(t), BlockLayout::RowMajor(b)) => {
+                    block32_gemm::product(w.ty, &b[r0 * w.row_bytes..], w.row_bytes, n, t, &mut part)
                 }
-                BlockLayout::Interleaved(v) => {
+                (Tiles::Block32(_), BlockLayout::Interleaved(_)) => {
+                    unreachable!("only Q4_K and Q6_K are interleaved")
+                }
+                (Tiles::KQuant(t), BlockLayout::RowMajor(b)) => kquant_gemm::product(
+                    w.ty,
+                    kquant_gemm::WeightRows::RowMajor { bytes: &b[r0 * w.row_bytes..], row_bytes: w.row_bytes },
+                    n,
+                    t,
+                    &mut part,
+                ),
+                (Tiles::KQuant(t), BlockLayout::Interleaved(v)) => {
                     let group = interleaved::group_bytes(w.ty, w.cols);
-                    kquant_gemm::WeightRows::Interleaved(&v[r0 / interleaved::ROWS * group..])
+                    let rows = kquant_gemm::WeightRows::Interleaved(&v[r0 / interleaved::ROWS * group..]);
+                    kquant_gemm::product(w.ty, rows, n, t, &mut part)
                 }
-            };
-            kquant_gemm::product(w.ty, rows, n, &tiles, &mut part);
+            }
             (r0, part)
         })
         .collect();
@@ -332,6 +354,12 @@ fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
         }
     });
     debug_assert_eq!(out.len(), n_tokens * n_out);
+}
+
+/// The tokens of an integer product, laid out for its kernel.
+enum Tiles {
+    KQuant(Vec<kquant_gemm::TokenTile>),
+    Block32(Vec<block32_gemm::TokenTile>),
 }
 
 #[cfg(test)]
@@ -462,24 +490,24 @@ mod tests {
             }
         }
     }
-    /// The k-quants' integer product (a prompt of 8 tokens or more, with AVX-512 VNNI or SDOT)
-    /// equals the one-token kernels up to f32 summation order: within 1e-5 of sum |w x| per
-    /// product, on 16 rows x 1024 columns and 21 tokens (two tiles, the second padded), scaled
-    /// 1e-3 to 1e3. Skipped where the CPU lacks both.
+    /// The integer product (a prompt of 8 tokens or more, with AVX-512 VNNI or SDOT) of every
+    /// type that has one equals the one-token kernels up to f32 summation order: within 1e-5 of
+    /// sum |w x| per product, on 64 rows x 768 columns and 40 tokens (three tiles, the third
+    /// padded), scaled 1e-3 to 1e3. Skipped where the CPU lacks both.
     #[test]
     fn the_integer_product_matches_the_one_token_kernels() {
         if !kquant_gemm::available() {
             eprintln!("no AVX-512 VNNI or dot-product extension here: the integer product does not run");
             return;
         }
-        let (rows, cols, n_tokens) = (16, 1024, 21);
+        let (rows, cols, n_tokens) = (64, 768, 40);
         let w = random(rows * cols, 17);
         let x: Vec<f32> = (0..n_tokens)
             .flat_map(|t| random(cols, 100 + t as u64).into_iter().map(move |v| v * [1e-3, 1.0, 1e3][t % 3]))
             .collect();
-        for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
             let m = quantized(ty, &w, rows, cols);
-            let xs = quantize_rows(ActivationType::Q8K, &x, cols);
+            let xs = quantize_rows(activation_type(ty).unwrap(), &x, cols);
             let mut out = vec![0f32; n_tokens * rows];
             qmatmul(&xs, &m, &mut out);
             for (t, xa) in xs.iter().enumerate() {
