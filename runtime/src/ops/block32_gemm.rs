@@ -1,18 +1,20 @@
-//! A prompt's product with weights in 32-value blocks (Q4_0, Q4_1, Q5_0, Q8_0) as an integer
-//! matrix product, where [`kquant_gemm::available`] (AVX-512 VNNI, or the aarch64 dot-product
-//! extension): `out[t, o] = w[o, :] . x[t, :]` for many tokens at once, the tokens' Q8_0 (Q4_1:
-//! Q8_1) rows laid out once per product in tiles of 16 and each task's rows unpacked once, 8 at a
-//! time, into one signed byte per weight (Q4_0 `q - 8`, Q5_0 `q - 16`, Q8_0 as stored, Q4_1 `q`).
+//! A prompt's product with weights in 32-value blocks against Q8_0 activations (Q4_0, Q5_0,
+//! Q8_0) as an integer matrix product, where [`kquant_gemm::available`] (AVX-512 VNNI, or the
+//! aarch64 dot-product extension): `out[t, o] = w[o, :] . x[t, :]` for many tokens at once, the
+//! tokens' Q8_0 rows laid out once per product in tiles of 16 and each task's rows unpacked
+//! once, 8 at a time, into one signed byte per weight (Q4_0 `q - 8`, Q5_0 `q - 16`, Q8_0 as
+//! stored).
 //!
-//! Each block's integer sum of 32 products is exact, as in the one-token kernels; it is scaled
-//! by `d_w x d_x` (and Q4_1 adds `m_w x s_x`, its min times the token's scaled sum) with one
-//! fused multiply-add per block, row and token, so results differ from the one-token kernels'
-//! in the last bits only (tested within 1e-5 of sum |w x|). `vpdpbusd` multiplies unsigned by
+//! Each block's integer sum of 32 products is exact; it is scaled by `d_w x d_x` with one fused
+//! multiply-add per block, row and token, block after block. Decode computes each row the same
+//! way ([`dot_row`], [`matvec`]), so a token's products are the same bits whether it went
+//! through the product with 15 others or alone: a reply does not depend on how its tokens were
+//! batched (a chat's cached prefix, a short continuation). `vpdpbusd` multiplies unsigned by
 //! signed bytes: on x86-64 the tokens' bytes go in with their sign bit flipped (`x + 128`) and
 //! `128 x` each block's weight sum comes off; `SDOT` multiplies signed bytes as they are.
 
 use crate::ops::kquant_gemm::{available, ROWS, TOKENS};
-use crate::ops::qdot::{BlockQ8_0, BlockQ8_1};
+use crate::ops::qdot::BlockQ8_0;
 use formats::ggml_quants::GgmlType;
 
 /// Values per block.
@@ -20,117 +22,61 @@ const QK: usize = 32;
 
 /// Whether `ty` has an integer product here.
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
-}
-
-/// One token's activation row as the product takes it.
-#[derive(Clone, Copy)]
-pub enum TokenRow<'a> {
-    Q8_0(&'a [BlockQ8_0]),
-    Q8_1(&'a [BlockQ8_1]),
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
 }
 
 /// Up to 16 tokens' rows laid out for the product: per block, 8 groups of the 16 tokens' 4
-/// bytes side by side, each token's scale and (Q8_1) its scaled sum.
+/// bytes side by side, and each token's scale.
 pub struct TokenTile {
     /// `[n_blocks][8][TOKENS][4]`
     qs: Vec<i8>,
     /// `[n_blocks][TOKENS]`
     d: Vec<f32>,
-    /// `[n_blocks][TOKENS]`: Q8_1's `s` (`d x sum(qs)`), zeros for Q8_0
-    s: Vec<f32>,
 }
 
 impl TokenTile {
-    /// Up to 16 tokens' rows of the same length and type; missing tokens are zeros.
-    pub fn new(xs: &[TokenRow<'_>]) -> Self {
+    /// Up to 16 tokens' rows of the same length; missing tokens are zeros.
+    pub fn new(xs: &[&[BlockQ8_0]]) -> Self {
         assert!(xs.len() <= TOKENS && !xs.is_empty());
-        let nb = match xs[0] {
-            TokenRow::Q8_0(b) => b.len(),
-            TokenRow::Q8_1(b) => b.len(),
-        };
-        let mut tile =
-            TokenTile { qs: vec![0; nb * QK * TOKENS], d: vec![0.0; nb * TOKENS], s: vec![0.0; nb * TOKENS] };
+        let nb = xs[0].len();
+        let mut tile = TokenTile { qs: vec![0; nb * QK * TOKENS], d: vec![0.0; nb * TOKENS] };
         for (t, x) in xs.iter().enumerate() {
-            for b in 0..nb {
-                let (qs, d, s) = match x {
-                    TokenRow::Q8_0(x) => (&x[b].qs, x[b].d.to_f32(), 0.0),
-                    TokenRow::Q8_1(x) => (&x[b].qs, x[b].d.to_f32(), x[b].s.to_f32()),
-                };
+            assert_eq!(x.len(), nb, "token rows of different lengths");
+            for (b, y) in x.iter().enumerate() {
                 for g in 0..QK / 4 {
                     let at = ((b * QK / 4 + g) * TOKENS + t) * 4;
-                    tile.qs[at..at + 4].copy_from_slice(&qs[4 * g..4 * g + 4]);
+                    tile.qs[at..at + 4].copy_from_slice(&y.qs[4 * g..4 * g + 4]);
                 }
-                tile.d[b * TOKENS + t] = d;
-                tile.s[b * TOKENS + t] = s;
+                tile.d[b * TOKENS + t] = y.d.to_f32();
             }
-            let len = match x {
-                TokenRow::Q8_0(b) => b.len(),
-                TokenRow::Q8_1(b) => b.len(),
-            };
-            assert_eq!(len, nb, "token rows of different lengths");
         }
         tile
     }
 }
 
-/// 8 weight rows unpacked: one signed byte per weight, each block's scale, min and weight sum.
+/// 8 weight rows unpacked: one signed byte per weight, each block's scale and weight sum.
 struct RowTile {
     /// `[n_blocks][8][ROWS][4]`: each 4 consecutive weights of the 8 rows side by side
     q: Vec<i8>,
     /// `[ROWS][n_blocks]`
     d: Vec<f32>,
-    /// `[ROWS][n_blocks]`: Q4_1's min (zeros otherwise)
-    m: Vec<f32>,
     /// `[ROWS][n_blocks]`: the sum of the block's 32 weights (x86-64's correction)
     sum: Vec<i32>,
 }
 
 impl RowTile {
     fn new(nb: usize) -> Self {
-        RowTile {
-            q: vec![0; nb * QK * ROWS],
-            d: vec![0.0; ROWS * nb],
-            m: vec![0.0; ROWS * nb],
-            sum: vec![0; ROWS * nb],
-        }
+        RowTile { q: vec![0; nb * QK * ROWS], d: vec![0.0; ROWS * nb], sum: vec![0; ROWS * nb] }
     }
 
     /// Unpacks `rows[i]` (whole blocks of `ty`) into row i.
     fn unpack(&mut self, ty: GgmlType, rows: [&[u8]; ROWS]) {
         let nb = self.d.len() / ROWS;
         let bytes = ty.block_bytes();
-        let f16 = |x: &[u8], at: usize| half::f16::from_le_bytes([x[at], x[at + 1]]).to_f32();
         let mut w = [0i8; QK];
         for (i, row) in rows.iter().enumerate() {
             for b in 0..nb {
-                let blk = &row[b * bytes..(b + 1) * bytes];
-                let (d, m) = match ty {
-                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                        let (qs, off) = if ty == GgmlType::Q4_0 { (&blk[2..18], 8) } else { (&blk[4..20], 0) };
-                        for (j, &q) in qs.iter().enumerate() {
-                            w[j] = (q & 0xF) as i8 - off;
-                            w[j + 16] = (q >> 4) as i8 - off;
-                        }
-                        (f16(blk, 0), if ty == GgmlType::Q4_1 { f16(blk, 2) } else { 0.0 })
-                    }
-                    GgmlType::Q5_0 => {
-                        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                        for (j, &q) in blk[6..22].iter().enumerate() {
-                            let hi = |k: usize| (((qh >> k) & 1) << 4) as u8;
-                            w[j] = ((q & 0xF) | hi(j)) as i8 - 16;
-                            w[j + 16] = ((q >> 4) | hi(j + 16)) as i8 - 16;
-                        }
-                        (f16(blk, 0), 0.0)
-                    }
-                    GgmlType::Q8_0 => {
-                        w.iter_mut().zip(&blk[2..34]).for_each(|(w, &q)| *w = q as i8);
-                        (f16(blk, 0), 0.0)
-                    }
-                    t => panic!("no 32-value integer product for {}", t.name()),
-                };
-                self.d[i * nb + b] = d;
-                self.m[i * nb + b] = m;
+                self.d[i * nb + b] = unpack_block(ty, &row[b * bytes..(b + 1) * bytes], &mut w);
                 self.sum[i * nb + b] = w.iter().map(|&v| v as i32).sum();
                 for g in 0..QK / 4 {
                     let at = b * QK * ROWS + (g * ROWS + i) * 4;
@@ -139,6 +85,55 @@ impl RowTile {
             }
         }
     }
+}
+
+/// One block of `ty` as 32 signed weights into `w`; returns its scale.
+#[inline]
+fn unpack_block(ty: GgmlType, blk: &[u8], w: &mut [i8; QK]) -> f32 {
+    let f16 = |at: usize| half::f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
+    match ty {
+        GgmlType::Q4_0 => {
+            for (j, &q) in blk[2..18].iter().enumerate() {
+                w[j] = (q & 0xF) as i8 - 8;
+                w[j + 16] = (q >> 4) as i8 - 8;
+            }
+            f16(0)
+        }
+        GgmlType::Q5_0 => {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            let hi = |k: usize| (((qh >> k) & 1) << 4) as u8;
+            for (j, &q) in blk[6..22].iter().enumerate() {
+                w[j] = ((q & 0xF) | hi(j)) as i8 - 16;
+                w[j + 16] = ((q >> 4) | hi(j + 16)) as i8 - 16;
+            }
+            f16(0)
+        }
+        GgmlType::Q8_0 => {
+            w.iter_mut().zip(&blk[2..34]).for_each(|(w, &q)| *w = q as i8);
+            f16(0)
+        }
+        t => panic!("no 32-value integer product for {}", t.name()),
+    }
+}
+
+/// One row of `ty` blocks against one token, with the arithmetic of one lane of [`product`]:
+/// each block's exact integer sum, then `sum = fma(isum, d_w x d_x, sum)`, block after block.
+pub fn dot_row(ty: GgmlType, row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    assert_eq!(row.len(), x.len() * ty.block_bytes());
+    let mut sum = 0f32;
+    for (blk, y) in row.chunks_exact(ty.block_bytes()).zip(x) {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+        // SAFETY: AVX2 is a target feature of this build; `blk` is one whole block of `ty`.
+        let (isum, d) = unsafe { x86::block_sum(ty, blk, &y.qs) };
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+        let (isum, d) = {
+            let mut w = [0i8; QK];
+            let d = unpack_block(ty, blk, &mut w);
+            (w.iter().zip(&y.qs).map(|(&a, &b)| a as i32 * b as i32).sum::<i32>(), d)
+        };
+        sum = (isum as f32).mul_add(d * y.d.to_f32(), sum);
+    }
+    sum
 }
 
 /// `out[t][r] = rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty`
@@ -154,7 +149,6 @@ pub fn product(ty: GgmlType, bytes: &[u8], row_bytes: usize, n_rows: usize, tile
             && bytes.len() >= n_rows * row_bytes
             && out.len() == tiles.len() * TOKENS * n_rows
     );
-    let with_min = ty == GgmlType::Q4_1;
     let mut unpacked = RowTile::new(nb);
     for r0 in (0..n_rows).step_by(ROWS) {
         unpacked.unpack(ty, std::array::from_fn(|i| &bytes[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes]));
@@ -162,11 +156,11 @@ pub fn product(ty: GgmlType, bytes: &[u8], row_bytes: usize, n_rows: usize, tile
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-512 F/BW/VL/VNNI detected (asserted above); the tile and the unpacked
             // rows hold nb blocks each (built for the same columns).
-            let acc = unsafe { x86::tile(&unpacked, tile, nb, with_min) };
+            let acc = unsafe { x86::tile(&unpacked, tile, nb) };
             #[cfg(target_arch = "aarch64")]
             // SAFETY: the dot-product extension detected (asserted above); the tile and the
             // unpacked rows hold nb blocks each (built for the same columns).
-            let acc = unsafe { neon::tile(&unpacked, tile, nb, with_min) };
+            let acc = unsafe { neon::tile(&unpacked, tile, nb) };
             #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             let acc = [[0f32; TOKENS]; ROWS];
             for (i, a) in acc.iter().enumerate() {
@@ -178,15 +172,149 @@ pub fn product(ty: GgmlType, bytes: &[u8], row_bytes: usize, n_rows: usize, tile
     }
 }
 
+/// `out[i] = row i . x` for the rows of `ty` blocks in `rows` (`row_bytes` each), each the
+/// bits of [`dot_row`]: 8 rows at a time where the build has AVX2 and FMA.
+pub fn matvec(ty: GgmlType, rows: &[u8], row_bytes: usize, x: &[BlockQ8_0], out: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    let done = {
+        let xs: Vec<(&[i8; QK], f32)> = x.iter().map(|y| (&y.qs, y.d.to_f32())).collect();
+        assert_eq!(row_bytes, xs.len() * ty.block_bytes());
+        let whole = out.len() / 8 * 8;
+        for r in (0..whole).step_by(8) {
+            // SAFETY: AVX2 and FMA are target features of this build; 8 whole rows from `r`.
+            let v = unsafe { x86::dot_rows8(ty, &rows[r * row_bytes..(r + 8) * row_bytes], row_bytes, &xs) };
+            out[r..r + 8].copy_from_slice(&v);
+        }
+        whole
+    };
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    let done = 0;
+    for (i, o) in out.iter_mut().enumerate().skip(done) {
+        *o = dot_row(ty, &rows[i * row_bytes..(i + 1) * row_bytes], x);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{RowTile, TokenTile, QK, ROWS, TOKENS};
+    use formats::ggml_quants::GgmlType;
     use std::arch::x86_64::*;
+
+    /// One block of `ty` against 32 activation bytes: the exact integer sum of the 32
+    /// products and the block's scale, as [`super::unpack_block`] and a sum over its weights
+    /// give them.
+    ///
+    /// # Safety
+    /// AVX2 available; `blk` is one whole block of `ty` (one of the 32-value types).
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    pub unsafe fn block_sum(ty: GgmlType, blk: &[u8], x: &[i8; QK]) -> (i32, f32) {
+        // SAFETY: the caller's contract.
+        let (w, d) = unsafe { weights(ty, blk) };
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d as i32)));
+        // SAFETY: `x` is 32 bytes; unaligned load.
+        // SAFETY: AVX2 (the caller's contract); `x` is 32 bytes, an unaligned load.
+        let quads = unsafe { products(w, _mm256_loadu_si256(x.as_ptr() as *const __m256i)) };
+        let s = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        (_mm_cvtsi128_si32(s), d)
+    }
+
+    /// 8 sums of 4 adjacent products of the weights `w` and the activations `x` (32 bytes each).
+    ///
+    /// # Safety
+    /// AVX2 available.
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    unsafe fn products(w: __m256i, x: __m256i) -> __m256i {
+        // |w| x (x with w's sign): pairs of at most 128 x 127 fit i16, then pairs of i16 to i32
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+
+    /// 8 rows of `ty` (`row_bytes` apart in `rows`) against one token's blocks `xs` (bytes and
+    /// scale per block): lane i is row i's [`super::dot_row`], bit for bit (the same
+    /// exact block sums, the same fused multiply-adds in block order), 8 rows' chains side by side.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; `rows` holds 8 rows of `xs.len()` blocks of `ty`.
+    #[cfg(all(target_feature = "avx2", target_feature = "fma"))]
+    pub unsafe fn dot_rows8(ty: GgmlType, rows: &[u8], row_bytes: usize, xs: &[(&[i8; QK], f32)]) -> [f32; 8] {
+        let bytes = ty.block_bytes();
+        assert!(rows.len() >= 7 * row_bytes + xs.len() * bytes);
+        let mut acc = _mm256_setzero_ps();
+        for (b, &(xq, dx)) in xs.iter().enumerate() {
+            // SAFETY: `xq` is 32 bytes; unaligned load.
+            let xv = unsafe { _mm256_loadu_si256(xq.as_ptr() as *const __m256i) };
+            let r: [(__m256i, u16); 8] = std::array::from_fn(|i| {
+                let at = i * row_bytes + b * bytes;
+                // SAFETY: block b of row i is in bounds (asserted above); AVX2 (the caller's
+                // contract).
+                unsafe {
+                    let (w, d) = weights(ty, &rows[at..at + bytes]);
+                    (products(w, xv), d)
+                }
+            });
+            // lane i: the sum of row i's 8 lanes
+            let (s01, s23) = (_mm256_hadd_epi32(r[0].0, r[1].0), _mm256_hadd_epi32(r[2].0, r[3].0));
+            let (s45, s67) = (_mm256_hadd_epi32(r[4].0, r[5].0), _mm256_hadd_epi32(r[6].0, r[7].0));
+            let (lo, hi) = (_mm256_hadd_epi32(s01, s23), _mm256_hadd_epi32(s45, s67));
+            let isum =
+                _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
+            let v = r.each_ref().map(|x| x.1 as i16);
+            let d = _mm256_cvtph_ps(_mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: 8 f32; unaligned store.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+
+    /// One block of `ty` as 32 signed weights in a vector and its scale (f16 bits).
+    ///
+    /// # Safety
+    /// AVX2 available; `blk` is one whole block of `ty` (one of the 32-value types).
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    unsafe fn weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
+        let f16 = |at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
+        let nibbles = |at: usize| {
+            // SAFETY (caller): 16 bytes of nibbles at `at` in the block; unaligned load.
+            let q = unsafe { _mm_loadu_si128(blk.as_ptr().add(at) as *const __m128i) };
+            let low = _mm_set1_epi8(0x0F);
+            // bytes 0..16: the low nibbles (weights j), 16..32: the high (weights j + 16)
+            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low))
+        };
+        let (w, d): (__m256i, u16) = match ty {
+            GgmlType::Q4_0 => (_mm256_sub_epi8(nibbles(2), _mm256_set1_epi8(8)), f16(0)),
+            GgmlType::Q5_0 => {
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                // byte j of the vector: bit j of qh, spread to 0xFF or 0 (llama.cpp's
+                // bytes_from_bits_32), then 16 where set
+                let spread = _mm256_shuffle_epi8(
+                    _mm256_set1_epi32(qh as i32),
+                    _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+                );
+                let set = _mm256_cmpeq_epi8(
+                    _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
+                    _mm256_set1_epi64x(-1),
+                );
+                let q = _mm256_or_si256(nibbles(6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+                (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), f16(0))
+            }
+            // SAFETY (caller): 32 weight bytes at 2 in a Q8_0 block; unaligned load.
+            GgmlType::Q8_0 => (unsafe { _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i) }, f16(0)),
+            t => panic!("no 32-value integer product for {}", t.name()),
+        };
+        (w, d)
+    }
 
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI available; `tile` and `rows` hold `nb` blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn tile(rows: &RowTile, tile: &TokenTile, nb: usize, with_min: bool) -> [[f32; TOKENS]; ROWS] {
+    pub unsafe fn tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
         let mut out = [[0f32; TOKENS]; ROWS];
         let mut acc = [_mm512_setzero_ps(); ROWS];
         let flip = _mm512_set1_epi8(i8::MIN);
@@ -206,16 +334,11 @@ mod x86 {
                     }
                 }
             }
-            // SAFETY: 16 f32 in bounds (b < nb); unaligned loads.
-            let (yd, ys) = unsafe {
-                (_mm512_loadu_ps(tile.d.as_ptr().add(b * TOKENS)), _mm512_loadu_ps(tile.s.as_ptr().add(b * TOKENS)))
-            };
+            // SAFETY: 16 f32 in bounds (b < nb); unaligned load.
+            let yd = unsafe { _mm512_loadu_ps(tile.d.as_ptr().add(b * TOKENS)) };
             for (i, (acc, isum)) in acc.iter_mut().zip(&isum).enumerate() {
                 let d = _mm512_mul_ps(_mm512_set1_ps(rows.d[i * nb + b]), yd);
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*isum), d, *acc);
-                if with_min {
-                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(rows.m[i * nb + b]), ys, *acc);
-                }
             }
         }
         for (o, a) in out.iter_mut().zip(&acc) {
@@ -234,19 +357,13 @@ mod neon {
 
     /// # Safety
     /// The dot-product extension is here; `tile` and `rows` hold `nb` blocks.
-    pub unsafe fn tile(rows: &RowTile, tile: &TokenTile, nb: usize, with_min: bool) -> [[f32; TOKENS]; ROWS] {
+    pub unsafe fn tile(rows: &RowTile, tile: &TokenTile, nb: usize) -> [[f32; TOKENS]; ROWS] {
         let mut acc = [[[vdupq_n_f32(0.0); 2]; 4]; TOKENS / 4];
         for b in 0..nb {
             let q = rows.q[b * QK * ROWS..].as_ptr();
-            let at = |v: &[f32]| -> [f32; ROWS] { std::array::from_fn(|i| v[i * nb + b]) };
-            let (d, m) = (at(&rows.d), at(&rows.m));
-            // SAFETY: each array holds 8 values; unaligned loads of 4 at 0 and 4.
-            let (d, m) = unsafe {
-                (
-                    [vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4))],
-                    [vld1q_f32(m.as_ptr()), vld1q_f32(m.as_ptr().add(4))],
-                )
-            };
+            let d: [f32; ROWS] = std::array::from_fn(|i| rows.d[i * nb + b]);
+            // SAFETY: 8 values; unaligned loads of 4 at 0 and 4.
+            let d = unsafe { [vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4))] };
             for (quad, acc) in acc.iter_mut().enumerate() {
                 let xq = tile.qs[b * QK * TOKENS + 16 * quad..].as_ptr();
                 // SAFETY: the caller's contract; the block's 8 groups.
@@ -255,9 +372,6 @@ mod neon {
                     let token = b * TOKENS + 4 * quad + t;
                     for h in 0..2 {
                         acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(s[h]), vmulq_n_f32(d[h], tile.d[token]));
-                        if with_min {
-                            acc[h] = vfmaq_n_f32(acc[h], m[h], tile.s[token]);
-                        }
                     }
                 }
             }

@@ -116,6 +116,11 @@ fn as_candle_q8_k(a: &[BlockQ8K]) -> &[ck::BlockQ8K] {
 /// One row of `ty` blocks against an activation row quantized for it.
 #[inline]
 pub fn dot_row(ty: GgmlType, row: &[u8], cols: usize, x: &QActivation) -> f32 {
+    if block32_gemm::supports(ty) && kquant_gemm::available() {
+        // the prompt's integer product runs here: one token computes as one of its lanes
+        let QActivation::Q8_0(a) = x else { panic!("{} weights need Q8_0 activations", ty.name()) };
+        return block32_gemm::dot_row(ty, row, a);
+    }
     match (ty, x) {
         (GgmlType::Q4K, QActivation::Q8K(a)) => kquant_dot::dot_q4_k([row], [a])[0][0],
         (GgmlType::Q6K, QActivation::Q8K(a)) => kquant_dot::dot_q6_k([row], [a])[0][0],
@@ -142,6 +147,10 @@ pub(crate) fn candle_dot_q8_k(ty: GgmlType, row: &[u8], x: &[BlockQ8K]) -> f32 {
 
 /// `dst[i] = row r0 + i . x` over `rows`, rows of `row_bytes` bytes of `ty` blocks.
 fn matvec_rows(ty: GgmlType, rows: &[u8], row_bytes: usize, cols: usize, x: &QActivation, r0: usize, dst: &mut [f32]) {
+    if block32_gemm::supports(ty) && kquant_gemm::available() {
+        let QActivation::Q8_0(x) = x else { panic!("{} weights need Q8_0 activations", ty.name()) };
+        return block32_gemm::matvec(ty, &rows[r0 * row_bytes..(r0 + dst.len()) * row_bytes], row_bytes, x, dst);
+    }
     for (i, o) in dst.iter_mut().enumerate() {
         let r = r0 + i;
         *o = dot_row(ty, &rows[r * row_bytes..(r + 1) * row_bytes], cols, x);
@@ -240,11 +249,12 @@ impl<'a> TokenBlocks<'a> {
 pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let (n_tokens, n_out) = (xs.len(), w.rows);
     assert_eq!(out.len(), n_tokens * n_out);
-    if (matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
-        && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
-        && n_out.is_multiple_of(kquant_gemm::ROWS)
-        && kquant_gemm::available()
-    {
+    // (the 32-value types at any number of tokens: their one-token kernel computes as a lane)
+    let integer = match w.ty {
+        GgmlType::Q4K | GgmlType::Q6K => n_tokens >= INTEGER_PRODUCT_MIN_TOKENS,
+        ty => block32_gemm::supports(ty),
+    };
+    if integer && n_out.is_multiple_of(kquant_gemm::ROWS) && kquant_gemm::available() {
         return integer_product(xs, w, out);
     }
     if let BlockLayout::Interleaved(_) = w.layout() {
@@ -291,18 +301,17 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     });
 }
 
-/// [`qmatmul`] as an integer matrix product: Q4_K and Q6_K by [`kquant_gemm`], the 32-value
-/// block types by [`block32_gemm`]; the tokens laid out once in tiles of 16, each task's rows
+/// [`qmatmul`] as an integer matrix product: Q4_K and Q6_K by [`kquant_gemm`], Q4_0, Q5_0 and
+/// Q8_0 by [`block32_gemm`]; the tokens laid out once in tiles of 16, each task's rows
 /// unpacked once for all of them.
 fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let (n_tokens, n_out) = (xs.len(), w.rows);
     let tiles = if block32_gemm::supports(w.ty) {
-        let rows: Vec<block32_gemm::TokenRow<'_>> = xs
+        let rows: Vec<&[BlockQ8_0]> = xs
             .iter()
             .map(|x| match x {
-                QActivation::Q8_0(b) => block32_gemm::TokenRow::Q8_0(b),
-                QActivation::Q8_1(b) => block32_gemm::TokenRow::Q8_1(b),
-                QActivation::Q8K(_) => panic!("{} weights need Q8_0 or Q8_1 activations", w.ty.name()),
+                QActivation::Q8_0(b) => b.as_slice(),
+                _ => panic!("{} weights need Q8_0 activations", w.ty.name()),
             })
             .collect();
         Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
@@ -491,8 +500,9 @@ mod tests {
         }
     }
     /// The integer product (a prompt of 8 tokens or more, with AVX-512 VNNI or SDOT) of every
-    /// type that has one equals the one-token kernels up to f32 summation order: within 1e-5 of
-    /// sum |w x| per product, on 64 rows x 768 columns and 40 tokens (three tiles, the third
+    /// type that has one equals the one-token kernels up to f32 summation order (Q4_0, Q5_0 and
+    /// Q8_0 bit for bit: their one-token kernel is one lane of it): within 1e-5 of sum |w x|
+    /// per product, on 64 rows x 768 columns and 40 tokens (three tiles, the third
     /// padded), scaled 1e-3 to 1e3. Skipped where the CPU lacks both.
     #[test]
     fn the_integer_product_matches_the_one_token_kernels() {
@@ -512,12 +522,22 @@ mod tests {
             qmatmul(&xs, &m, &mut out);
             for (t, xa) in xs.iter().enumerate() {
                 let xd = xa.dequantize();
+                let mut decoded = vec![0f32; rows];
+                qmatvec(&m, xa, &mut decoded);
                 for r in 0..rows {
                     let one = dot_row(ty, &m.row(r), cols, xa);
+                    if block32_gemm::supports(ty) {
+                        // decode, 8 rows at a time, computes each row as the one-row kernel does
+                        assert_eq!(decoded[r].to_bits(), one.to_bits(), "{}: decode of row {r}", ty.name());
+                    }
                     let mut wr = vec![0f32; cols];
                     formats::ggml_quants::dequantize(ty, &m.row(r), &mut wr);
                     let size: f64 = wr.iter().zip(&xd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
                     let got = out[t * rows + r];
+                    if block32_gemm::supports(ty) {
+                        // their one-token kernel is one lane of the product: the same bits
+                        assert_eq!(got.to_bits(), one.to_bits(), "{}: token {t} row {r}", ty.name());
+                    }
                     assert!(
                         ((got - one) as f64).abs() <= 1e-5 * size,
                         "{}: token {t} row {r}: {got} vs {one} (sum |w x| {size})",
