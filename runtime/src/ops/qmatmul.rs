@@ -67,6 +67,33 @@ impl QActivation {
 }
 
 impl QActivation {
+    /// The Q8_0 blocks, where the row is of that type.
+    pub fn as_q8_0(&self) -> Option<&[BlockQ8_0]> {
+        if let QActivation::Q8_0(b) = self {
+            Some(b)
+        } else {
+            None
+        }
+    }
+
+    /// The Q8_1 blocks, where the row is of that type.
+    pub fn as_q8_1(&self) -> Option<&[BlockQ8_1]> {
+        if let QActivation::Q8_1(b) = self {
+            Some(b)
+        } else {
+            None
+        }
+    }
+
+    /// The Q8_K blocks, where the row is of that type.
+    pub fn as_q8k(&self) -> Option<&[BlockQ8K]> {
+        if let QActivation::Q8K(b) = self {
+            Some(b)
+        } else {
+            None
+        }
+    }
+
     /// The row as the kernels see it (the 8-bit blocks dequantized) `[cols]`.
     pub fn dequantize(&self) -> Vec<f32> {
         match self {
@@ -116,9 +143,7 @@ fn as_candle_q8_k(a: &[BlockQ8K]) -> &[ck::BlockQ8K] {
 /// One row of `ty` blocks against an activation row quantized for it.
 #[inline]
 pub fn dot_row(ty: GgmlType, row: &[u8], cols: usize, x: &QActivation) -> f32 {
-    if block32_gemm::supports(ty) && kquant_gemm::available() {
-        // the prompt's integer product runs here: one token computes as one of its lanes
-        let QActivation::Q8_0(a) = x else { panic!("{} weights need Q8_0 activations", ty.name()) };
+    if let Some(a) = block32_activation(ty, x) {
         return block32_gemm::dot_row(ty, row, a);
     }
     match (ty, x) {
@@ -145,10 +170,18 @@ pub(crate) fn candle_dot_q8_k(ty: GgmlType, row: &[u8], x: &[BlockQ8K]) -> f32 {
     }
 }
 
+/// `x`'s Q8_0 blocks where `ty`'s products go through [`block32_gemm`] (the CPU runs its
+/// integer product, so one token computes as one of its lanes, whatever the batch).
+fn block32_activation(ty: GgmlType, x: &QActivation) -> Option<&[BlockQ8_0]> {
+    if !(block32_gemm::supports(ty) && kquant_gemm::available()) {
+        return None;
+    }
+    Some(x.as_q8_0().unwrap_or_else(|| panic!("{} weights need Q8_0 activations", ty.name())))
+}
+
 /// `dst[i] = row r0 + i . x` over `rows`, rows of `row_bytes` bytes of `ty` blocks.
 fn matvec_rows(ty: GgmlType, rows: &[u8], row_bytes: usize, cols: usize, x: &QActivation, r0: usize, dst: &mut [f32]) {
-    if block32_gemm::supports(ty) && kquant_gemm::available() {
-        let QActivation::Q8_0(x) = x else { panic!("{} weights need Q8_0 activations", ty.name()) };
+    if let Some(x) = block32_activation(ty, x) {
         return block32_gemm::matvec(ty, &rows[r0 * row_bytes..(r0 + dst.len()) * row_bytes], row_bytes, x, dst);
     }
     for (i, o) in dst.iter_mut().enumerate() {
@@ -206,21 +239,15 @@ enum TokenBlocks<'a> {
 
 impl<'a> TokenBlocks<'a> {
     fn of(ty: GgmlType, group: &'a [QActivation]) -> Self {
-        let q8_1 = || {
-            group
-                .iter()
-                .map(|x| if let QActivation::Q8_1(b) = x { Some(b.as_slice()) } else { None })
-                .collect::<Option<Vec<_>>>()
-        };
-        let q8k = || {
-            group
-                .iter()
-                .map(|x| if let QActivation::Q8K(b) = x { Some(b.as_slice()) } else { None })
-                .collect::<Option<Vec<_>>>()
-        };
         match ty {
-            GgmlType::Q4_1 => q8_1().map_or(TokenBlocks::None, TokenBlocks::Q8_1),
-            GgmlType::Q4K | GgmlType::Q6K => q8k().map_or(TokenBlocks::None, TokenBlocks::Q8K),
+            GgmlType::Q4_1 => group
+                .iter()
+                .map(QActivation::as_q8_1)
+                .collect::<Option<_>>()
+                .map_or(TokenBlocks::None, TokenBlocks::Q8_1),
+            GgmlType::Q4K | GgmlType::Q6K => {
+                group.iter().map(QActivation::as_q8k).collect::<Option<_>>().map_or(TokenBlocks::None, TokenBlocks::Q8K)
+            }
             _ => TokenBlocks::None,
         }
     }
@@ -249,12 +276,11 @@ impl<'a> TokenBlocks<'a> {
 pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let (n_tokens, n_out) = (xs.len(), w.rows);
     assert_eq!(out.len(), n_tokens * n_out);
-    // (the 32-value types at any number of tokens: their one-token kernel computes as a lane)
-    let integer = match w.ty {
-        GgmlType::Q4K | GgmlType::Q6K => n_tokens >= INTEGER_PRODUCT_MIN_TOKENS,
-        ty => block32_gemm::supports(ty),
-    };
-    if integer && n_out.is_multiple_of(kquant_gemm::ROWS) && kquant_gemm::available() {
+    if (matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
+        && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
+        && n_out.is_multiple_of(kquant_gemm::ROWS)
+        && kquant_gemm::available()
+    {
         return integer_product(xs, w, out);
     }
     if let BlockLayout::Interleaved(_) = w.layout() {
@@ -306,23 +332,12 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
 /// unpacked once for all of them.
 fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     let (n_tokens, n_out) = (xs.len(), w.rows);
+    let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", w.ty.name()) };
     let tiles = if block32_gemm::supports(w.ty) {
-        let rows: Vec<&[BlockQ8_0]> = xs
-            .iter()
-            .map(|x| match x {
-                QActivation::Q8_0(b) => b.as_slice(),
-                _ => panic!("{} weights need Q8_0 activations", w.ty.name()),
-            })
-            .collect();
+        let rows: Vec<&[BlockQ8_0]> = xs.iter().map(|x| x.as_q8_0().unwrap_or_else(|| wrong("Q8_0"))).collect();
         Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
     } else {
-        let rows: Vec<&[BlockQ8K]> = xs
-            .iter()
-            .map(|x| match x {
-                QActivation::Q8K(b) => b.as_slice(),
-                _ => panic!("{} weights need Q8_K activations", w.ty.name()),
-            })
-            .collect();
+        let rows: Vec<&[BlockQ8K]> = xs.iter().map(|x| x.as_q8k().unwrap_or_else(|| wrong("Q8_K"))).collect();
         Tiles::KQuant(rows.par_chunks(kquant_gemm::TOKENS).map(kquant_gemm::TokenTile::new).collect())
     };
     let padded = n_tokens.div_ceil(kquant_gemm::TOKENS) * kquant_gemm::TOKENS;
