@@ -56,6 +56,11 @@ pub struct TokenTile {
     d: Vec<f32>,
     /// `[n_blocks][16][TOKENS]`: the sum of each 16 values
     sums16: Vec<i32>,
+    /// `[n_blocks][4][TOKENS]`: the sums of 32 values `64p..64p + 32` and `64p + 32..64p + 64`
+    /// as the low and high i16 of one i32 (each at most 32 x 128 in magnitude), for Q4_K's mins
+    /// (x86-64: two sub-blocks' mins a `vpdpwssd`)
+    #[cfg(target_arch = "x86_64")]
+    sums32_pairs: Vec<i32>,
 }
 
 impl TokenTile {
@@ -67,6 +72,8 @@ impl TokenTile {
             qs: vec![0; nb * 64 * TOKENS * 4],
             d: vec![0.0; nb * TOKENS],
             sums16: vec![0; nb * 16 * TOKENS],
+            #[cfg(target_arch = "x86_64")]
+            sums32_pairs: vec![0; nb * 4 * TOKENS],
         };
         for (t, x) in xs.iter().enumerate() {
             assert_eq!(x.len(), nb, "token rows of different lengths");
@@ -78,6 +85,11 @@ impl TokenTile {
                 tile.d[b * TOKENS + t] = y.d;
                 for s in 0..16 {
                     tile.sums16[(b * 16 + s) * TOKENS + t] = y.bsums[s] as i32;
+                }
+                #[cfg(target_arch = "x86_64")]
+                for p in 0..4 {
+                    let sum32 = |j: usize| (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32) as i16 as u16 as u32;
+                    tile.sums32_pairs[(b * 4 + p) * TOKENS + t] = (sum32(2 * p) | (sum32(2 * p + 1) << 16)) as i32;
                 }
             }
         }
@@ -304,19 +316,17 @@ mod x86 {
             }
             // SAFETY: 16 f32 in bounds (b < nb); unaligned load.
             let yd = unsafe { _mm512_loadu_ps(tile.d.as_ptr().add(b * TOKENS)) };
+            // SAFETY: 4 vectors of 16 i32 in bounds (b < nb); unaligned loads.
+            let pairs: [__m512i; 4] = std::array::from_fn(|p| unsafe {
+                _mm512_loadu_si512(tile.sums32_pairs.as_ptr().add((b * 4 + p) * TOKENS) as *const __m512i)
+            });
             for i in 0..ROWS {
-                // the mins' term: each 32 values' sum times the sub-block's min
+                // the mins' term: each 32 values' sum times the sub-block's min, two sub-blocks
+                // a multiply of i16 pairs (exact: the sums and mins fit i16)
                 let mut msum = _mm512_setzero_si512();
-                for j in 0..8 {
-                    let at = tile.sums16[(b * 16 + 2 * j) * TOKENS..].as_ptr();
-                    // SAFETY: two vectors of 16 i32 in bounds (2j + 1 < 16); unaligned loads.
-                    let sums = unsafe {
-                        _mm512_add_epi32(
-                            _mm512_loadu_si512(at as *const __m512i),
-                            _mm512_loadu_si512(at.add(TOKENS) as *const __m512i),
-                        )
-                    };
-                    msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(sums, _mm512_set1_epi32(sc[i][8 + j])));
+                for (p, &pair) in pairs.iter().enumerate() {
+                    let mins = (sc[i][8 + 2 * p] as u32) | ((sc[i][9 + 2 * p] as u32) << 16);
+                    msum = _mm512_dpwssd_epi32(msum, pair, _mm512_set1_epi32(mins as i32));
                 }
                 let d = _mm512_mul_ps(_mm512_set1_ps(rows.d[i * nb + b]), yd);
                 let dmin = _mm512_mul_ps(_mm512_set1_ps(rows.dmin[i * nb + b]), yd);

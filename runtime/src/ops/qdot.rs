@@ -55,19 +55,21 @@ pub fn quantize_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
     x.chunks_exact(QK_K)
         .map(|c| {
             let mut b = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
-            let (mut max, mut amax) = (0f32, 0f32);
-            for &v in c {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
+            // the largest magnitude, 8 lanes at a time (vectorized), then the first value that
+            // has it (llama.cpp's scan keeps the first)
+            let mut lanes = [0f32; 8];
+            for v in c.chunks_exact(8) {
+                lanes.iter_mut().zip(v).for_each(|(m, v)| *m = m.max(v.abs()));
             }
+            let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
             if amax == 0.0 {
                 return b;
             }
+            let max = *c.iter().find(|v| v.abs() == amax).expect("a value has the largest magnitude");
             let iscale = -127.0 / max;
             for (q, &v) in b.qs.iter_mut().zip(c) {
-                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+                // |iscale x v| <= 127 (+ rounding): the float clamp then the cast are exact
+                *q = (iscale * v).round_ties_even().min(127.0) as i8;
             }
             for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
                 *s = q.iter().map(|&v| v as i16).sum();
@@ -487,5 +489,46 @@ mod tests {
         let b = quantize_q8_1(&x);
         assert_eq!(&b[0].qs[..4], &[127, 0, 2, 0]);
         assert_eq!(b[0].s, f16::from_f32(2.0 * 129.0));
+    }
+
+    #[test]
+    fn q8_k_blocks_as_llama_cpp_quantize_row_q8_k() {
+        // llama.cpp's scan, value by value: the first value of the largest magnitude sets the
+        // scale's sign; ties round to even; at most 127
+        fn reference(c: &[f32]) -> BlockQ8K {
+            let mut b = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in c {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                return b;
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in b.qs.iter_mut().zip(c) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+                *s = q.iter().map(|&v| v as i16).sum();
+            }
+            b.d = 1.0 / iscale;
+            b
+        }
+        let mut cases: Vec<Vec<f32>> = (0..20u64)
+            .map(|seed| random_bytes(QK_K, seed).iter().map(|&v| (v as i8) as f32 * 0.37).collect())
+            .collect();
+        // the largest magnitude twice with both signs (the first decides), exact halves, zeros
+        let mut tie = vec![0f32; QK_K];
+        (tie[5], tie[77], tie[9]) = (-254.0, 254.0, 1.0);
+        tie[10] = 3.0;
+        cases.push(tie);
+        cases.push(vec![0.0; QK_K]);
+        for c in &cases {
+            let (got, want) = (&quantize_q8_k(c)[0], reference(c));
+            assert_eq!((got.d.to_bits(), got.qs, got.bsums), (want.d.to_bits(), want.qs, want.bsums));
+        }
     }
 }
