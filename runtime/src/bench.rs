@@ -27,7 +27,6 @@ pub struct BenchReport {
     pub io_busy_ms_per_token: f64,
     pub read_bandwidth_bytes_per_s: f64,
     pub requests_per_token: f64,
-    pub first_token_bytes_read: u64,
     /// Prompt tokens computed in batches, how many at most at once (beside full slots:
     /// `prompt_batch_min`), and what staging their streamed layers read and waited.
     pub prompt_batched_tokens: u64,
@@ -134,15 +133,10 @@ pub fn bench(
     }
     let mut cache = model.new_cache(ids.len() + n)?;
     let t0 = std::time::Instant::now();
-    // the prompt but its last token in batches (each streamed layer staged whole), then the last
-    // token through the decode path: its bytes are the cold start (full sets, empty slots)
+    // the whole prompt in batches (each streamed layer staged whole), the last token's logits
+    // from the last batch, then the warm slots
     let m = ids.len() - 1;
-    crate::Runner::streamed(model, engine).forward(&ids[..m], &mut cache, m)?;
-    engine.refresh_io_stats();
-    let batched_bytes_read = engine.stats.bytes_read;
-    let mut logits = model.decode_step(ids[m], &mut cache, engine)?;
-    engine.refresh_io_stats();
-    let first_token_bytes_read = engine.stats.bytes_read - batched_bytes_read;
+    let mut logits = crate::Runner::streamed(model, engine).forward(&ids, &mut cache, m)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     engine.refresh_io_stats();
     let before = engine.stats.clone();
@@ -174,7 +168,6 @@ pub fn bench(
         io_busy_ms_per_token: per(d.io_busy_ms),
         read_bandwidth_bytes_per_s: if d.io_busy_ms > 0.0 { d.bytes_read as f64 / (d.io_busy_ms / 1e3) } else { 0.0 },
         requests_per_token: per(d.read_requests as f64),
-        first_token_bytes_read,
         prompt_batched_tokens: before.prompt_tokens,
         prompt_batch: engine.plan.prompt_batch,
         prompt_batch_min: engine.plan.prompt_batch_min,

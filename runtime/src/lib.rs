@@ -154,22 +154,31 @@ impl<'a> Runner<'a> {
                 }
                 // the tokens whose logits are not wanted (a prompt, the first half of a
                 // perplexity chunk) go through in batches, each streamed layer's whole MLP
-                // staged (exact); the others token by token, as generated tokens do
+                // staged (exact); so does a prompt's last token when its logits alone are wanted
+                // (a reply's first token: they come from the last batch, dense, as llama.cpp's
+                // do); the other scored tokens token by token, as generated tokens are
                 let (prompt, scored) = tokens.split_at(logits_from.min(tokens.len()));
-                if prompt.len() >= 2 {
+                let batched = match (prompt.len(), scored.len()) {
+                    (p, 1) if p >= 1 => tokens.len(),
+                    (p, _) if p >= 2 => p,
+                    _ => 0,
+                };
+                if batched > 0 {
                     // the batches use the emptied slots' memory; the slots fill after them
                     engine.begin_prompt_batches();
-                    // the window of the prompt's last tokens that chooses the warm slots
-                    let window_from = prompt.len().saturating_sub(stream::engine::WARM_WINDOW_TOKENS);
+                    // the window of the batched tokens' last ones that chooses the warm slots
+                    let window_from = batched.saturating_sub(stream::engine::WARM_WINDOW_TOKENS);
                     let mut start = 0;
-                    for len in engine.plan.prompt_batches(prompt.len()) {
-                        let batch = &prompt[start..start + len];
+                    for len in engine.plan.prompt_batches(batched) {
+                        let batch = &tokens[start..start + len];
                         let count_from = window_from.saturating_sub(start).min(len);
-                        self.model.prompt_batch(batch, cache, *engine, count_from)?;
+                        let wanted_from = prompt.len().saturating_sub(start).min(len);
+                        let logits = self.model.prompt_batch(batch, cache, *engine, count_from, wanted_from)?;
+                        logits.chunks_exact(vocab).for_each(&mut *each);
                         engine.count_prompt(len);
                         start += len;
                         if let Some(f) = self.prompt_progress.as_mut() {
-                            f(start, prompt.len());
+                            f(start, batched);
                         }
                     }
                     // the batches' freed activations go back before the slots fill
@@ -180,7 +189,7 @@ impl<'a> Runner<'a> {
                         self.model.decode_step(tok, cache, *engine)?;
                     }
                 }
-                for &tok in scored {
+                for &tok in &tokens[batched.max(prompt.len())..] {
                     each(&self.model.decode_step(tok, cache, *engine)?);
                 }
             }

@@ -661,10 +661,11 @@ impl Model {
         self.forward_batch(tokens, cache, logits_from, observer, None)
     }
 
-    /// A batch of prompt tokens through a streamed model, none of whose logits is wanted: the
-    /// batched forward pass of [`Model::forward`], each streamed layer's whole MLP staged from
-    /// storage by `engine` ([`StreamedMlp::staged_mlp`]), so the prompt is computed exactly as
-    /// the dense model computes it. Appends the tokens' keys and values to the cache.
+    /// A batch of prompt tokens through a streamed model: the batched forward pass of
+    /// [`Model::forward`], each streamed layer's whole MLP staged from storage by `engine`
+    /// ([`StreamedMlp::staged_mlp`]), so the prompt is computed exactly as the dense model
+    /// computes it. Appends the tokens' keys and values to the cache and returns the logits of
+    /// tokens `logits_from..` (none when `logits_from` is the batch's length).
     /// `count_from` as [`StreamedMlp::begin_prompt`] takes it.
     pub fn prompt_batch(
         &self,
@@ -672,16 +673,17 @@ impl Model {
         cache: &mut KvCache,
         engine: &mut dyn StreamedMlp,
         count_from: usize,
-    ) -> Result<()> {
+        logits_from: usize,
+    ) -> Result<Vec<f32>> {
         self.check_tokens(tokens, cache)?;
         let pos0 = cache.len;
         engine.begin_prompt(count_from)?;
-        let r = self.forward_batch(tokens, cache, tokens.len(), None, Some(&mut *engine));
+        let r = self.forward_batch(tokens, cache, logits_from, None, Some(&mut *engine));
         if r.is_err() {
             engine.abandon_prompt();
             cache.len = pos0;
         }
-        r.map(|_| ())
+        r
     }
 
     /// The batched forward pass: every layer's attention for all `tokens`, then its MLP,
