@@ -811,7 +811,9 @@ fn a_batched_prompt_streams_exactly() {
         assert_eq!(e.stats.prompt_tokens, m as u64, "{}: every prompt token in a batch", manifest.display());
         assert_eq!(e.stats.tokens, 0, "no token through the slots");
         assert!(e.stats.warmed_rows > 0, "{}: no slot warmed", manifest.display());
-        assert_eq!(e.stats.bytes_read, e.stats.warmed_rows * e.read_span_bytes as u64, "the warm rows read once each");
+        // each warm row read once: alone, or in a read that takes in the small gaps around it
+        assert!(e.stats.read_requests <= e.stats.warmed_rows, "{}", manifest.display());
+        assert!(e.stats.bytes_read >= e.stats.warmed_rows * e.read_span_bytes as u64, "{}", manifest.display());
         let (batch, batches) = (batches[0], batches.len() as u64);
         let sparse_layers = (e.dense_prefix..n_layers).count() as u64;
         assert!(e.stats.prompt_bytes_read > 0 && sparse_layers > 0, "{}", manifest.display());

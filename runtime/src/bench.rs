@@ -36,6 +36,8 @@ pub struct BenchReport {
     pub prompt_wait_ms: f64,
     /// Rows the prompt's staged layers put in slots before decode (warm slots).
     pub warmed_rows: u64,
+    /// Time the warm slots' reads took (in the prompt's time).
+    pub warm_ms: f64,
     pub peak_rss_bytes: u64,
     pub mem_budget_bytes: Option<u64>,
     pub planned_bytes: u64,
@@ -105,6 +107,7 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         prompt_bytes_read: a.prompt_bytes_read - b.prompt_bytes_read,
         prompt_wait_ms: a.prompt_wait_ms - b.prompt_wait_ms,
         warmed_rows: a.warmed_rows - b.warmed_rows,
+        warm_ms: a.warm_ms - b.warm_ms,
         layers: a
             .layers
             .iter()
@@ -174,6 +177,7 @@ pub fn bench(
         prompt_bytes_read: before.prompt_bytes_read,
         prompt_wait_ms: before.prompt_wait_ms,
         warmed_rows: before.warmed_rows,
+        warm_ms: before.warm_ms,
         peak_rss_bytes: peak_rss_bytes(),
         mem_budget_bytes: engine.plan.budget_bytes,
         planned_bytes: engine.plan.total_bytes,

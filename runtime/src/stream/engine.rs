@@ -68,8 +68,9 @@ pub struct StreamStats {
     pub prompt_bytes_read: u64,
     /// Time the prompt batches waited for a staged layer.
     pub prompt_wait_ms: f64,
-    /// Rows read into slots after a prompt (warm slots), over layers.
+    /// Rows read into slots after a prompt (warm slots), over layers, and the time that took.
     pub warmed_rows: u64,
+    pub warm_ms: f64,
     pub layers: Vec<LayerStreamStats>,
 }
 
@@ -162,6 +163,10 @@ pub struct IoSettings {
     pub staging_bytes: usize,
     /// Longest coalesced read of whole records.
     pub max_run_bytes: usize,
+    /// Bytes between two needed rows that one of the warm slots' reads takes in rather than
+    /// ask a second read (they need about a third of a layer's rows; decode's few rows a token
+    /// read each alone).
+    pub warm_gap_bytes: usize,
     pub force_pread: bool,
     /// Hold records.bin in memory and copy each read from there: every row in memory, for
     /// quality runs that compute exactly what a streamed run computes (no budget).
@@ -174,6 +179,7 @@ impl Default for IoSettings {
             queue_depth: 256,
             staging_bytes: 8 << 20,
             max_run_bytes: 1 << 20,
+            warm_gap_bytes: 8 << 10,
             force_pread: false,
             hold_records_in_memory: false,
         }
@@ -345,6 +351,8 @@ pub struct StreamingEngine {
     prompt_count_from: usize,
     /// records.bin is held in memory ([`IoSettings::hold_records_in_memory`]).
     records_in_memory: bool,
+    /// [`IoSettings::warm_gap_bytes`].
+    warm_gap_bytes: usize,
 }
 
 impl StreamingEngine {
@@ -490,6 +498,8 @@ impl StreamingEngine {
             prompt_use: vec![vec![0.0; c.intermediate_size]; n_sparse],
             prompt_count_from: 0,
             records_in_memory,
+            // copies from memory gain nothing from reading between rows
+            warm_gap_bytes: if records_in_memory { 0 } else { settings.io.warm_gap_bytes },
         })
     }
 
@@ -567,6 +577,13 @@ impl StreamingEngine {
     /// prompt used most (warm slots: decode starts with the prompt's working set), read from
     /// records.bin as decode reads rows, one layer's reads ahead of the one landing.
     pub fn warm_slots(&mut self) -> Result<()> {
+        let t0 = Instant::now();
+        let r = self.warm_slots_now();
+        self.stats.warm_ms += t0.elapsed().as_secs_f64() * 1e3;
+        r
+    }
+
+    fn warm_slots_now(&mut self) -> Result<()> {
         self.tick += 1;
         let n = self.layers.len();
         let mut planned: Vec<Vec<Load>> = Vec::with_capacity(n);
@@ -585,7 +602,8 @@ impl StreamingEngine {
                 return Ok(());
             }
             let layer = engine.dense_prefix + si;
-            engine.io.submit(engine.tick, vec![LayerReads { si, layer, loads: loads.to_vec() }])
+            let max_gap_bytes = engine.warm_gap_bytes;
+            engine.io.submit(engine.tick, vec![LayerReads { si, layer, loads: loads.to_vec(), max_gap_bytes }])
         };
         let result = (|| -> Result<()> {
             if let Some(first) = planned.first() {
@@ -715,7 +733,7 @@ impl StreamingEngine {
             let loads = self.layers[si].map.plan(set, self.tick);
             self.stats.count_layer(si, set.len(), loads.len());
             if !loads.is_empty() {
-                reads.push(LayerReads { si, layer: self.dense_prefix + si, loads: loads.clone() });
+                reads.push(LayerReads { si, layer: self.dense_prefix + si, loads: loads.clone(), max_gap_bytes: 0 });
             }
             self.in_flight[si] = loads;
         }
@@ -738,7 +756,8 @@ impl StreamingEngine {
             self.stats.choose_ms += t0.elapsed().as_secs_f64() * 1e3;
             self.stats.count_layer(si, choice.set.len(), choice.loads.len());
             if !choice.loads.is_empty() {
-                self.io.submit(self.tick, vec![LayerReads { si, layer, loads: choice.loads.clone() }])?;
+                self.io
+                    .submit(self.tick, vec![LayerReads { si, layer, loads: choice.loads.clone(), max_gap_bytes: 0 }])?;
             }
             self.in_flight[si] = choice.loads;
             self.sets[si] = choice.set;

@@ -65,6 +65,9 @@ pub struct LayerReads {
     pub layer: usize,
     /// Sorted by neuron.
     pub loads: Vec<Load>,
+    /// Bytes between two needed rows that one read takes in rather than ask a second read (a
+    /// request can cost as much as reading that many bytes); 0: only adjacent records join.
+    pub max_gap_bytes: usize,
 }
 
 /// A layer's reads, done: `rows` `[loads.len(), row_bytes]` in load order. When `result` is an
@@ -137,13 +140,13 @@ struct ReadPlan {
     layout: RecordsLayout,
     d_model: usize,
     span: RowSpan,
-    /// Records per coalesced read at most (whole records).
-    max_records: usize,
+    /// Bytes of one read at most (a coalesced run of records or spans).
+    max_read_bytes: usize,
 }
 
 impl IoThread {
     /// Starts the thread over `reader` for `n_sparse` sparse layers. `max_run_bytes` bounds a
-    /// coalesced read of whole records.
+    /// coalesced read.
     pub fn start(
         reader: RecordReader,
         layout: RecordsLayout,
@@ -165,7 +168,7 @@ impl IoThread {
             cv: Condvar::new(),
         });
         let (tx, rx) = channel();
-        let plan = ReadPlan { layout, d_model, span, max_records };
+        let plan = ReadPlan { layout, d_model, span, max_read_bytes: max_records * rb };
         let worker = {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -233,44 +236,31 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
         for lr in job.layers {
             let mut rows = shared.mailbox.lock().ok().and_then(|mut m| m.free.pop()).unwrap_or_default();
             let result = match &plan.span {
-                RowSpan::Record => read_records(
-                    &mut reader,
-                    &plan,
-                    lr.layer,
-                    &lr.loads,
-                    &mut rows,
-                    |src, path, offset, neuron, rows| {
+                RowSpan::Record => {
+                    read_records(&mut reader, &plan, &lr, &mut rows, |src, path, offset, neuron, rows| {
                         check_record(src, path, offset, lr.layer as u32, neuron, plan.d_model)?;
                         rows.extend_from_slice(&src[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + 3 * plan.d_model * 2]);
                         Ok(())
-                    },
-                ),
-                RowSpan::RecordV2 { shape } => read_records(
-                    &mut reader,
-                    &plan,
-                    lr.layer,
-                    &lr.loads,
-                    &mut rows,
-                    |src, path, offset, neuron, rows| {
+                    })
+                }
+                RowSpan::RecordV2 { shape } => {
+                    read_records(&mut reader, &plan, &lr, &mut rows, |src, path, offset, neuron, rows| {
                         let (g, u, d) =
                             formats::records::check_record_v2(src, path, offset, lr.layer as u32, neuron, shape)?;
                         rows.extend_from_slice(g);
                         rows.extend_from_slice(u);
                         rows.extend_from_slice(d);
                         Ok(())
-                    },
-                ),
+                    })
+                }
                 RowSpan::DownRow { crc32c, first_layer, n_ff } => read_down_rows(
                     &mut reader,
                     &plan,
-                    lr.layer,
-                    &lr.loads,
+                    &lr,
                     &crc32c[(lr.layer - first_layer) * n_ff..(lr.layer - first_layer + 1) * n_ff],
                     &mut rows,
                 ),
-                RowSpan::DownSection { shape } => {
-                    read_down_sections(&mut reader, &plan, shape, lr.layer, &lr.loads, &mut rows)
-                }
+                RowSpan::DownSection { shape } => read_down_sections(&mut reader, &plan, shape, &lr, &mut rows),
             };
             let Ok(mut m) = shared.mailbox.lock() else { return };
             m.counters.bytes_read = reader.bytes_read;
@@ -289,12 +279,26 @@ fn serve(rx: Receiver<Job>, mut reader: RecordReader, plan: ReadPlan, shared: &S
     }
 }
 
-/// Groups sorted loads into runs of consecutive neurons (<= max_records each).
-fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
+/// Groups loads sorted by neuron into reads of one span each: a load joins the read before it
+/// when at most `max_gap_bytes` lie between its span and the last one's and the read stays within
+/// `max_read_bytes` (a span `span_bytes` long at the same place in every record of `rb` bytes;
+/// whole records when `span_bytes == rb`).
+fn group_reads(
+    loads: &[Load],
+    rb: usize,
+    span_bytes: usize,
+    max_gap_bytes: usize,
+    max_read_bytes: usize,
+) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
     for i in 1..=loads.len() {
-        if i == loads.len() || loads[i].neuron != loads[i - 1].neuron + 1 || i - start >= max_records {
+        let joins = i < loads.len() && {
+            let (prev, first, this) = (loads[i - 1].neuron, loads[start].neuron, loads[i].neuron);
+            let gap = ((this - prev) as usize * rb).saturating_sub(span_bytes);
+            gap <= max_gap_bytes && (this - first) as usize * rb + span_bytes <= max_read_bytes.max(span_bytes)
+        };
+        if !joins {
             out.push(start..i);
             start = i;
         }
@@ -302,81 +306,65 @@ fn runs_of(loads: &[Load], max_records: usize) -> Vec<std::ops::Range<usize>> {
     out
 }
 
-/// Whole records of `layer`: coalesced runs, batched to fill the staging buffer; `land(record,
-/// its file offset, neuron, rows)` checks each record and appends its payload to `rows`, in
-/// load order.
-fn read_records(
+/// The span of `span_bytes` at `offset_in_record` of each load's record of `layer`: reads
+/// grouped by [`group_reads`], batched to fill the staging buffer; `land(span, its file offset,
+/// neuron, rows)` checks a span and appends its row to `rows`, in load order.
+#[allow(clippy::too_many_arguments)]
+fn read_spans(
     reader: &mut RecordReader,
     plan: &ReadPlan,
-    layer: usize,
-    loads: &[Load],
+    reads: &LayerReads,
+    offset_in_record: usize,
+    span_bytes: usize,
     rows: &mut Vec<u8>,
     land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>,
 ) -> Result<()> {
+    let (layer, loads, max_gap_bytes) = (reads.layer, &reads.loads[..], reads.max_gap_bytes);
     let rb = plan.layout.record_bytes;
-    let runs = runs_of(loads, plan.max_records);
+    let max_read = plan.max_read_bytes.min(reader.staging_len());
+    let groups = group_reads(loads, rb, span_bytes, max_gap_bytes, max_read);
+    let read_bytes =
+        |g: &std::ops::Range<usize>| (loads[g.end - 1].neuron - loads[g.start].neuron) as usize * rb + span_bytes;
     let mut r = 0;
-    while r < runs.len() {
+    while r < groups.len() {
         let mut batch = Vec::new();
         let mut used = 0usize;
-        while r < runs.len() && used + runs[r].len() * rb <= reader.staging_len() {
-            let first = &loads[runs[r].start];
-            batch.push((
-                runs[r].clone(),
-                Run {
-                    offset: plan.layout.offset(layer, first.neuron as usize),
-                    bytes: runs[r].len() * rb,
-                    staging_offset: used,
-                },
-            ));
-            used += runs[r].len() * rb;
+        while r < groups.len() && (batch.is_empty() || used + read_bytes(&groups[r]) <= reader.staging_len()) {
+            let first = loads[groups[r].start].neuron as usize;
+            let run = Run {
+                offset: plan.layout.offset(layer, first) + offset_in_record as u64,
+                bytes: read_bytes(&groups[r]),
+                staging_offset: used,
+            };
+            used += run.bytes;
+            batch.push((groups[r].clone(), run));
             r += 1;
         }
         let plain: Vec<Run> = batch.iter().map(|b| b.1).collect();
         reader.read_runs(&plain)?;
         let staging = reader.staging();
         for (range, run) in &batch {
-            for (k, load) in loads[range.clone()].iter().enumerate() {
-                let src = &staging[run.staging_offset + k * rb..run.staging_offset + (k + 1) * rb];
-                land(src, &reader.path, run.offset + (k * rb) as u64, load.neuron, rows)?;
+            let first = loads[range.start].neuron;
+            for load in &loads[range.clone()] {
+                let at = (load.neuron - first) as usize * rb;
+                let src = &staging[run.staging_offset + at..run.staging_offset + at + span_bytes];
+                land(src, &reader.path, run.offset + at as u64, load.neuron, rows)?;
             }
         }
     }
     Ok(())
 }
 
-/// One span of `span_bytes` at `offset_in_record` of each load's record of `layer`, read in
-/// batches that fill the staging buffer; `land(span, span's file offset, neuron, rows)` checks
-/// a span and appends its row to `rows`, in load order.
-#[allow(clippy::too_many_arguments)]
-fn read_spans(
+/// Whole records of `layer` ([`read_spans`] of the whole record): `land(record, its file
+/// offset, neuron, rows)` checks each record and appends its payload to `rows`, in load order.
+fn read_records(
     reader: &mut RecordReader,
     plan: &ReadPlan,
-    layer: usize,
-    loads: &[Load],
-    offset_in_record: usize,
-    span_bytes: usize,
+    reads: &LayerReads,
     rows: &mut Vec<u8>,
     land: impl Fn(&[u8], &std::path::Path, u64, u32, &mut Vec<u8>) -> Result<()>,
 ) -> Result<()> {
-    let per_batch = (reader.staging_len() / span_bytes).max(1);
-    for part in loads.chunks(per_batch) {
-        let runs: Vec<Run> = part
-            .iter()
-            .enumerate()
-            .map(|(k, l)| Run {
-                offset: plan.layout.offset(layer, l.neuron as usize) + offset_in_record as u64,
-                bytes: span_bytes,
-                staging_offset: k * span_bytes,
-            })
-            .collect();
-        reader.read_runs(&runs)?;
-        let staging = reader.staging();
-        for (k, l) in part.iter().enumerate() {
-            land(&staging[k * span_bytes..(k + 1) * span_bytes], &reader.path, runs[k].offset, l.neuron, rows)?;
-        }
-    }
-    Ok(())
+    read_spans(reader, plan, reads, 0, plan.layout.record_bytes, rows, land)
 }
 
 /// The version-2 down rows of `layer`: each record's down section (512-aligned, after the
@@ -386,15 +374,14 @@ fn read_down_sections(
     reader: &mut RecordReader,
     plan: &ReadPlan,
     shape: &formats::records::RecordShape,
-    layer: usize,
-    loads: &[Load],
+    reads: &LayerReads,
     rows: &mut Vec<u8>,
 ) -> Result<()> {
+    let layer = reads.layer;
     read_spans(
         reader,
         plan,
-        layer,
-        loads,
+        reads,
         RECORD_HEADER_BYTES,
         shape.down_section_bytes(),
         rows,
@@ -417,14 +404,13 @@ fn read_down_sections(
 fn read_down_rows(
     reader: &mut RecordReader,
     plan: &ReadPlan,
-    layer: usize,
-    loads: &[Load],
+    reads: &LayerReads,
     crcs: &[u32],
     rows: &mut Vec<u8>,
 ) -> Result<()> {
-    let d = plan.d_model;
+    let (d, layer) = (plan.d_model, reads.layer);
     let (span_offset, span_bytes, skip) = down_row_span(d);
-    read_spans(reader, plan, layer, loads, span_offset, span_bytes, rows, |span, path, offset, neuron, rows| {
+    read_spans(reader, plan, reads, span_offset, span_bytes, rows, |span, path, offset, neuron, rows| {
         let row = &span[skip..skip + 2 * d];
         formats::scorer::check_down_row(row, crcs[neuron as usize], path, offset + skip as u64, layer, neuron)?;
         rows.extend_from_slice(row);
@@ -484,7 +470,7 @@ mod tests {
         let reader =
             RecordReader::open(&path, &ReaderOptions { staging_bytes: 1 << 16, ..Default::default() }).unwrap();
         let io = IoThread::start(reader, layout, D, RowSpan::Record, 1 << 20, 1).unwrap();
-        let reads = |neurons: &[u32]| vec![LayerReads { si: 0, layer: 1, loads: loads(neurons) }];
+        let reads = |neurons: &[u32]| vec![LayerReads { si: 0, layer: 1, loads: loads(neurons), max_gap_bytes: 0 }];
         // token 1 lands and is never collected; token 2 is submitted while `wait` holds the stale rows
         io.submit(1, reads(&[0, 1, 2])).unwrap();
         while io.counters().requests == 0 {
@@ -509,6 +495,34 @@ mod tests {
         io.submit(5, reads(&[3])).unwrap();
         assert_eq!(payload_neurons(&io.wait(5, 0).unwrap().rows), vec![3]);
         drop(io);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Loads a gap apart join one read when the gap is within `max_gap_bytes`: each row lands
+    /// once, in load order, checked; the requests are the groups.
+    #[test]
+    fn reads_take_in_small_gaps() {
+        let rb = record_bytes(D);
+        let l = loads(&[0, 2, 3, 7]);
+        assert_eq!(group_reads(&l, rb, rb, 0, 1 << 20), vec![0..1, 1..3, 3..4]);
+        assert_eq!(group_reads(&l, rb, rb, rb, 1 << 20), vec![0..3, 3..4]);
+        assert_eq!(group_reads(&l, rb, rb, 3 * rb, 1 << 20), vec![0..4]);
+        assert_eq!(group_reads(&l, rb, rb, 3 * rb, 4 * rb), vec![0..3, 3..4], "a read stays within its bound");
+        // spans of 512 bytes: the gap is the rest of each record between them
+        assert_eq!(group_reads(&l, rb, 512, rb - 512, 1 << 20), vec![0..1, 1..3, 3..4]);
+        let dir = std::env::temp_dir().join(format!("io-gap-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (path, layout) = records_file(&dir);
+        for (gap, requests) in [(0, 3), (rb, 2), (3 * rb, 1)] {
+            let reader =
+                RecordReader::open(&path, &ReaderOptions { staging_bytes: 1 << 16, ..Default::default() }).unwrap();
+            let io = IoThread::start(reader, layout.clone(), D, RowSpan::Record, 1 << 20, 1).unwrap();
+            io.submit(1, vec![LayerReads { si: 0, layer: 1, loads: l.clone(), max_gap_bytes: gap }]).unwrap();
+            let landed = io.wait(1, 0).unwrap();
+            landed.result.unwrap();
+            assert_eq!(payload_neurons(&landed.rows), vec![0, 2, 3, 7], "gap {gap}");
+            assert_eq!(io.counters().requests, requests, "gap {gap}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

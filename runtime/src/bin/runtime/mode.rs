@@ -44,7 +44,7 @@ pub struct ModeArgs {
     /// that fits --mem-budget.
     #[arg(long, value_parser = parse_set_scale)]
     pub set_scale: Option<f64>,
-    /// Research knobs, KEY=VALUE (repeatable; `-X help` lists them): set-rule, resident-bonus, slot-share, head, pread, max-run-bytes, queue-depth,
+    /// Research knobs, KEY=VALUE (repeatable; `-X help` lists them): set-rule, resident-bonus, slot-share, head, pread, max-run-bytes, warm-gap-bytes, queue-depth,
     /// oracle-thresholds.
     #[arg(long = "experiment", short = 'X', value_name = "KEY=VALUE")]
     pub experiment: Vec<String>,
@@ -86,6 +86,8 @@ pub const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
                                            q8 with the scorer on an f16 preparation)
   pread                                    read records with pread instead of io_uring
   max-run-bytes=N                          longest coalesced read (default 1048576)
+  warm-gap-bytes=N                         bytes between two needed rows one of the warm slots'
+                                           reads takes in rather than ask a second read (default 8192)
   queue-depth=N                            io_uring queue depth (default 256)
   oracle-thresholds=FILE                   perplexity, model directory: oracle masks (thresholds.json)
                                            in layers >= --dense-prefix";
@@ -101,6 +103,7 @@ pub struct Experiment {
     pub head: Option<runtime::HeadChoice>,
     pub pread: bool,
     pub max_run_bytes: Option<usize>,
+    pub warm_gap_bytes: Option<usize>,
     pub queue_depth: Option<usize>,
     pub oracle_thresholds: Option<PathBuf>,
 }
@@ -151,6 +154,9 @@ impl Experiment {
                 }
                 "pread" if value.is_empty() => e.pread = true,
                 "max-run-bytes" => e.max_run_bytes = Some(positive("a positive byte count")?),
+                "warm-gap-bytes" => {
+                    e.warm_gap_bytes = Some(value.parse().map_err(|_| bad("a byte count"))?);
+                }
                 "queue-depth" => e.queue_depth = Some(positive("a depth in 1..=4096")?),
                 "oracle-thresholds" if !value.is_empty() => e.oracle_thresholds = Some(PathBuf::from(value)),
                 _ => anyhow::bail!("--experiment {item}: unknown knob\n{EXPERIMENT_HELP}"),
@@ -290,8 +296,8 @@ impl ModeArgs {
             None => runtime::stream::auto::default_head(model, &manifest, selector)?,
         };
         if self.in_memory {
-            if x.pread || x.max_run_bytes.is_some() || x.queue_depth.is_some() {
-                anyhow::bail!("--experiment pread, max-run-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
+            if x.pread || x.max_run_bytes.is_some() || x.warm_gap_bytes.is_some() || x.queue_depth.is_some() {
+                anyhow::bail!("--experiment pread, max-run-bytes, warm-gap-bytes and queue-depth tune a streamed run's reads: not with --in-memory");
             }
             if self.dense_prefix == Some(DensePrefix::Fit) {
                 anyhow::bail!(
@@ -310,6 +316,9 @@ impl ModeArgs {
         };
         if let Some(m) = x.max_run_bytes {
             io.max_run_bytes = m;
+        }
+        if let Some(g) = x.warm_gap_bytes {
+            io.warm_gap_bytes = g;
         }
         if let Some(q) = x.queue_depth {
             io.queue_depth = q;
