@@ -23,6 +23,28 @@ pub struct AttentionShape {
 }
 
 const TOKENS_PER_TASK: usize = 4;
+/// Value rows converted to f32 at a time.
+const KEYS_PER_CHUNK: usize = 16;
+
+/// `out += sum_k weights[k] values[k]` (`values` rows of `hd`), each element's sum in key order
+/// with one fused multiply-add per key (the bits of one `axpy` per key), 32 elements at a time
+/// in registers.
+fn weighted_sum(weights: &[f32], values: &[f32], hd: usize, out: &mut [f32]) {
+    const W: usize = 32;
+    let whole = hd / W * W;
+    for c in (0..whole).step_by(W) {
+        let mut acc = [0f32; W];
+        acc.copy_from_slice(&out[c..c + W]);
+        for (k, &w) in weights.iter().enumerate() {
+            let v = &values[k * hd + c..k * hd + c + W];
+            acc.iter_mut().zip(v).for_each(|(a, &x)| *a = w.mul_add(x, *a));
+        }
+        out[c..c + W].copy_from_slice(&acc);
+    }
+    for (k, &w) in weights.iter().enumerate() {
+        simd::axpy(w, &values[k * hd + whole..(k + 1) * hd], &mut out[whole..]);
+    }
+}
 
 pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &AttentionShape, out: &mut [f32]) {
     let (hd, q_dim, kv_dim) = (s.head_dim, s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
@@ -62,13 +84,21 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
             for i in 0..nq {
                 softmax(&mut scores[i * n_keys..i * n_keys + visible(i)]);
             }
+            // o_i = sum_p score_ip v_p, each element a fused multiply-add per key in key order;
+            // the value rows converted KEYS_PER_CHUNK at a time, each query's output held in
+            // registers over a chunk instead of loaded and stored once per key
             let mut o = vec![0f32; nq * hd];
-            for p in 0..n_keys {
-                v_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut row);
+            let mut values = vec![0f32; KEYS_PER_CHUNK * hd];
+            for p0 in (0..n_keys).step_by(KEYS_PER_CHUNK) {
+                let keys = KEYS_PER_CHUNK.min(n_keys - p0);
+                for (k, v) in values.chunks_exact_mut(hd).take(keys).enumerate() {
+                    let p = p0 + k;
+                    v_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(v);
+                }
                 for (i, oi) in o.chunks_exact_mut(hd).enumerate() {
-                    if p < visible(i) {
-                        simd::axpy(scores[i * n_keys + p], &row, oi);
-                    }
+                    let seen = visible(i).saturating_sub(p0).min(keys);
+                    let weights = &scores[i * n_keys + p0..i * n_keys + p0 + seen];
+                    weighted_sum(weights, &values, hd, oi);
                 }
             }
             o
@@ -111,6 +141,27 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn weighted_sum_gives_one_axpy_per_key_bit_for_bit() {
+        for hd in [40, 64, 128] {
+            let keys = 13;
+            let values: Vec<f32> = (0..keys * hd).map(|i| ((i * 31 % 97) as f32 - 48.0) / 7.0).collect();
+            let weights: Vec<f32> = (0..keys).map(|k| ((k * 17 % 11) as f32 + 0.3) / 9.0).collect();
+            let start: Vec<f32> = (0..hd).map(|i| (i as f32).sin()).collect();
+            let mut want = start.clone();
+            for (k, &w) in weights.iter().enumerate() {
+                simd::axpy(w, &values[k * hd..(k + 1) * hd], &mut want);
+            }
+            let mut got = start.clone();
+            weighted_sum(&weights, &values, hd, &mut got);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "hd {hd}"
+            );
+        }
     }
 
     #[test]
