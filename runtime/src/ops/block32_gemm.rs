@@ -179,10 +179,21 @@ pub fn matvec(ty: GgmlType, rows: &[u8], row_bytes: usize, x: &[BlockQ8_0], out:
     let done = {
         let xs: Vec<(&[i8; QK], f32)> = x.iter().map(|y| (&y.qs, y.d.to_f32())).collect();
         assert_eq!(row_bytes, xs.len() * ty.block_bytes());
+        // with VNNI the 4- and 5-bit weights multiply unsigned, their offset taken off once per
+        // block through the activations' sum
+        let vnni = available();
+        let x_sums: Vec<i32> =
+            if vnni { x.iter().map(|y| y.qs.iter().map(|&v| v as i32).sum()).collect() } else { Vec::new() };
         let whole = out.len() / 8 * 8;
         for r in (0..whole).step_by(8) {
-            // SAFETY: AVX2 and FMA are target features of this build; 8 whole rows from `r`.
-            let v = unsafe { x86::dot_rows8(ty, &rows[r * row_bytes..(r + 8) * row_bytes], row_bytes, &xs) };
+            let rows8 = &rows[r * row_bytes..(r + 8) * row_bytes];
+            let v = if vnni {
+                // SAFETY: AVX-512 F/BW/VL/VNNI detected; 8 whole rows from `r`, a sum per block.
+                unsafe { x86::dot_rows8_vnni(ty, rows8, row_bytes, &xs, &x_sums) }
+            } else {
+                // SAFETY: AVX2 and FMA are target features of this build; 8 whole rows from `r`.
+                unsafe { x86::dot_rows8(ty, rows8, row_bytes, &xs) }
+            };
             out[r..r + 8].copy_from_slice(&v);
         }
         whole
@@ -256,12 +267,8 @@ mod x86 {
                     (products(w, xv), d)
                 }
             });
-            // lane i: the sum of row i's 8 lanes
-            let (s01, s23) = (_mm256_hadd_epi32(r[0].0, r[1].0), _mm256_hadd_epi32(r[2].0, r[3].0));
-            let (s45, s67) = (_mm256_hadd_epi32(r[4].0, r[5].0), _mm256_hadd_epi32(r[6].0, r[7].0));
-            let (lo, hi) = (_mm256_hadd_epi32(s01, s23), _mm256_hadd_epi32(s45, s67));
-            let isum =
-                _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
+            // SAFETY: AVX2 (the caller's contract).
+            let isum = unsafe { row_sums8(r.each_ref().map(|x| x.0)) };
             let v = r.each_ref().map(|x| x.1 as i16);
             let d = _mm256_cvtph_ps(_mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
@@ -272,13 +279,84 @@ mod x86 {
         out
     }
 
-    /// One block of `ty` as 32 signed weights in a vector and its scale (f16 bits).
+    /// Lane i: the sum of `r[i]`'s 8 lanes (8 rows' block sums side by side).
     ///
     /// # Safety
-    /// AVX2 available; `blk` is one whole block of `ty` (one of the 32-value types).
+    /// AVX2 available.
     #[cfg(target_feature = "avx2")]
     #[inline(always)]
-    unsafe fn weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
+    unsafe fn row_sums8(r: [__m256i; 8]) -> __m256i {
+        let (s01, s23) = (_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3]));
+        let (s45, s67) = (_mm256_hadd_epi32(r[4], r[5]), _mm256_hadd_epi32(r[6], r[7]));
+        let (lo, hi) = (_mm256_hadd_epi32(s01, s23), _mm256_hadd_epi32(s45, s67));
+        _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31))
+    }
+
+    /// [`dot_rows8`] with `vpdpbusd` (AVX-512 VNNI on 256 bits): Q4_0 and Q5_0 weights multiply
+    /// as stored (0..15, 0..31) and `8` or `16` x the block's activation sum (`x_sums`) comes off
+    /// the 8 rows' sums at once; Q8_0's as `|w|` by `x` with w's sign. The same exact block
+    /// sums, so lane i is row i's [`super::dot_row`], bit for bit.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; `rows` holds 8 rows of `xs.len()`
+    /// blocks of `ty`; `x_sums[b]` is the sum of `xs[b]`'s 32 bytes.
+    #[cfg(all(target_feature = "avx2", target_feature = "fma"))]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn dot_rows8_vnni(
+        ty: GgmlType,
+        rows: &[u8],
+        row_bytes: usize,
+        xs: &[(&[i8; QK], f32)],
+        x_sums: &[i32],
+    ) -> [f32; 8] {
+        let bytes = ty.block_bytes();
+        assert!(rows.len() >= 7 * row_bytes + xs.len() * bytes && x_sums.len() == xs.len());
+        let offset = match ty {
+            GgmlType::Q4_0 => 8,
+            GgmlType::Q5_0 => 16,
+            _ => 0,
+        };
+        let mut acc = _mm256_setzero_ps();
+        for (b, (&(xq, dx), &sx)) in xs.iter().zip(x_sums).enumerate() {
+            // SAFETY: `xq` is 32 bytes; unaligned load.
+            let xv = unsafe { _mm256_loadu_si256(xq.as_ptr() as *const __m256i) };
+            let r: [(__m256i, u16); 8] = std::array::from_fn(|i| {
+                let blk = &rows[i * row_bytes + b * bytes..i * row_bytes + (b + 1) * bytes];
+                // SAFETY: block b of row i is in bounds (asserted above); the features (the
+                // caller's contract).
+                unsafe {
+                    if ty == GgmlType::Q8_0 {
+                        let w = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
+                        let p =
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
+                        (p, u16::from_le_bytes([blk[0], blk[1]]))
+                    } else {
+                        let (q, d) = unsigned_weights(ty, blk);
+                        (_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv), d)
+                    }
+                }
+            });
+            // SAFETY: AVX2 (the caller's contract).
+            let isum =
+                _mm256_sub_epi32(unsafe { row_sums8(r.each_ref().map(|x| x.0)) }, _mm256_set1_epi32(offset * sx));
+            let v = r.each_ref().map(|x| x.1 as i16);
+            let d = _mm256_cvtph_ps(_mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: 8 f32; unaligned store.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+
+    /// One Q4_0 or Q5_0 block as its 32 stored weights, unsigned (0..15, 0..31: before their
+    /// offset of 8 or 16), and its scale (f16 bits).
+    ///
+    /// # Safety
+    /// AVX2 available; `blk` is one whole block of `ty` (Q4_0 or Q5_0).
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    unsafe fn unsigned_weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
         let f16 = |at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
         let nibbles = |at: usize| {
             // SAFETY (caller): 16 bytes of nibbles at `at` in the block; unaligned load.
@@ -287,8 +365,8 @@ mod x86 {
             // bytes 0..16: the low nibbles (weights j), 16..32: the high (weights j + 16)
             _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low))
         };
-        let (w, d): (__m256i, u16) = match ty {
-            GgmlType::Q4_0 => (_mm256_sub_epi8(nibbles(2), _mm256_set1_epi8(8)), f16(0)),
+        match ty {
+            GgmlType::Q4_0 => (nibbles(2), f16(0)),
             GgmlType::Q5_0 => {
                 let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
                 // byte j of the vector: bit j of qh, spread to 0xFF or 0 (llama.cpp's
@@ -301,14 +379,33 @@ mod x86 {
                     _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
                     _mm256_set1_epi64x(-1),
                 );
-                let q = _mm256_or_si256(nibbles(6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
-                (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), f16(0))
+                (_mm256_or_si256(nibbles(6), _mm256_and_si256(set, _mm256_set1_epi8(16))), f16(0))
             }
-            // SAFETY (caller): 32 weight bytes at 2 in a Q8_0 block; unaligned load.
-            GgmlType::Q8_0 => (unsafe { _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i) }, f16(0)),
-            t => panic!("no 32-value integer product for {}", t.name()),
-        };
-        (w, d)
+            t => panic!("no unsigned 32-value weights for {}", t.name()),
+        }
+    }
+
+    /// One block of `ty` as 32 signed weights in a vector and its scale (f16 bits).
+    ///
+    /// # Safety
+    /// AVX2 available; `blk` is one whole block of `ty` (one of the 32-value types).
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    unsafe fn weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
+        // SAFETY (caller): one whole block of `ty`; unaligned loads inside it.
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                    let (q, d) = unsigned_weights(ty, blk);
+                    let offset = if ty == GgmlType::Q4_0 { 8 } else { 16 };
+                    (_mm256_sub_epi8(q, _mm256_set1_epi8(offset)), d)
+                }
+                GgmlType::Q8_0 => {
+                    (_mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i), u16::from_le_bytes([blk[0], blk[1]]))
+                }
+                t => panic!("no 32-value integer product for {}", t.name()),
+            }
+        }
     }
 
     /// # Safety
@@ -377,5 +474,50 @@ mod neon {
             }
         }
         store(&acc)
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod tests {
+    use super::*;
+
+    /// Decode's two x86-64 kernels (AVX2, and `vpdpbusd` where the CPU has AVX-512 VNNI) give
+    /// the same bits on random blocks of each type, every byte value in the weights.
+    #[test]
+    fn both_decode_kernels_give_the_same_bits() {
+        if !available() {
+            eprintln!("no AVX-512 VNNI here: decode runs the AVX2 kernel only");
+            return;
+        }
+        let nb = 24;
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let x: Vec<f32> = (0..nb * QK).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+        let xb = crate::ops::qdot::quantize_q8_0(&x);
+        let xs: Vec<(&[i8; QK], f32)> = xb.iter().map(|y| (&y.qs, y.d.to_f32())).collect();
+        let sums: Vec<i32> = xb.iter().map(|y| y.qs.iter().map(|&v| v as i32).sum()).collect();
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let bytes = ty.block_bytes();
+            let mut rows: Vec<u8> = (0..8 * nb * bytes).map(|_| next() as u8).collect();
+            for blk in rows.chunks_exact_mut(bytes) {
+                // a scale of 2^-7 .. 2^-4: finite and normal
+                blk[..2].copy_from_slice(&half::f16::from_f32(1.0 / (16 << (next() % 4)) as f32).to_le_bytes());
+            }
+            // SAFETY: AVX2 and FMA are target features of this build, AVX-512 VNNI detected;
+            // 8 rows of nb blocks, a sum per block.
+            let (a, b) = unsafe {
+                (x86::dot_rows8(ty, &rows, nb * bytes, &xs), x86::dot_rows8_vnni(ty, &rows, nb * bytes, &xs, &sums))
+            };
+            assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits), "{}", ty.name());
+            for (i, v) in a.iter().enumerate() {
+                let one = dot_row(ty, &rows[i * nb * bytes..(i + 1) * nb * bytes], &xb);
+                assert_eq!(v.to_bits(), one.to_bits(), "{}: row {i}", ty.name());
+            }
+        }
     }
 }
