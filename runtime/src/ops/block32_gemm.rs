@@ -267,16 +267,26 @@ mod x86 {
                     (products(w, xv), d)
                 }
             });
-            // SAFETY: AVX2 (the caller's contract).
-            let isum = unsafe { row_sums8(r.each_ref().map(|x| x.0)) };
-            let v = r.each_ref().map(|x| x.1 as i16);
-            let d = _mm256_cvtph_ps(_mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
+            // SAFETY: AVX2, FMA and F16C (the caller's contract).
+            acc = unsafe { add_scaled(acc, row_sums8(r.each_ref().map(|x| x.0)), r.map(|x| x.1), dx) };
         }
         let mut out = [0f32; 8];
         // SAFETY: 8 f32; unaligned store.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
         out
+    }
+
+    /// `acc + isum x d_w x dx`, lane i row i's block: one fused multiply-add per row, `scales`
+    /// the 8 rows' block scales (f16 bits).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available.
+    #[cfg(all(target_feature = "avx2", target_feature = "fma"))]
+    #[inline(always)]
+    unsafe fn add_scaled(acc: __m256, isum: __m256i, scales: [u16; 8], dx: f32) -> __m256 {
+        let v = scales.map(|x| x as i16);
+        let d = _mm256_cvtph_ps(_mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc)
     }
 
     /// Lane i: the sum of `r[i]`'s 8 lanes (8 rows' block sums side by side).
@@ -336,12 +346,11 @@ mod x86 {
                     }
                 }
             });
-            // SAFETY: AVX2 (the caller's contract).
-            let isum =
-                _mm256_sub_epi32(unsafe { row_sums8(r.each_ref().map(|x| x.0)) }, _mm256_set1_epi32(offset * sx));
-            let v = r.each_ref().map(|x| x.1 as i16);
-            let d = _mm256_cvtph_ps(_mm_setr_epi16(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
+            // SAFETY: AVX2, FMA and F16C (the caller's contract).
+            acc = unsafe {
+                let isum = _mm256_sub_epi32(row_sums8(r.each_ref().map(|x| x.0)), _mm256_set1_epi32(offset * sx));
+                add_scaled(acc, isum, r.map(|x| x.1), dx)
+            };
         }
         let mut out = [0f32; 8];
         // SAFETY: 8 f32; unaligned store.
