@@ -4,7 +4,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::kv_cache::KvCache;
 use crate::ops::attention::{attention, AttentionShape};
-use crate::ops::matmul::{matmul, matvec_many};
+use crate::ops::matmul::{matmul, matmul_many};
 use crate::ops::rmsnorm::rmsnorm;
 use crate::ops::rope::RopeTable;
 use crate::ops::swiglu::{mul_in_place, silu_in_place};
@@ -836,13 +836,7 @@ impl Model {
         let (q_dim, kv_dim) = (c.num_attention_heads * hd, c.n_kv_heads() * hd);
         let shape = AttentionShape { n_heads: c.num_attention_heads, n_kv_heads: c.n_kv_heads(), head_dim: hd };
         rmsnorm(&s.x, &lw.attn_norm, c.rms_norm_eps as f32, &mut s.xn);
-        if n == 1 {
-            matvec_many(&s.xn, &[&lw.wq, &lw.wk, &lw.wv], &mut [&mut s.q, &mut s.k, &mut s.v]);
-        } else {
-            matmul(&s.xn, n, &lw.wq, &mut s.q);
-            matmul(&s.xn, n, &lw.wk, &mut s.k);
-            matmul(&s.xn, n, &lw.wv, &mut s.v);
-        }
+        matmul_many(&s.xn, n, &[&lw.wq, &lw.wk, &lw.wv], &mut [&mut s.q, &mut s.k, &mut s.v]);
         for (buf, bias) in [(&mut s.q, &lw.bq), (&mut s.k, &lw.bk), (&mut s.v, &lw.bv)] {
             if let Some(b) = bias {
                 for row in buf.chunks_exact_mut(b.len()) {
@@ -894,12 +888,7 @@ fn check_finite(v: &[f32], what: &'static str, layer: Option<usize>) -> Result<(
 
 /// `gate` = silu(xn W_gate^T), `up` = xn W_up^T, both `[n, ff]`.
 fn dense_gate_up(w: &DenseMlp, n: usize, xn: &[f32], gate: &mut [f32], up: &mut [f32]) {
-    if n == 1 {
-        matvec_many(xn, &[&w.w_gate, &w.w_up], &mut [gate, up]);
-    } else {
-        matmul(xn, n, &w.w_gate, gate);
-        matmul(xn, n, &w.w_up, up);
-    }
+    matmul_many(xn, n, &[&w.w_gate, &w.w_up], &mut [gate, up]);
     silu_in_place(gate);
 }
 

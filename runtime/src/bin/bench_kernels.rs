@@ -111,7 +111,13 @@ fn integer_product(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64
             kquant_gemm::WeightRows::RowMajor { bytes: raw, row_bytes: raw.len() / ROWS },
             ROWS,
             &tiles,
-            &mut out,
+            &mut |t0, r0, acc| {
+                for (i, a) in acc.iter().enumerate() {
+                    for (t, v) in a.iter().enumerate() {
+                        out[(t0 + t) * ROWS + r0 + i] = *v;
+                    }
+                }
+            },
         );
     }
     std::hint::black_box(&out);

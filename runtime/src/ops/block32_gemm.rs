@@ -136,19 +136,22 @@ pub fn dot_row(ty: GgmlType, row: &[u8], x: &[BlockQ8_0]) -> f32 {
     sum
 }
 
-/// `out[t][r] = rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty`
-/// blocks, `row_bytes` a row in `bytes`, and every tile's tokens; `out` is
-/// `[tiles x TOKENS][n_rows]`. Only where [`available`] and [`supports`]`(ty)`.
-pub fn product(ty: GgmlType, bytes: &[u8], row_bytes: usize, n_rows: usize, tiles: &[TokenTile], out: &mut [f32]) {
+/// `rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty` blocks,
+/// `row_bytes` a row in `bytes`, and every tile's tokens, handed to `put(t0, r0, acc)` as
+/// [`crate::ops::kquant_gemm::product`] hands them. Only where [`available`] and
+/// [`supports`]`(ty)`.
+pub fn product(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    tiles: &[TokenTile],
+    put: &mut impl FnMut(usize, usize, &[[f32; TOKENS]; ROWS]),
+) {
     assert!(available(), "the integer product needs AVX-512 VNNI or the dot-product extension");
     assert!(supports(ty), "no 32-value integer product for {}", ty.name());
     let nb = tiles[0].d.len() / TOKENS;
-    assert!(
-        n_rows.is_multiple_of(ROWS)
-            && row_bytes == nb * ty.block_bytes()
-            && bytes.len() >= n_rows * row_bytes
-            && out.len() == tiles.len() * TOKENS * n_rows
-    );
+    assert!(n_rows.is_multiple_of(ROWS) && row_bytes == nb * ty.block_bytes() && bytes.len() >= n_rows * row_bytes);
     let mut unpacked = RowTile::new(nb);
     for r0 in (0..n_rows).step_by(ROWS) {
         unpacked.unpack(ty, std::array::from_fn(|i| &bytes[(r0 + i) * row_bytes..(r0 + i + 1) * row_bytes]));
@@ -163,11 +166,7 @@ pub fn product(ty: GgmlType, bytes: &[u8], row_bytes: usize, n_rows: usize, tile
             let acc = unsafe { neon::tile(&unpacked, tile, nb) };
             #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             let acc = [[0f32; TOKENS]; ROWS];
-            for (i, a) in acc.iter().enumerate() {
-                for (t, v) in a.iter().enumerate() {
-                    out[(k * TOKENS + t) * n_rows + r0 + i] = *v;
-                }
-            }
+            put(k * TOKENS, r0, &acc);
         }
     }
 }

@@ -211,17 +211,24 @@ pub enum WeightRows<'a> {
     Interleaved(&'a [u8]),
 }
 
-/// `out[t][r] = rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty`
-/// blocks in `w` and every tile's tokens; `out` is `[tiles x TOKENS][n_rows]`.
-/// Only where [`available`].
-pub fn product(ty: GgmlType, w: WeightRows<'_>, n_rows: usize, tiles: &[TokenTile], out: &mut [f32]) {
+/// `rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty` blocks in
+/// `w` and every tile's tokens, handed to `put(t0, r0, acc)` 8 rows by 16 tokens at a time:
+/// `acc[i][t]` is row `r0 + i` by token `t0 + t` (tile `t0 / TOKENS`; a padded tile's missing
+/// tokens give zeros). Only where [`available`].
+pub fn product(
+    ty: GgmlType,
+    w: WeightRows<'_>,
+    n_rows: usize,
+    tiles: &[TokenTile],
+    put: &mut impl FnMut(usize, usize, &[[f32; TOKENS]; ROWS]),
+) {
     assert!(available(), "the integer product needs AVX-512 VNNI or the dot-product extension");
     let nb = tiles[0].d.len() / TOKENS;
     let held = match w {
         WeightRows::RowMajor { bytes, row_bytes } => bytes.len() >= n_rows * row_bytes,
         WeightRows::Interleaved(v) => v.len() >= n_rows / ROWS * interleaved::group_bytes(ty, nb * QK_K),
     };
-    assert!(n_rows.is_multiple_of(ROWS) && held && out.len() == tiles.len() * TOKENS * n_rows);
+    assert!(n_rows.is_multiple_of(ROWS) && held);
     let mut unpacked = RowTile::new(nb * QK_K);
     for r0 in (0..n_rows).step_by(ROWS) {
         match w {
@@ -256,11 +263,7 @@ pub fn product(ty: GgmlType, w: WeightRows<'_>, n_rows: usize, tiles: &[TokenTil
             };
             #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             let acc = [[0f32; TOKENS]; ROWS];
-            for (i, a) in acc.iter().enumerate() {
-                for (t, v) in a.iter().enumerate() {
-                    out[(k * TOKENS + t) * n_rows + r0 + i] = *v;
-                }
-            }
+            put(k * TOKENS, r0, &acc);
         }
     }
 }

@@ -27,6 +27,27 @@ pub fn matmul(x: &[f32], n_tokens: usize, w: &Matrix, out: &mut [f32]) {
     }
 }
 
+/// [`matmul`] of the same `x` `[n_tokens, in]` by several matrices (q, k and v; gate and up):
+/// `outs[m]` `[n_tokens, ws[m].rows]`. Quantized matrices of one activation type share one
+/// quantization of `x` and, in the integer product, one parallel pass
+/// ([`qmatmul::qmatmul_many`]); one token is [`matvec_many`].
+pub fn matmul_many(x: &[f32], n_tokens: usize, ws: &[&Matrix], outs: &mut [&mut [f32]]) {
+    if n_tokens == 1 {
+        return matvec_many(x, ws, outs);
+    }
+    let quants: Option<Vec<&QMatrix>> =
+        ws.iter().map(|w| if let Matrix::Quant(q) = w { Some(q) } else { None }).collect();
+    match quants {
+        Some(qs) if n_tokens > 1 && qs.iter().all(|q| activation_of(q) == activation_of(qs[0])) => {
+            for (q, out) in qs.iter().zip(outs.iter()) {
+                check_sizes(x, n_tokens, q.rows, q.cols, out);
+            }
+            qmatmul::qmatmul_many(&qmatmul::quantize_rows(activation_of(qs[0]), x, qs[0].cols), &qs, outs);
+        }
+        _ => ws.iter().zip(outs.iter_mut()).for_each(|(w, o)| matmul(x, n_tokens, w, o)),
+    }
+}
+
 fn activation_of(w: &QMatrix) -> ActivationType {
     activation_type(w.ty).unwrap_or_else(|| panic!("no block kernel for {} (the loader refuses it)", w.ty.name()))
 }

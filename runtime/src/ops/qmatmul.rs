@@ -274,15 +274,43 @@ impl<'a> TokenBlocks<'a> {
 /// `out[t, o] = w[o, :] . x[t, :]` for `n_tokens` quantized rows: each block of weight rows is
 /// read once and dotted with every token (the rows stay in cache).
 pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
-    let (n_tokens, n_out) = (xs.len(), w.rows);
-    assert_eq!(out.len(), n_tokens * n_out);
-    if (matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
+    qmatmul_many(xs, &[w], &mut [out]);
+}
+
+/// Whether `w` times `n_tokens` rows runs as an integer matrix product.
+fn integer_product_runs(w: &QMatrix, n_tokens: usize) -> bool {
+    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
         && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
-        && n_out.is_multiple_of(kquant_gemm::ROWS)
+        && w.rows.is_multiple_of(kquant_gemm::ROWS)
         && kquant_gemm::available()
-    {
-        return integer_product(xs, w, out);
+}
+
+/// [`qmatmul`] of the same rows `xs` by several matrices (q, k and v; gate and up), `outs[m]`
+/// `[n_tokens, ws[m].rows]`: where every matrix runs the integer product, the tokens are laid
+/// out once for all of them and every matrix's row tasks run as one parallel pass.
+pub fn qmatmul_many(xs: &[QActivation], ws: &[&QMatrix], outs: &mut [&mut [f32]]) {
+    let n_tokens = xs.len();
+    assert_eq!(ws.len(), outs.len());
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(out.len(), n_tokens * w.rows);
     }
+    let kind = |w: &QMatrix| block32_gemm::supports(w.ty);
+    if ws.iter().all(|w| integer_product_runs(w, n_tokens) && kind(w) == kind(ws[0])) {
+        return integer_product(xs, ws, outs);
+    }
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        if integer_product_runs(w, n_tokens) {
+            integer_product(xs, &[w], &mut [out]);
+        } else {
+            qmatmul_one(xs, w, out);
+        }
+    }
+}
+
+/// [`qmatmul`] where the integer product does not run: the 4-token kernels or the decode
+/// kernel per token.
+fn qmatmul_one(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
+    let (n_tokens, n_out) = (xs.len(), w.rows);
     if let BlockLayout::Interleaved(_) = w.layout() {
         // a few tokens: the decode kernel for each
         for (x, o) in xs.iter().zip(out.chunks_exact_mut(n_out)) {
@@ -327,57 +355,103 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     });
 }
 
-/// [`qmatmul`] as an integer matrix product: Q4_K and Q6_K by [`kquant_gemm`], Q4_0, Q5_0 and
-/// Q8_0 by [`block32_gemm`]; the tokens laid out once in tiles of 16, each task's rows
-/// unpacked once for all of them.
-fn integer_product(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
-    let (n_tokens, n_out) = (xs.len(), w.rows);
-    let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", w.ty.name()) };
-    let tiles = if block32_gemm::supports(w.ty) {
+/// [`qmatmul_many`] as integer matrix products: Q4_K and Q6_K by [`kquant_gemm`], Q4_0, Q5_0
+/// and Q8_0 by [`block32_gemm`] (every matrix of one of the two); the tokens laid out once in
+/// tiles of 16, each task's rows unpacked once for all of them, each task writing its columns
+/// of one output.
+fn integer_product(xs: &[QActivation], ws: &[&QMatrix], outs: &mut [&mut [f32]]) {
+    let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", ws[0].ty.name()) };
+    let tiles = if block32_gemm::supports(ws[0].ty) {
         let rows: Vec<&[BlockQ8_0]> = xs.iter().map(|x| x.as_q8_0().unwrap_or_else(|| wrong("Q8_0"))).collect();
         Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
     } else {
         let rows: Vec<&[BlockQ8K]> = xs.iter().map(|x| x.as_q8k().unwrap_or_else(|| wrong("Q8_K"))).collect();
         Tiles::KQuant(rows.par_chunks(kquant_gemm::TOKENS).map(kquant_gemm::TokenTile::new).collect())
     };
-    let padded = n_tokens.div_ceil(kquant_gemm::TOKENS) * kquant_gemm::TOKENS;
-    let parts: Vec<(usize, Vec<f32>)> = (0..n_out)
-        .step_by(INTEGER_PRODUCT_ROWS_PER_TASK)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|r0| {
-            let n = INTEGER_PRODUCT_ROWS_PER_TASK.min(n_out - r0);
-            let mut part = vec![0f32; padded * n]; // [padded tokens, n rows]
-            match (&tiles, w.layout()) {
-                (Tiles::Block32(t), BlockLayout::RowMajor(b)) => {
-                    block32_gemm::product(w.ty, &b[r0 * w.row_bytes..], w.row_bytes, n, t, &mut part)
-                }
-                (Tiles::Block32(_), BlockLayout::Interleaved(_)) => {
-                    unreachable!("only Q4_K and Q6_K are interleaved")
-                }
-                (Tiles::KQuant(t), BlockLayout::RowMajor(b)) => kquant_gemm::product(
-                    w.ty,
-                    kquant_gemm::WeightRows::RowMajor { bytes: &b[r0 * w.row_bytes..], row_bytes: w.row_bytes },
-                    n,
-                    t,
-                    &mut part,
-                ),
-                (Tiles::KQuant(t), BlockLayout::Interleaved(v)) => {
-                    let group = interleaved::group_bytes(w.ty, w.cols);
-                    let rows = kquant_gemm::WeightRows::Interleaved(&v[r0 / interleaved::ROWS * group..]);
-                    kquant_gemm::product(w.ty, rows, n, t, &mut part)
-                }
-            }
-            (r0, part)
+    let windows: Vec<(&QMatrix, ColumnWindow)> = ws
+        .iter()
+        .zip(outs.iter_mut())
+        .flat_map(|(w, out)| {
+            column_windows(out, w.rows, INTEGER_PRODUCT_ROWS_PER_TASK).into_iter().map(move |c| (*w, c))
         })
         .collect();
-    out.par_chunks_mut(n_out).enumerate().for_each(|(t, row)| {
-        for (r0, part) in &parts {
-            let n = part.len() / padded;
-            row[*r0..r0 + n].copy_from_slice(&part[t * n..(t + 1) * n]);
+    windows.into_par_iter().for_each(|(w, mut window)| {
+        let (r0, n) = (window.first_column, window.width);
+        let put =
+            &mut |t0: usize, r: usize, acc: &[[f32; kquant_gemm::TOKENS]; kquant_gemm::ROWS]| window.put(t0, r, acc);
+        match (&tiles, w.layout()) {
+            (Tiles::Block32(t), BlockLayout::RowMajor(b)) => {
+                block32_gemm::product(w.ty, &b[r0 * w.row_bytes..], w.row_bytes, n, t, put)
+            }
+            (Tiles::Block32(_), BlockLayout::Interleaved(_)) => {
+                unreachable!("only Q4_K and Q6_K are interleaved")
+            }
+            (Tiles::KQuant(t), BlockLayout::RowMajor(b)) => kquant_gemm::product(
+                w.ty,
+                kquant_gemm::WeightRows::RowMajor { bytes: &b[r0 * w.row_bytes..], row_bytes: w.row_bytes },
+                n,
+                t,
+                put,
+            ),
+            (Tiles::KQuant(t), BlockLayout::Interleaved(v)) => {
+                let group = interleaved::group_bytes(w.ty, w.cols);
+                let rows = kquant_gemm::WeightRows::Interleaved(&v[r0 / interleaved::ROWS * group..]);
+                kquant_gemm::product(w.ty, rows, n, t, put)
+            }
         }
     });
-    debug_assert_eq!(out.len(), n_tokens * n_out);
+}
+
+/// Columns `first_column..first_column + width` of every token's row of a product's output
+/// `[n_tokens, n_out]`: one task's share, written in place.
+struct ColumnWindow<'a> {
+    out: *mut f32,
+    n_tokens: usize,
+    n_out: usize,
+    first_column: usize,
+    width: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the windows of one output cover disjoint columns ([`column_windows`] makes them all,
+// from one exclusive borrow), so threads holding different windows never write the same value,
+// and nothing reads the output while they live.
+unsafe impl Send for ColumnWindow<'_> {}
+
+/// `out` `[n_tokens, n_out]` as windows of `width` columns (the last one narrower), so the
+/// tasks of a product each write their columns into `out` itself: no buffer per task to copy
+/// from.
+fn column_windows(out: &mut [f32], n_out: usize, width: usize) -> Vec<ColumnWindow<'_>> {
+    assert!(n_out > 0 && out.len().is_multiple_of(n_out));
+    let (ptr, n_tokens) = (out.as_mut_ptr(), out.len() / n_out);
+    (0..n_out)
+        .step_by(width)
+        .map(|c0| ColumnWindow {
+            out: ptr,
+            n_tokens,
+            n_out,
+            first_column: c0,
+            width: width.min(n_out - c0),
+            _out: std::marker::PhantomData,
+        })
+        .collect()
+}
+
+impl ColumnWindow<'_> {
+    /// `acc[i][t]` into column `first_column + r + i` of token `t0 + t`'s row, for the tokens
+    /// the output has (a product's last tile is padded).
+    fn put(&mut self, t0: usize, r: usize, acc: &[[f32; kquant_gemm::TOKENS]; kquant_gemm::ROWS]) {
+        assert!(r + kquant_gemm::ROWS <= self.width, "rows beyond the window");
+        for t in 0..kquant_gemm::TOKENS.min(self.n_tokens.saturating_sub(t0)) {
+            let at = (t0 + t) * self.n_out + self.first_column + r;
+            for (i, a) in acc.iter().enumerate() {
+                // SAFETY: token t0 + t < n_tokens and column first_column + r + i < first_column +
+                // width <= n_out, so `at + i` is inside the output this window borrows, in this
+                // window's columns, which no other window holds.
+                unsafe { *self.out.add(at + i) = a[t] };
+            }
+        }
+    }
 }
 
 /// The tokens of an integer product, laid out for its kernel.
@@ -517,7 +591,7 @@ mod tests {
     /// The integer product (a prompt of 8 tokens or more, with AVX-512 VNNI or SDOT) of every
     /// type that has one equals the one-token kernels up to f32 summation order (Q4_0, Q5_0 and
     /// Q8_0 bit for bit: their one-token kernel is one lane of it): within 1e-5 of sum |w x|
-    /// per product, on 64 rows x 768 columns and 40 tokens (three tiles, the third
+    /// per product, on 72 rows (two tasks of 32 rows, then 8) x 768 columns and 40 tokens (three tiles, the third
     /// padded), scaled 1e-3 to 1e3. Skipped where the CPU lacks both.
     #[test]
     fn the_integer_product_matches_the_one_token_kernels() {
@@ -525,7 +599,7 @@ mod tests {
             eprintln!("no AVX-512 VNNI or dot-product extension here: the integer product does not run");
             return;
         }
-        let (rows, cols, n_tokens) = (64, 768, 40);
+        let (rows, cols, n_tokens) = (72, 768, 40);
         let w = random(rows * cols, 17);
         let x: Vec<f32> = (0..n_tokens)
             .flat_map(|t| random(cols, 100 + t as u64).into_iter().map(move |v| v * [1e-3, 1.0, 1e3][t % 3]))
@@ -559,6 +633,37 @@ mod tests {
                         ty.name()
                     );
                 }
+            }
+        }
+    }
+
+    /// Several matrices by the same rows in one pass ([`qmatmul_many`]: the tokens laid out
+    /// once, every matrix's tasks together) give each matrix's [`qmatmul`] bit for bit: q, k
+    /// and v of different types and heights sharing tiles, and a group that falls back to one
+    /// product each (Q5_K has no integer product; its Q4_K partner still runs one).
+    #[test]
+    fn several_matrices_in_one_pass_give_each_product() {
+        let (cols, n_tokens) = (512, 21);
+        let x = random(n_tokens * cols, 5);
+        for group in [
+            vec![(GgmlType::Q4K, 96), (GgmlType::Q4K, 16), (GgmlType::Q6K, 16)],
+            vec![(GgmlType::Q8_0, 40), (GgmlType::Q4_0, 72)],
+            vec![(GgmlType::Q4K, 64), (GgmlType::Q5K, 32)],
+        ] {
+            let ms: Vec<QMatrix> = group
+                .iter()
+                .enumerate()
+                .map(|(i, &(ty, rows))| quantized(ty, &random(rows * cols, 30 + i as u64), rows, cols))
+                .collect();
+            let xs = quantize_rows(activation_type(ms[0].ty).unwrap(), &x, cols);
+            let mut together: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; n_tokens * m.rows]).collect();
+            let ws: Vec<&QMatrix> = ms.iter().collect();
+            qmatmul_many(&xs, &ws, &mut together.iter_mut().map(|o| o.as_mut_slice()).collect::<Vec<_>>());
+            for (m, got) in ms.iter().zip(&together) {
+                let mut alone = vec![0f32; n_tokens * m.rows];
+                qmatmul(&xs, m, &mut alone);
+                let differ = got.iter().zip(&alone).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(differ, None, "{} x {} in {group:?}: the first value that differs", m.ty.name(), m.rows);
             }
         }
     }
