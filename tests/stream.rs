@@ -810,7 +810,12 @@ fn a_batched_prompt_streams_exactly() {
         e.refresh_io_stats();
         assert_eq!(e.stats.prompt_tokens, m as u64, "{}: every prompt token in a batch", manifest.display());
         assert_eq!(e.stats.tokens, 0, "no token through the slots");
+        // the warm slots fill at the next token, after the batches' logits are out
+        assert_eq!(e.stats.warmed_rows, 0, "{}: warm slots filled before the first token", manifest.display());
+        e.warm_slots().unwrap();
+        e.refresh_io_stats();
         assert!(e.stats.warmed_rows > 0, "{}: no slot warmed", manifest.display());
+        assert_eq!(e.stats.read_requests, e.stats.warm_requests, "{}", manifest.display());
         // each warm row read once: alone, or in a read that takes in the small gaps around it
         assert!(e.stats.read_requests <= e.stats.warmed_rows, "{}", manifest.display());
         assert!(e.stats.bytes_read >= e.stats.warmed_rows * e.read_span_bytes as u64, "{}", manifest.display());
@@ -897,6 +902,7 @@ fn warm_slots_hold_the_records_rows() {
         let mut cache = o.model.new_cache(256).unwrap();
         o.runner().forward(&ids[..ids.len() - 1], &mut cache, ids.len() - 1).unwrap();
         let e = o.engine().unwrap();
+        e.warm_slots().unwrap();
         assert!(e.stats.warmed_rows > 0, "{}: no slot warmed", manifest.display());
         let n_sparse = e.plan.capacity.len();
         for si in 0..n_sparse {

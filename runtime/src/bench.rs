@@ -34,9 +34,11 @@ pub struct BenchReport {
     pub prompt_batch_min: usize,
     pub prompt_bytes_read: u64,
     pub prompt_wait_ms: f64,
-    /// Rows the prompt's staged layers put in slots before decode (warm slots).
+    /// Rows read into slots after the prompt (warm slots), and their bytes: at the first decode
+    /// token, so in decode's time but not in its per-token reads, requests and waits above.
     pub warmed_rows: u64,
-    /// Time the warm slots' reads took (in the prompt's time).
+    pub warm_bytes_read: u64,
+    /// Time the warm slots' reads took (in decode's time).
     pub warm_ms: f64,
     pub peak_rss_bytes: u64,
     pub mem_budget_bytes: Option<u64>,
@@ -108,6 +110,9 @@ fn diff(a: &StreamStats, b: &StreamStats) -> StreamStats {
         prompt_wait_ms: a.prompt_wait_ms - b.prompt_wait_ms,
         warmed_rows: a.warmed_rows - b.warmed_rows,
         warm_ms: a.warm_ms - b.warm_ms,
+        warm_bytes_read: a.warm_bytes_read - b.warm_bytes_read,
+        warm_requests: a.warm_requests - b.warm_requests,
+        warm_io_wait_ms: a.warm_io_wait_ms - b.warm_io_wait_ms,
         layers: a
             .layers
             .iter()
@@ -137,7 +142,7 @@ pub fn bench(
     let mut cache = model.new_cache(ids.len() + n)?;
     let t0 = std::time::Instant::now();
     // the whole prompt in batches (each streamed layer staged whole), the last token's logits
-    // from the last batch, then the warm slots
+    // from the last batch; the warm slots fill at the first decode token
     let m = ids.len() - 1;
     let mut logits = crate::Runner::streamed(model, engine).forward(&ids, &mut cache, m)?;
     let prefill_s = t0.elapsed().as_secs_f64();
@@ -160,24 +165,25 @@ pub fn bench(
         generated_tokens: n,
         prefill_tok_per_s: ids.len() as f64 / prefill_s,
         decode_tok_per_s: n as f64 / decode_s,
-        bytes_read_per_token: per(d.bytes_read as f64),
+        bytes_read_per_token: per((d.bytes_read - d.warm_bytes_read) as f64),
         rows_read_per_token: per(d.rows_loaded as f64),
         rows_needed_per_token: per(d.rows_needed as f64),
         reuse_ratio: d.reuse_ratio(),
-        io_wait_ms_per_token: per(d.io_wait_ms),
-        compute_ms_per_token: per(decode_s * 1e3 - d.io_wait_ms - d.choose_ms),
+        io_wait_ms_per_token: per(d.io_wait_ms - d.warm_io_wait_ms),
+        compute_ms_per_token: per(decode_s * 1e3 - d.warm_ms - (d.io_wait_ms - d.warm_io_wait_ms) - d.choose_ms),
         choose_ms_per_token: per(d.choose_ms),
         sparse_mlp_ms_per_token: per(d.sparse_compute_ms),
         io_busy_ms_per_token: per(d.io_busy_ms),
         read_bandwidth_bytes_per_s: if d.io_busy_ms > 0.0 { d.bytes_read as f64 / (d.io_busy_ms / 1e3) } else { 0.0 },
-        requests_per_token: per(d.read_requests as f64),
+        requests_per_token: per((d.read_requests - d.warm_requests) as f64),
         prompt_batched_tokens: before.prompt_tokens,
         prompt_batch: engine.plan.prompt_batch,
         prompt_batch_min: engine.plan.prompt_batch_min,
         prompt_bytes_read: before.prompt_bytes_read,
         prompt_wait_ms: before.prompt_wait_ms,
-        warmed_rows: before.warmed_rows,
-        warm_ms: before.warm_ms,
+        warmed_rows: engine.stats.warmed_rows,
+        warm_bytes_read: engine.stats.warm_bytes_read,
+        warm_ms: engine.stats.warm_ms,
         peak_rss_bytes: peak_rss_bytes(),
         mem_budget_bytes: engine.plan.budget_bytes,
         planned_bytes: engine.plan.total_bytes,

@@ -181,9 +181,10 @@ impl<'a> Runner<'a> {
                             f(start, batched);
                         }
                     }
-                    // the batches' freed activations go back before the slots fill
+                    // the batches' freed activations go back before the slots fill, at the
+                    // next token (the batches' logits are out first)
                     release_freed_heap();
-                    engine.warm_slots()?;
+                    engine.warm_after_prompt();
                 } else {
                     for &tok in prompt {
                         self.model.decode_step(tok, cache, *engine)?;

@@ -136,7 +136,7 @@ pub trait MlpHook {
 /// calls it at one place per layer and knows nothing of slots, reads or selectors.
 pub trait StreamedMlp {
     /// A new token starts.
-    fn begin_token(&mut self);
+    fn begin_token(&mut self) -> Result<()>;
     /// Layer 0 ran dense: `gate_silu` and `up` `[n_ff]` are its activations.
     fn observe_first_layer(&mut self, gate_silu: &[f32], up: &[f32]);
     /// The residual stream after layer 0, `[d_model]`.
@@ -751,7 +751,7 @@ impl Model {
         self.check_tokens(&[token], cache)?;
         let pos = cache.len;
         let mut s = engine.scratch().take().unwrap_or_else(|| DecodeState::new(c, 1));
-        engine.begin_token();
+        engine.begin_token()?;
         self.embed(&[token], &mut s.x)?;
         let logits = (|| -> Result<Vec<f32>> {
             for (l, lw) in self.weights.layers.iter().enumerate() {

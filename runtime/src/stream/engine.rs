@@ -68,9 +68,14 @@ pub struct StreamStats {
     pub prompt_bytes_read: u64,
     /// Time the prompt batches waited for a staged layer.
     pub prompt_wait_ms: f64,
-    /// Rows read into slots after a prompt (warm slots), over layers, and the time that took.
+    /// Rows read into slots after a prompt (warm slots), over layers, and the time that took;
+    /// the bytes, requests and waits of those reads (also in `bytes_read`, `read_requests` and
+    /// `io_wait_ms`, which count every read).
     pub warmed_rows: u64,
     pub warm_ms: f64,
+    pub warm_bytes_read: u64,
+    pub warm_requests: u64,
+    pub warm_io_wait_ms: f64,
     pub layers: Vec<LayerStreamStats>,
 }
 
@@ -353,6 +358,9 @@ pub struct StreamingEngine {
     records_in_memory: bool,
     /// [`IoSettings::warm_gap_bytes`].
     warm_gap_bytes: usize,
+    /// A prompt's batches ended and the warm slots are not filled yet: the next token fills
+    /// them first ([`StreamingEngine::warm_after_prompt`]).
+    warm_pending: bool,
 }
 
 impl StreamingEngine {
@@ -500,6 +508,7 @@ impl StreamingEngine {
             records_in_memory,
             // copies from memory gain nothing from reading between rows
             warm_gap_bytes: if records_in_memory { 0 } else { settings.io.warm_gap_bytes },
+            warm_pending: false,
         })
     }
 
@@ -507,6 +516,7 @@ impl StreamingEngine {
     /// selector forgets what it saw, so what a sequence computes depends on its own tokens only,
     /// never on what ran before it.
     pub fn begin_sequence(&mut self) {
+        self.warm_pending = false;
         self.empty_slots();
         self.layers.iter_mut().for_each(|l| l.map.heat.fill(0.0));
         self.prompt_use.iter_mut().for_each(|u| u.fill(0.0));
@@ -528,6 +538,7 @@ impl StreamingEngine {
     /// A prompt's batches start: the slots are emptied, so the batches may use their memory
     /// ([`MemoryPlan::prompt_batches`]); [`StreamingEngine::warm_slots`] fills them after.
     pub fn begin_prompt_batches(&mut self) {
+        self.warm_pending = false;
         self.empty_slots();
     }
 
@@ -573,12 +584,29 @@ impl StreamingEngine {
         Ok(())
     }
 
-    /// After a prompt's batches: each streamed layer's slots hold the rows of the neurons the
-    /// prompt used most (warm slots: decode starts with the prompt's working set), read from
-    /// records.bin as decode reads rows, one layer's reads ahead of the one landing.
+    /// A prompt's batches ended: the warm slots fill when the next token starts
+    /// ([`StreamingEngine::begin_token`]), so the batches' last logits (a reply's first token)
+    /// are out before their reads, and a reply of one token reads none.
+    pub fn warm_after_prompt(&mut self) {
+        self.warm_pending = true;
+    }
+
+    /// Fills the warm slots now if a prompt left them to fill ([`StreamingEngine::warm_after_prompt`]):
+    /// each streamed layer's slots hold the rows of the neurons the prompt used most (decode
+    /// starts with the prompt's working set), read from records.bin as decode reads rows, one
+    /// layer's reads ahead of the one landing. Their reads, requests and waits are counted
+    /// apart from decode's (`warm_*` in [`StreamStats`]).
     pub fn warm_slots(&mut self) -> Result<()> {
+        if !std::mem::take(&mut self.warm_pending) {
+            return Ok(());
+        }
         let t0 = Instant::now();
+        let (io_before, wait_before) = (self.io.counters(), self.stats.io_wait_ms);
         let r = self.warm_slots_now();
+        let io_after = self.io.counters();
+        self.stats.warm_bytes_read += io_after.bytes_read - io_before.bytes_read;
+        self.stats.warm_requests += io_after.requests - io_before.requests;
+        self.stats.warm_io_wait_ms += self.stats.io_wait_ms - wait_before;
         self.stats.warm_ms += t0.elapsed().as_secs_f64() * 1e3;
         r
     }
@@ -711,10 +739,12 @@ impl StreamingEngine {
         }
     }
 
-    /// A new token starts.
-    pub fn begin_token(&mut self) {
+    /// A new token starts: the warm slots a prompt left to fill first.
+    pub fn begin_token(&mut self) -> Result<()> {
+        self.warm_slots()?;
         self.tick += 1;
         self.stats.tokens += 1;
+        Ok(())
     }
 
     /// Layer 0 ran dense: its activations `[n_ff]` (the predictor's layer-0 centroid).
@@ -850,7 +880,7 @@ fn sum_slots(
 }
 
 impl crate::model::StreamedMlp for StreamingEngine {
-    fn begin_token(&mut self) {
+    fn begin_token(&mut self) -> Result<()> {
         StreamingEngine::begin_token(self)
     }
     fn observe_first_layer(&mut self, gate_silu: &[f32], up: &[f32]) {

@@ -34,13 +34,14 @@ pub fn print_sparsity(e: Option<&mut StreamingEngine>, n_ff: usize) {
     e.refresh_io_stats();
     let st = &e.stats;
     println!(
-        "{}: {} tokens, {}, {:.3} of sparse-layer rows summed, reuse {:.3}, {:.1} KiB read per token, {:.0} slots per layer (budget {})",
+        "{}: {} tokens, {}, {:.3} of sparse-layer rows summed, reuse {:.3}, {:.1} KiB read per token ({:.1} MiB into warm slots), {:.0} slots per layer (budget {})",
         if e.holds_records() { "records in memory" } else { "streamed" },
         st.tokens,
         operating_point(&e.rule(), e.choice.set_unit(), e.dense_prefix, e.plan.set_scale),
         sparse_layer_density(e, n_ff),
         st.reuse_ratio(),
-        st.bytes_read as f64 / 1024.0 / st.tokens.max(1) as f64,
+        (st.bytes_read - st.warm_bytes_read) as f64 / 1024.0 / st.tokens.max(1) as f64,
+        st.warm_bytes_read as f64 / 1048576.0,
         e.plan.capacity.iter().sum::<usize>() as f64 / e.plan.capacity.len().max(1) as f64,
         e.plan.budget_bytes.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "unlimited".into())
     );
