@@ -2,13 +2,22 @@
 //! x, out: `[n_tokens, d]`; weight: `[d]`.
 
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    use rayon::prelude::*;
     let d = weight.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+    let row = |(xr, or): (&[f32], &mut [f32])| {
         let ms: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
         let inv = 1.0 / (ms + eps).sqrt();
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(weight) {
             *o = v * inv * g;
         }
+    };
+    // a prompt batch's rows across the pool, 16 a task; one token's row on its thread
+    if x.len() > d {
+        x.par_chunks(16 * d).zip(out.par_chunks_mut(16 * d)).for_each(|(xs, os)| {
+            xs.chunks_exact(d).zip(os.chunks_exact_mut(d)).for_each(row);
+        });
+    } else {
+        x.chunks_exact(d).zip(out.chunks_exact_mut(d)).for_each(row);
     }
 }
 

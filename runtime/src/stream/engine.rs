@@ -18,6 +18,7 @@ use crate::predictor::{NeuronRank, SetRule};
 use crate::select::{predicted::PredictedSelector, scored::ScoredSelector, SetSelector, SlotRow};
 use crate::slots::{Load, SlotMap};
 use half::f16;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -572,9 +573,14 @@ impl StreamingEngine {
     /// `[n, n_ff]`: each neuron's use in the window is added up (what the warm slots hold).
     pub fn staged_mlp_done(&mut self, layer: usize, mlp: crate::model::DenseMlp, h: &[f32]) -> Result<()> {
         let use_ = &mut self.prompt_use[layer - self.dense_prefix];
-        for row in h.chunks_exact(use_.len()).skip(self.prompt_count_from) {
-            use_.iter_mut().zip(row).for_each(|(u, v)| *u += v.abs());
-        }
+        let n_ff = use_.len();
+        let rows = &h[(self.prompt_count_from * n_ff).min(h.len())..];
+        // each neuron's sum in token order; neurons in chunks across the pool
+        use_.par_chunks_mut(1024).enumerate().for_each(|(c, u)| {
+            for row in rows.chunks_exact(n_ff) {
+                u.iter_mut().zip(&row[c * 1024..]).for_each(|(u, v)| *u += v.abs());
+            }
+        });
         drop(mlp);
         // one staged layer at a time: the next one's read starts now that this one is gone
         // (overlapping the next layer's attention)
