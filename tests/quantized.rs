@@ -386,7 +386,10 @@ fn a_native_preparation_ships_the_gguf_blocks() {
         "{j}"
     );
     for out in [f16_out, native_out] {
-        for selector in [SelectorChoice::Layers, SelectorChoice::Sketch] {
+        for selector in [
+            SelectorChoice::Layers,
+            SelectorChoice::Sketch { resident_bonus: runtime::select::layered::SKETCH_RESIDENT_BONUS },
+        ] {
             streamed_whole_records_equal_in_memory(out, selector);
         }
     }
@@ -510,7 +513,10 @@ fn down_rows_in_fewer_bits(native_dir: &std::path::Path, q8_out: &std::path::Pat
     let (want, got) = (logits_of_opened(&mut mem), logits_of_opened(&mut s));
     assert!(s.engine().unwrap().stats.rows_loaded > 0, "the streamed run read no row");
     assert_eq!(want, got, "streamed scorer over Q5_0 down rows differs from the records held in memory");
-    for selector in [SelectorChoice::Layers, SelectorChoice::Sketch] {
+    for selector in [
+        SelectorChoice::Layers,
+        SelectorChoice::Sketch { resident_bonus: runtime::select::layered::SKETCH_RESIDENT_BONUS },
+    ] {
         streamed_whole_records_equal_in_memory(&out, selector);
     }
 }
@@ -585,7 +591,11 @@ fn auto_sizes_as_the_selectors_and_runs_the_best_that_fits(out: &std::path::Path
     }
     // a budget below the scorer's runs the sketch (the scorer's two heads:
     // auto_takes_the_4bit_head_where_the_scorer_would_cut_its_sets)
-    let expect = [((mins[1] + mins[2]) / 2, SelectorChoice::Sketch, "sketch")];
+    let expect = [(
+        (mins[1] + mins[2]) / 2,
+        SelectorChoice::Sketch { resident_bonus: runtime::select::layered::SKETCH_RESIDENT_BONUS },
+        "sketch",
+    )];
     for (budget, want, name) in expect {
         let (choice, _, note) = auto::choose(&manifest, &m, &settings(Some(budget)), None).unwrap().unwrap();
         assert_eq!(choice, want, "at {budget}");

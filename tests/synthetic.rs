@@ -50,7 +50,7 @@ fn prepared_dense_equals_the_model_directory() {
     // every neuron kept and held: the engine's sparse layers (every record's exact h from its
     // own gate and up rows, its down row added) compute the dense model up to the order of sums
     let mut all = stream(StreamSettings {
-        selector: SelectorChoice::Sketch,
+        selector: SelectorChoice::Sketch { resident_bonus: 1.0 },
         set_scale: 1.0,
         dense_prefix: DensePrefix::Layer(formats::manifest::Manifest::load(prepared()).unwrap().sparsity.dense_prefix),
         head: runtime::HeadChoice::Resident,

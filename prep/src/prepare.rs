@@ -450,7 +450,7 @@ pub fn prepare(recipe_path: &Path, source_override: Option<&Path>, show_progress
         Some(p) => serde_json::json!(file_fingerprint(&[p.to_path_buf()])?),
         None => serde_json::Value::Null,
     };
-    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": predictors_fp, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});
+    let key = serde_json::json!({"model": weights_fp, "scorer": file_fingerprint(std::slice::from_ref(&scorer_path))?, "sketch": file_fingerprint(std::slice::from_ref(&sketch_path))?, "predictors": predictors_fp, "seq_len": r.capture.seq_len, "settings": r.reuse, "scorer_resident_bonus": runtime::scorer::SCORER_RESIDENT_BONUS, "sketch_resident_bonus": runtime::select::layered::SKETCH_RESIDENT_BONUS, "corpus": file_fingerprint(&corpus)?});
     st.run("reuse", &key, std::slice::from_ref(&reuse_path), || {
         crate::reuse::reuse(
             &weights_dir,

@@ -12,7 +12,8 @@ use runtime::layer_predictor::{LayerPredictors, Ranker, SketchRanker};
 use runtime::model::MlpHook;
 use runtime::reuse::ReuseSimulation;
 use runtime::scorer::{GateUpScorer, SCORER_RESIDENT_BONUS};
-use runtime::select::{layered::LayeredSelector, scored::ScoredSelector, SetSelector};
+use runtime::select::layered::{LayeredSelector, SKETCH_RESIDENT_BONUS};
+use runtime::select::{scored::ScoredSelector, SetSelector};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,7 @@ pub fn reuse(
         first_layer,
         n_layers,
         n_ff,
+        SKETCH_RESIDENT_BONUS,
     );
     let predictors = match predictors_path {
         Some(path) => {
@@ -118,7 +120,7 @@ pub fn reuse(
                 );
             }
             p.drop_layers_before(first_layer);
-            Some(LayeredSelector::new(Ranker::Predictors(p), first_layer, n_layers, n_ff))
+            Some(LayeredSelector::new(Ranker::Predictors(p), first_layer, n_layers, n_ff, 1.0))
         }
         None => None,
     };

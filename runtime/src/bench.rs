@@ -196,14 +196,7 @@ pub fn bench(
         head_q8: model.weights.head == crate::model::HeadChoice::Q8,
         head: model.weights.head,
         computed_rows_per_token: per(d.computed_rows as f64),
-        resident_bonus: match engine.choice {
-            crate::stream::SelectorChoice::Scorer { resident_bonus } => resident_bonus,
-            crate::stream::SelectorChoice::Predictor { .. }
-            | crate::stream::SelectorChoice::Layers
-            | crate::stream::SelectorChoice::Sketch
-            | crate::stream::SelectorChoice::Oracle
-            | crate::stream::SelectorChoice::Dense => 1.0,
-        },
+        resident_bonus: engine.choice.resident_bonus(),
         set_size_per_layer: engine.plan.set_sizes.clone(),
         slots_per_layer: engine.plan.capacity.clone(),
         reuse_per_layer: d.layers.iter().map(|l| 1.0 - l.rows_loaded as f64 / l.rows_needed.max(1) as f64).collect(),

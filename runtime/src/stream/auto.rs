@@ -81,19 +81,21 @@ fn sizing_of(
                 Some((d0, per_layer as u64, HeldAs::RankingRows, SlotRow::Down))
             }
         },
-        SelectorChoice::Sketch => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
-            None => None,
-            Some(a) => {
-                let per_layer = formats::sketch::held_bytes_per_layer(
-                    &m.artifact_path(manifest_path, a),
-                    d0,
-                    c.num_hidden_layers - d0,
-                    c.intermediate_size,
-                    c.hidden_size,
-                )?;
-                Some((m.records.first_layer, per_layer as u64, HeldAs::RankingRows, SlotRow::GateUpDown))
+        SelectorChoice::Sketch { .. } => {
+            match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
+                None => None,
+                Some(a) => {
+                    let per_layer = formats::sketch::held_bytes_per_layer(
+                        &m.artifact_path(manifest_path, a),
+                        d0,
+                        c.num_hidden_layers - d0,
+                        c.intermediate_size,
+                        c.hidden_size,
+                    )?;
+                    Some((m.records.first_layer, per_layer as u64, HeldAs::RankingRows, SlotRow::GateUpDown))
+                }
             }
-        },
+        }
         SelectorChoice::Layers => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
             None => None,
             Some(a) => {
@@ -153,7 +155,7 @@ pub fn candidates(
     }
     for (name, choice) in [
         ("scorer", SelectorChoice::Scorer { resident_bonus: crate::scorer::SCORER_RESIDENT_BONUS }),
-        ("sketch", SelectorChoice::Sketch),
+        ("sketch", SelectorChoice::Sketch { resident_bonus: crate::select::layered::SKETCH_RESIDENT_BONUS }),
     ] {
         let Some((footprint, slot_row)) = footprint_of(manifest_path, m, choice)? else { continue };
         let sizing = Sizing { footprint: &footprint, slot_row };

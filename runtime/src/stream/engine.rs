@@ -106,8 +106,9 @@ pub enum SelectorChoice {
     Scorer { resident_bonus: f32 },
     /// The per-layer predictors (`prep layers`), whole records streamed.
     Layers,
-    /// The resident few-bit gate/up sketch ranks, whole records streamed.
-    Sketch,
+    /// The resident few-bit gate/up sketch ranks, whole records streamed; a held record
+    /// ranks at `resident_bonus` (>= 1) times its score.
+    Sketch { resident_bonus: f32 },
     /// Each token's exact `|h|` ranks, from every record held in memory (the ceiling at a set
     /// size; whole records, as the sketch).
     Oracle,
@@ -123,7 +124,7 @@ impl SelectorChoice {
         match self {
             SelectorChoice::Scorer { .. }
             | SelectorChoice::Layers
-            | SelectorChoice::Sketch
+            | SelectorChoice::Sketch { .. }
             | SelectorChoice::Oracle => true,
             SelectorChoice::Predictor { .. } | SelectorChoice::Dense => false,
         }
@@ -144,12 +145,23 @@ impl SelectorChoice {
         }
     }
 
+    /// How many times its score a held row ranks at (1: every row alike).
+    pub fn resident_bonus(self) -> f32 {
+        match self {
+            SelectorChoice::Scorer { resident_bonus } | SelectorChoice::Sketch { resident_bonus } => resident_bonus,
+            SelectorChoice::Predictor { .. }
+            | SelectorChoice::Layers
+            | SelectorChoice::Oracle
+            | SelectorChoice::Dense => 1.0,
+        }
+    }
+
     /// What ranks a whole-record strategy's neurons (None: the predictor and the scorer).
     pub fn ranker_kind(self) -> Option<crate::layer_predictor::RankerKind> {
         use crate::layer_predictor::RankerKind;
         match self {
             SelectorChoice::Layers => Some(RankerKind::Predictors),
-            SelectorChoice::Sketch => Some(RankerKind::Sketch),
+            SelectorChoice::Sketch { .. } => Some(RankerKind::Sketch),
             SelectorChoice::Oracle => Some(RankerKind::Exact),
             SelectorChoice::Predictor { .. } | SelectorChoice::Scorer { .. } | SelectorChoice::Dense => None,
         }
@@ -387,9 +399,10 @@ impl StreamingEngine {
             SelectorChoice::Scorer { resident_bonus } => {
                 Box::new(ScoredSelector::load(manifest_path, manifest, resident_bonus)?)
             }
-            SelectorChoice::Layers | SelectorChoice::Sketch | SelectorChoice::Oracle => {
+            SelectorChoice::Layers | SelectorChoice::Sketch { .. } | SelectorChoice::Oracle => {
                 let kind = settings.selector.ranker_kind().expect("the whole-record strategies rank");
-                Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind)?)
+                let bonus = settings.selector.resident_bonus();
+                Box::new(crate::select::layered::LayeredSelector::load(manifest_path, manifest, kind, bonus)?)
             }
             SelectorChoice::Dense => Box::new(crate::select::dense::DenseSelector { n_layers: c.num_hidden_layers }),
         };

@@ -79,7 +79,7 @@ pub const EXPERIMENT_HELP: &str = "research knobs (-X KEY=VALUE):
   set-rule=soft8|softN                     the predictor's set rule
   set-rule=oracle                          --in-memory, with --strategy layers or sketch: each token's
                                            exact |h| ranks (the ceiling at a set size)
-  resident-bonus=F                         scorer: a held row counts F (>= 1) times its score (default 2)
+  resident-bonus=F                         scorer, sketch: a held row ranks at F (>= 1) times its score (default 2)
   slot-share=C                             --in-memory: rows each sparse layer holds, share of n_ff
                                            (default: the set, as the smallest budget holds)
   head=q8|compact|resident                 the output head (default: compact with sketch and layers;
@@ -258,8 +258,10 @@ impl ModeArgs {
         if x.slot_share.is_some() && !self.in_memory {
             anyhow::bail!("--experiment slot-share sizes the slots of a run with every row in memory (--in-memory); a streamed run's slots come from --mem-budget");
         }
-        if !scorer && x.resident_bonus.is_some() {
-            anyhow::bail!("--experiment resident-bonus is the scorer's: use it with --strategy scorer");
+        if !scorer && strategy != Strategy::Sketch && x.resident_bonus.is_some() {
+            anyhow::bail!(
+                "--experiment resident-bonus is the scorer's and the sketch's: use it with --strategy scorer or sketch"
+            );
         }
         let selector = if scorer {
             SelectorChoice::Scorer {
@@ -268,7 +270,9 @@ impl ModeArgs {
         } else if x.oracle {
             SelectorChoice::Oracle
         } else if strategy == Strategy::Sketch {
-            SelectorChoice::Sketch
+            SelectorChoice::Sketch {
+                resident_bonus: x.resident_bonus.unwrap_or(runtime::select::layered::SKETCH_RESIDENT_BONUS),
+            }
         } else if strategy == Strategy::Dense {
             SelectorChoice::Dense
         } else if layers {
