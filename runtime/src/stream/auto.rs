@@ -67,34 +67,29 @@ fn sizing_of(
 ) -> Result<Option<(usize, u64, HeldAs, SlotRow)>> {
     let c = &m.model;
     let d0 = m.sparsity.dense_prefix;
-    Ok(match choice {
-        SelectorChoice::Scorer { .. } => match m.artifacts.iter().find(|a| a.role == "scorer") {
-            None => None,
-            Some(a) => {
-                let per_layer = formats::scorer::held_bytes_per_layer(
+    // the resident ranking rows' bytes per layer from the artifact of `role`'s header (the
+    // scorer's 4-bit gate/up, the sketch's): None without the artifact
+    let ranking_rows = |role: &str, held: fn(&Path, usize, usize, usize, usize) -> formats::error::Result<usize>| {
+        m.artifacts
+            .iter()
+            .find(|a| a.role == role)
+            .map(|a| {
+                held(
                     &m.artifact_path(manifest_path, a),
                     d0,
                     c.num_hidden_layers - d0,
                     c.intermediate_size,
                     c.hidden_size,
-                )?;
-                Some((d0, per_layer as u64, HeldAs::RankingRows, SlotRow::Down))
-            }
-        },
+                )
+            })
+            .transpose()
+    };
+    Ok(match choice {
+        SelectorChoice::Scorer { .. } => ranking_rows("scorer", formats::scorer::held_bytes_per_layer)?
+            .map(|per_layer| (d0, per_layer as u64, HeldAs::RankingRows, SlotRow::Down)),
         SelectorChoice::Sketch { .. } => {
-            match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::SKETCH_ROLE) {
-                None => None,
-                Some(a) => {
-                    let per_layer = formats::sketch::held_bytes_per_layer(
-                        &m.artifact_path(manifest_path, a),
-                        d0,
-                        c.num_hidden_layers - d0,
-                        c.intermediate_size,
-                        c.hidden_size,
-                    )?;
-                    Some((m.records.first_layer, per_layer as u64, HeldAs::RankingRows, SlotRow::GateUpDown))
-                }
-            }
+            ranking_rows(crate::layer_predictor::SKETCH_ROLE, formats::sketch::held_bytes_per_layer)?
+                .map(|per_layer| (m.records.first_layer, per_layer as u64, HeldAs::RankingRows, SlotRow::GateUpDown))
         }
         SelectorChoice::Layers => match m.artifacts.iter().find(|a| a.role == crate::layer_predictor::ARTIFACT_ROLE) {
             None => None,
