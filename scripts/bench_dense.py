@@ -8,11 +8,15 @@ does). One row per pair (our model directory, the GGUF llama.cpp reads): the fix
 reference and its own Q4_1 blocks (`prep import --dtype native`); `--large` adds
 Qwen2.5-Coder-1.5B's Q4_K_M file; `--types Q8_0,Q4_0,Q5_0` adds the fixture requantized from its F16
 reference by llama.cpp's llama-quantize to each type (baseline/smollm2-135m-<type>.gguf, imported
-to models/smollm2-135m-<type>), and `--only-types` runs those rows alone. Where llama.cpp as it
+to models/smollm2-135m-<type>), `--large-types Q5_K_M` adds Qwen2.5-Coder-1.5B's Q4_K_M file
+requantized by llama-quantize --allow-requantize to each type (baseline/qwen2.5-coder-1.5b-<type>.gguf,
+imported to models/qwen2.5-coder-1.5b-<type>: the same block types a user's file of that type has, at
+a lower quality, which speed does not depend on), and `--only-types` runs those rows alone. Where llama.cpp as it
 ships fails with its weight repacking on (llama-bench crashed on the fixture's Q8_0 and Q4_0
 here), its row is `--repack 0`, which a user would fall back to, and says so. Writes
 bench/results/dense-<model dir name>.json per pair.
-Usage: python3 scripts/bench_dense.py [--threads 2] [--reps 3] [--n-gen 128] [--large] [--types T,..] [--only-types]
+Usage: python3 scripts/bench_dense.py [--threads 2] [--reps 3] [--n-gen 128] [--large] [--types T,..]
+       [--large-types T,..] [--only-types]
 """
 import argparse, json, os, platform, statistics, subprocess, sys
 
@@ -25,7 +29,9 @@ ap.add_argument("--n-gen", type=int, default=128)
 ap.add_argument("--prompt-file", default="bench/prompt-512.txt")
 ap.add_argument("--large", action="store_true", help="also Qwen2.5-Coder-1.5B Q4_K_M (make setup-large)")
 ap.add_argument("--types", default="", help="also the fixture requantized to these GGML types (comma-separated)")
-ap.add_argument("--only-types", action="store_true", help="only the --types rows")
+ap.add_argument("--large-types", default="",
+                help="also Qwen2.5-Coder-1.5B's Q4_K_M file requantized to these llama-quantize types (comma-separated)")
+ap.add_argument("--only-types", action="store_true", help="only the --types and --large-types rows")
 args = ap.parse_args()
 RUNTIME = "target/release/runtime"
 BUILDS = {"as_it_ships": "baseline/bin/llama-bench", "mmap_build": "baseline/bin-mmap/llama-bench"}
@@ -37,14 +43,17 @@ if args.large:
     PAIRS.append(("models/qwen2.5-coder-1.5b-native", "data/downloads/qwen2.5-coder-1.5b.gguf", "Q4_K_M (Q4_K, Q6_K)"))
 if args.only_types:
     PAIRS = []
-for t in filter(None, args.types.split(",")):
-    gguf, model = f"baseline/smollm2-135m-{t}.gguf", f"models/smollm2-135m-{t}"
+REQUANTIZED = [("smollm2-135m", "baseline/smollm2-135m-f16.gguf", t, "llama-quantize of the F16 reference")
+               for t in filter(None, args.types.split(","))]
+REQUANTIZED += [("qwen2.5-coder-1.5b", "data/downloads/qwen2.5-coder-1.5b.gguf", t, "llama-quantize of the Q4_K_M file")
+                for t in filter(None, args.large_types.split(","))]
+for name, source, t, how in REQUANTIZED:
+    gguf, model = f"baseline/{name}-{t}.gguf", f"models/{name}-{t}"
     if not os.path.exists(gguf):
-        subprocess.run(["baseline/bin/llama-quantize", "--allow-requantize", "baseline/smollm2-135m-f16.gguf", gguf, t],
-                       check=True, capture_output=True)
+        subprocess.run(["baseline/bin/llama-quantize", "--allow-requantize", source, gguf, t], check=True, capture_output=True)
     if not os.path.exists(f"{model}/model.safetensors"):
         subprocess.run(["target/release/prep", "import", gguf, "--dtype", "native", "--out", model], check=True)
-    PAIRS.append((model, gguf, f"{t} (llama-quantize of the F16 reference)"))
+    PAIRS.append((model, gguf, f"{t} ({how})"))
 for p in [RUNTIME, args.prompt_file, *BUILDS.values()] + [x for pair in PAIRS for x in pair[:2]]:
     if not os.path.exists(p):
         sys.exit(f"bench-dense: {p} is missing: run `make setup && make baseline` (and `make setup-large` for --large) first")

@@ -1,9 +1,9 @@
-//! A prompt's product with Q4_K or Q6_K weights on CPUs with AVX-512 VNNI (x86-64) or the
+//! A prompt's product with Q4_K, Q5_K or Q6_K weights on CPUs with AVX-512 VNNI (x86-64) or the
 //! dot-product extension (aarch64): `out[t, o] = w[o, :] . x[t, :]` for many tokens at once, as
 //! an integer matrix product.
 //!
 //! The weight rows are unpacked once per task, 8 rows at a time, into one byte per weight (Q4_K
-//! 0..15, Q6_K 0..63) with their sub-block scales; the tokens' Q8_K rows are laid out once per
+//! 0..15, Q5_K 0..31, Q6_K 0..63; Q5_K then runs Q4_K's kernel, whose scales and mins it shares) with their sub-block scales; the tokens' Q8_K rows are laid out once per
 //! product, 16 tokens at a time, as 4-byte groups of the 16 tokens side by side. Then one
 //! `vpdpbusd` multiplies 4 weights of a row by the same 4 positions of 16 tokens and adds them
 //! to 16 exact integer sums; each sub-block's sum is scaled by its integer scale, each 256-weight
@@ -99,14 +99,15 @@ impl TokenTile {
 
 /// 8 weight rows unpacked: one byte per weight and each block's scales, as integers.
 struct RowTile {
-    /// `[n_blocks][64][ROWS][4]`: one byte per weight (Q4_K 0..15, Q6_K 0..63), each 4
+    /// `[n_blocks][64][ROWS][4]`: one byte per weight (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), each 4
     /// consecutive weights of the 8 rows side by side
     q: Vec<u8>,
-    /// `[ROWS][n_blocks][16]`: Q4_K the 8 sub-block scales then the 8 mins; Q6_K the 16 scales
+    /// `[ROWS][n_blocks][16]`: Q4_K and Q5_K the 8 sub-block scales then the 8 mins; Q6_K the
+    /// 16 scales
     scales: Vec<i32>,
     /// `[ROWS][n_blocks]`
     d: Vec<f32>,
-    /// `[ROWS][n_blocks]`: Q4_K's dmin
+    /// `[ROWS][n_blocks]`: Q4_K's and Q5_K's dmin
     dmin: Vec<f32>,
 }
 
@@ -156,22 +157,29 @@ impl RowTile {
                         let blk = &row[b * 144..(b + 1) * 144];
                         self.d[i * nb + b] = f16(blk, 0);
                         self.dmin[i * nb + b] = f16(blk, 2);
-                        let s = &blk[4..16];
-                        for j in 0..8 {
-                            let (scale, min) = if j < 4 {
-                                (s[j] & 63, s[j + 4] & 63)
-                            } else {
-                                ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-                            };
-                            sc[j] = scale as i32;
-                            sc[8 + j] = min as i32;
-                        }
+                        k_scale_mins(&blk[4..16], sc);
                         for j in 0..4 {
                             for g in 0..8 {
                                 // qs bytes 32j + 4g..: weights 64j + 4g.. (low) and 64j + 32 + 4g.. (high)
                                 let v = word(blk, 16 + 32 * j + 4 * g);
                                 self.put4(b, 16 * j + g, i, v & LOW4);
                                 self.put4(b, 16 * j + 8 + g, i, (v >> 4) & LOW4);
+                            }
+                        }
+                    }
+                    GgmlType::Q5K => {
+                        // Q4_K's scales and 4 low bits, and a fifth bit per weight: qh byte l's
+                        // bit 2j for weight 64j + l, bit 2j + 1 for weight 64j + 32 + l
+                        let blk = &row[b * 176..(b + 1) * 176];
+                        self.d[i * nb + b] = f16(blk, 0);
+                        self.dmin[i * nb + b] = f16(blk, 2);
+                        k_scale_mins(&blk[4..16], sc);
+                        const BIT0: u32 = 0x0101_0101;
+                        for j in 0..4 {
+                            for g in 0..8 {
+                                let (v, h) = (word(blk, 48 + 32 * j + 4 * g), word(blk, 16 + 4 * g));
+                                self.put4(b, 16 * j + g, i, (v & LOW4) | (((h >> (2 * j)) & BIT0) << 4));
+                                self.put4(b, 16 * j + 8 + g, i, ((v >> 4) & LOW4) | (((h >> (2 * j + 1)) & BIT0) << 4));
                             }
                         }
                     }
@@ -200,6 +208,20 @@ impl RowTile {
                 }
             }
         }
+    }
+}
+
+/// Q4_K's and Q5_K's 12 bytes of 6-bit sub-block scales and mins as `sc[0..8]` (scales) and
+/// `sc[8..16]` (mins).
+fn k_scale_mins(s: &[u8], sc: &mut [i32]) {
+    for j in 0..8 {
+        let (scale, min) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+        };
+        sc[j] = scale as i32;
+        sc[8 + j] = min as i32;
     }
 }
 
@@ -245,20 +267,20 @@ pub fn product(
             // SAFETY: AVX-512 F/BW/VL/VNNI detected (asserted above); the tile and the unpacked rows
             // hold nb blocks each (built for the same columns).
             let acc = unsafe {
-                if ty == GgmlType::Q4K {
-                    x86::q4_k_tile(&unpacked, tile, nb)
-                } else {
+                if ty == GgmlType::Q6K {
                     x86::q6_k_tile(&unpacked, tile, nb)
+                } else {
+                    x86::q4_k_tile(&unpacked, tile, nb)
                 }
             };
             #[cfg(target_arch = "aarch64")]
             // SAFETY: the dot-product extension detected (asserted above); the tile and the
             // unpacked rows hold nb blocks each (built for the same columns).
             let acc = unsafe {
-                if ty == GgmlType::Q4K {
-                    neon::q4_k_tile(&unpacked, tile, nb)
-                } else {
+                if ty == GgmlType::Q6K {
                     neon::q6_k_tile(&unpacked, tile, nb)
+                } else {
+                    neon::q4_k_tile(&unpacked, tile, nb)
                 }
             };
             #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -279,7 +279,7 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
 
 /// Whether `w` times `n_tokens` rows runs as an integer matrix product.
 fn integer_product_runs(w: &QMatrix, n_tokens: usize) -> bool {
-    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
+    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || block32_gemm::has_product(w.ty))
         && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
         && w.rows.is_multiple_of(kquant_gemm::ROWS)
         && kquant_gemm::available()
@@ -294,8 +294,9 @@ pub fn qmatmul_many(xs: &[QActivation], ws: &[&QMatrix], outs: &mut [&mut [f32]]
     for (w, out) in ws.iter().zip(outs.iter()) {
         assert_eq!(out.len(), n_tokens * w.rows);
     }
-    let kind = |w: &QMatrix| block32_gemm::supports(w.ty);
-    if ws.iter().all(|w| integer_product_runs(w, n_tokens) && kind(w) == kind(ws[0])) {
+    // one pass where every matrix runs the integer product on the same activations' tiles
+    let tiles_of = |w: &QMatrix| activation_type(w.ty);
+    if ws.iter().all(|w| integer_product_runs(w, n_tokens) && tiles_of(w) == tiles_of(ws[0])) {
         return integer_product(xs, ws, outs);
     }
     for (w, out) in ws.iter().zip(outs.iter_mut()) {
@@ -355,13 +356,16 @@ fn qmatmul_one(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     });
 }
 
-/// [`qmatmul_many`] as integer matrix products: Q4_K and Q6_K by [`kquant_gemm`], Q4_0, Q5_0
-/// and Q8_0 by [`block32_gemm`] (every matrix of one of the two); the tokens laid out once in
+/// [`qmatmul_many`] as integer matrix products: Q4_K, Q5_K and Q6_K by [`kquant_gemm`], Q4_0, Q4_1,
+/// Q5_0 and Q8_0 by [`block32_gemm`] (every matrix of one of the two); the tokens laid out once in
 /// tiles of 16, each task's rows unpacked once for all of them, each task writing its columns
 /// of one output.
 fn integer_product(xs: &[QActivation], ws: &[&QMatrix], outs: &mut [&mut [f32]]) {
     let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", ws[0].ty.name()) };
-    let tiles = if block32_gemm::supports(ws[0].ty) {
+    let tiles = if ws[0].ty == GgmlType::Q4_1 {
+        let rows: Vec<&[BlockQ8_1]> = xs.iter().map(|x| x.as_q8_1().unwrap_or_else(|| wrong("Q8_1"))).collect();
+        Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::of_q8_1).collect())
+    } else if block32_gemm::supports(ws[0].ty) {
         let rows: Vec<&[BlockQ8_0]> = xs.iter().map(|x| x.as_q8_0().unwrap_or_else(|| wrong("Q8_0"))).collect();
         Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
     } else {
@@ -604,7 +608,15 @@ mod tests {
         let x: Vec<f32> = (0..n_tokens)
             .flat_map(|t| random(cols, 100 + t as u64).into_iter().map(move |v| v * [1e-3, 1.0, 1e3][t % 3]))
             .collect();
-        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ] {
             let m = quantized(ty, &w, rows, cols);
             let xs = quantize_rows(activation_type(ty).unwrap(), &x, cols);
             let mut out = vec![0f32; n_tokens * rows];
@@ -640,7 +652,8 @@ mod tests {
     /// Several matrices by the same rows in one pass ([`qmatmul_many`]: the tokens laid out
     /// once, every matrix's tasks together) give each matrix's [`qmatmul`] bit for bit: q, k
     /// and v of different types and heights sharing tiles, and a group that falls back to one
-    /// product each (Q5_K has no integer product; its Q4_K partner still runs one).
+    /// product each (36 rows are not whole groups of 8: that matrix runs the 4-token kernels,
+    /// its Q4_K partner still the integer product).
     #[test]
     fn several_matrices_in_one_pass_give_each_product() {
         let (cols, n_tokens) = (512, 21);
@@ -648,7 +661,9 @@ mod tests {
         for group in [
             vec![(GgmlType::Q4K, 96), (GgmlType::Q4K, 16), (GgmlType::Q6K, 16)],
             vec![(GgmlType::Q8_0, 40), (GgmlType::Q4_0, 72)],
+            vec![(GgmlType::Q4_1, 48), (GgmlType::Q4_1, 16)],
             vec![(GgmlType::Q4K, 64), (GgmlType::Q5K, 32)],
+            vec![(GgmlType::Q4K, 64), (GgmlType::Q5K, 36)],
         ] {
             let ms: Vec<QMatrix> = group
                 .iter()
