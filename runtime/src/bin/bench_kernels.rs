@@ -1,17 +1,18 @@
 //! `bench-kernels` (`make bench-kernels`): one thread, one Qwen2.5-1.5B-sized matrix-vector
-//! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours where
-//! we have one (Q4_1, Q5_0: candle's x86 path is scalar). Prints GB/s of weights read and the
-//! ratio, and writes bench/results/kernels.json. The choice it measured: candle for Q4_0 and
-//! Q8_0, ours for Q4_1, Q5_0, Q4_K and Q6_K (`ops::qmatmul`); where the CPU has AVX-512 VNNI,
-//! the decode kernel over rows interleaved by eight (`ops::interleaved`, a run with every row in
-//! memory); for Q4_K and Q6_K also our prompt kernels, per token: one row against 4 tokens a
-//! pass (`ops::kquant_dot`), and the integer product of 64 tokens where the CPU has AVX-512
-//! VNNI (`ops::kquant_gemm`). Then the sparse MLP's down sum over one layer's rows for each
-//! records down type (`[pack] down`), against Q8_0's time.
+//! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours.
+//! Prints GB/s of weights read and the ratio, and writes bench/results/kernels.json. The choice
+//! it measured: ours for every type (`ops::qmatmul`): Q4_1's one-row kernel; Q4_0, Q5_0 and
+//! Q8_0 decode 8 rows a pass (`ops::block32_gemm`, `vpdpbusd` where the CPU has AVX-512 VNNI);
+//! Q4_K and Q6_K one row at a time, and where the CPU has AVX-512 VNNI over rows interleaved by
+//! eight (`ops::interleaved`, a run with every row in memory); for Q4_K and Q6_K also our prompt
+//! kernels, per token: one row against 4 tokens a pass (`ops::kquant_dot`), and the integer
+//! product of 64 tokens where the CPU has AVX-512 VNNI (`ops::kquant_gemm`). Then the sparse
+//! MLP's down sum over one layer's rows for each records down type (`[pack] down`), against
+//! Q8_0's time.
 
 use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
 use formats::ggml_quants::{self, GgmlType};
-use runtime::ops::{down_sum, interleaved, kquant_dot, kquant_gemm, qdot};
+use runtime::ops::{block32_gemm, down_sum, interleaved, kquant_dot, kquant_gemm, qdot};
 use std::time::Instant;
 
 const ROWS: usize = 8960;
@@ -124,6 +125,18 @@ fn integer_product(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64
     Some(t.elapsed().as_secs_f64() / REPS as f64 / 64.0)
 }
 
+/// Seconds per matvec of a `ty` matrix (`raw`, ROWS rows) with decode's 32-value kernel
+/// (`block32_gemm::matvec`: 8 rows a pass, `vpdpbusd` where the CPU has AVX-512 VNNI).
+fn block32(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8_0]) -> f64 {
+    let mut out = vec![0f32; ROWS];
+    let t = Instant::now();
+    for _ in 0..REPS {
+        block32_gemm::matvec(ty, raw, raw.len() / ROWS, x, &mut out);
+    }
+    std::hint::black_box(&out);
+    t.elapsed().as_secs_f64() / REPS as f64
+}
+
 fn main() {
     let w = weights();
     let x: Vec<f32> = (0..COLS).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
@@ -158,16 +171,16 @@ fn main() {
         Some(ours_k(&raw, |row| kquant_dot::dot_q6_k([row], [&xk[..]; 4])[0])),
     );
     report("Q6_K, integer product of 64 tokens (per token)", (s, b), integer_product(GgmlType::Q6K, &raw, &xk));
-    let (s, b, _) = candle::<ck::BlockQ4_0>(&w, &x);
-    report("Q4_0", (s, b), None);
-    let (s, b, _) = candle::<ck::BlockQ8_0>(&w, &x);
-    report("Q8_0", (s, b), None);
+    let x8 = qdot::quantize_q8_0(&x);
+    let (s, b, raw) = candle::<ck::BlockQ4_0>(&w, &x);
+    report("Q4_0, 8 rows a pass (decode)", (s, b), Some(block32(GgmlType::Q4_0, &raw, &x8)));
+    let (s, b, raw) = candle::<ck::BlockQ8_0>(&w, &x);
+    report("Q8_0, 8 rows a pass (decode)", (s, b), Some(block32(GgmlType::Q8_0, &raw, &x8)));
     let (s, b, raw) = candle::<ck::BlockQ4_1>(&w, &x);
     let xa = qdot::quantize_q8_1(&x);
     report("Q4_1", (s, b), Some(ours(&raw, |row| qdot::dot_q4_1_q8_1(row, &xa))));
     let (s, b, raw) = candle::<ck::BlockQ5_0>(&w, &x);
-    let xa = qdot::quantize_q8_0(&x);
-    report("Q5_0", (s, b), Some(ours(&raw, |row| qdot::dot_q5_0_q8_0(row, &xa))));
+    report("Q5_0, 8 rows a pass (decode)", (s, b), Some(block32(GgmlType::Q5_0, &raw, &x8)));
     // the sparse MLP's down sum: ROWS down rows of COLS values (a Qwen2.5-1.5B layer's W_down
     // columns), each scaled by its coefficient and added, per records' down type, against Q8_0
     let coef: Vec<f32> = (0..ROWS).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();

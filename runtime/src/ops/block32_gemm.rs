@@ -370,36 +370,65 @@ mod x86 {
     ) -> [f32; 8] {
         let bytes = ty.block_bytes();
         assert!(rows.len() >= 7 * row_bytes + xs.len() * bytes && x_sums.len() == xs.len());
-        let offset = match ty {
-            GgmlType::Q4_0 => 8,
-            GgmlType::Q5_0 => 16,
-            _ => 0,
+        // SAFETY (each arm): the caller's contract, the rows' bounds asserted above.
+        match ty {
+            GgmlType::Q8_0 => unsafe { rows8_vnni::<Q8_0>(rows.as_ptr(), row_bytes, xs, x_sums) },
+            GgmlType::Q4_0 => unsafe { rows8_vnni::<Q4_0>(rows.as_ptr(), row_bytes, xs, x_sums) },
+            GgmlType::Q5_0 => unsafe { rows8_vnni::<Q5_0>(rows.as_ptr(), row_bytes, xs, x_sums) },
+            t => panic!("no 32-value decode kernel for {}", t.name()),
+        }
+    }
+
+    /// The 32-value types of [`rows8_vnni`], as its constant parameter.
+    const Q8_0: u8 = 0;
+    const Q4_0: u8 = 1;
+    const Q5_0: u8 = 2;
+
+    /// [`dot_rows8_vnni`] for one type (`KIND`, a constant: no branch on the type per block).
+    ///
+    /// # Safety
+    /// As [`dot_rows8_vnni`]; `rows` points at 8 rows of `xs.len()` blocks of the type.
+    #[cfg(all(target_feature = "avx2", target_feature = "fma"))]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn rows8_vnni<const KIND: u8>(
+        rows: *const u8,
+        row_bytes: usize,
+        xs: &[(&[i8; QK], f32)],
+        x_sums: &[i32],
+    ) -> [f32; 8] {
+        // the type and the offset its stored weights carry
+        let (ty, offset) = match KIND {
+            Q8_0 => (GgmlType::Q8_0, 0),
+            Q4_0 => (GgmlType::Q4_0, 8),
+            _ => (GgmlType::Q5_0, 16),
         };
+        let bytes = ty.block_bytes();
         let mut acc = _mm256_setzero_ps();
         for (b, (&(xq, dx), &sx)) in xs.iter().zip(x_sums).enumerate() {
             // SAFETY: `xq` is 32 bytes; unaligned load.
             let xv = unsafe { _mm256_loadu_si256(xq.as_ptr() as *const __m256i) };
-            let r: [(__m256i, u16); 8] = std::array::from_fn(|i| {
-                let blk = &rows[i * row_bytes + b * bytes..i * row_bytes + (b + 1) * bytes];
-                // SAFETY: block b of row i is in bounds (asserted above); the features (the
+            let sums: [__m256i; 8] = std::array::from_fn(|i| {
+                // SAFETY: block b of row i is inside the caller's rows; the features (the
                 // caller's contract).
                 unsafe {
-                    if ty == GgmlType::Q8_0 {
-                        let w = _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i);
-                        let p =
-                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(xv, w));
-                        (p, u16::from_le_bytes([blk[0], blk[1]]))
+                    let blk = rows.add(i * row_bytes + b * bytes);
+                    if KIND == Q8_0 {
+                        let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(xv, w))
                     } else {
-                        let (q, d) = unsigned_weights(ty, blk);
-                        (_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv), d)
+                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned_block(blk, KIND == Q5_0), xv)
                     }
                 }
             });
-            // SAFETY: AVX2, FMA and F16C (the caller's contract).
-            acc = unsafe {
-                let isum = _mm256_sub_epi32(row_sums8(r.each_ref().map(|x| x.0)), _mm256_set1_epi32(offset * sx));
-                add_scaled(acc, isum, r.map(|x| x.1), dx)
-            };
+            let d: [i16; 8] = std::array::from_fn(|i| {
+                // SAFETY: the block's first 2 bytes, its f16 scale, are inside the rows.
+                unsafe { (rows.add(i * row_bytes + b * bytes) as *const i16).read_unaligned() }
+            });
+            let scales = _mm256_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
+            // SAFETY: AVX2 (the caller's contract).
+            let isum = unsafe { _mm256_sub_epi32(row_sums8(sums), _mm256_set1_epi32(offset * sx)) };
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scales, _mm256_set1_ps(dx)), acc);
         }
         let mut out = [0f32; 8];
         // SAFETY: 8 f32; unaligned store.
@@ -415,31 +444,41 @@ mod x86 {
     #[cfg(target_feature = "avx2")]
     #[inline(always)]
     unsafe fn unsigned_weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
-        let f16 = |at: usize| u16::from_le_bytes([blk[at], blk[at + 1]]);
-        let nibbles = |at: usize| {
-            // SAFETY (caller): 16 bytes of nibbles at `at` in the block; unaligned load.
-            let q = unsafe { _mm_loadu_si128(blk.as_ptr().add(at) as *const __m128i) };
+        assert!(matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0) && blk.len() == ty.block_bytes());
+        // SAFETY: a whole block of `ty` (asserted); AVX2 (the caller's contract).
+        (unsafe { unsigned_block(blk.as_ptr(), ty == GgmlType::Q5_0) }, u16::from_le_bytes([blk[0], blk[1]]))
+    }
+
+    /// The 32 unsigned weights of the Q4_0 block (`five_bit` false) or Q5_0 block at `blk`:
+    /// bytes 0..16 the low nibbles (weights j), 16..32 the high (weights j + 16), Q5_0's fifth
+    /// bit from bit j of its `qh`.
+    ///
+    /// # Safety
+    /// AVX2 available; `blk` points at a whole block of that type.
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    unsafe fn unsigned_block(blk: *const u8, five_bit: bool) -> __m256i {
+        // SAFETY (caller): the nibbles (16 bytes after the scale, and qh for Q5_0) and qh's 4
+        // bytes are inside the block; unaligned loads.
+        unsafe {
+            let q = _mm_loadu_si128(blk.add(if five_bit { 6 } else { 2 }) as *const __m128i);
             let low = _mm_set1_epi8(0x0F);
-            // bytes 0..16: the low nibbles (weights j), 16..32: the high (weights j + 16)
-            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low))
-        };
-        match ty {
-            GgmlType::Q4_0 => (nibbles(2), f16(0)),
-            GgmlType::Q5_0 => {
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                // byte j of the vector: bit j of qh, spread to 0xFF or 0 (llama.cpp's
-                // bytes_from_bits_32), then 16 where set
-                let spread = _mm256_shuffle_epi8(
-                    _mm256_set1_epi32(qh as i32),
-                    _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
-                );
-                let set = _mm256_cmpeq_epi8(
-                    _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
-                    _mm256_set1_epi64x(-1),
-                );
-                (_mm256_or_si256(nibbles(6), _mm256_and_si256(set, _mm256_set1_epi8(16))), f16(0))
+            let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+            if !five_bit {
+                return nibbles;
             }
-            t => panic!("no unsigned 32-value weights for {}", t.name()),
+            let qh = (blk.add(2) as *const i32).read_unaligned();
+            // byte j of the vector: bit j of qh, spread to 0xFF or 0 (llama.cpp's
+            // bytes_from_bits_32), then 16 where set
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(qh),
+                _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+            );
+            let set = _mm256_cmpeq_epi8(
+                _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
+                _mm256_set1_epi64x(-1),
+            );
+            _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(16)))
         }
     }
 
