@@ -1,9 +1,8 @@
 //! `bench-kernels` (`make bench-kernels`): one thread, one Qwen2.5-1.5B-sized matrix-vector
 //! product (8960 x 1536) per GGML block type, candle-core's block dot product against ours.
 //! Prints GB/s of weights read and the ratio, and writes bench/results/kernels.json. The choice
-//! it measured: ours for every type (`ops::qmatmul`): Q4_0, Q4_1, Q5_0 and Q8_0 decode 8 rows a
-//! pass (`ops::block32_gemm`, `vpdpbusd`) where the CPU has AVX-512 VNNI, Q4_1 one row at a
-//! time elsewhere;
+//! it measured: ours for every type (`ops::qmatmul`): Q4_1's one-row kernel; Q4_0, Q5_0 and
+//! Q8_0 decode 8 rows a pass (`ops::block32_gemm`, `vpdpbusd` where the CPU has AVX-512 VNNI);
 //! Q4_K and Q6_K one row at a time, and where the CPU has AVX-512 VNNI over rows interleaved by
 //! eight (`ops::interleaved`, a run with every row in memory); for Q4_K and Q6_K also our prompt
 //! kernels, per token: one row against 4 tokens a pass (`ops::kquant_dot`), and the integer
@@ -128,7 +127,7 @@ fn integer_product(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8K]) -> Option<f64
 
 /// Seconds per matvec of a `ty` matrix (`raw`, ROWS rows) with decode's 32-value kernel
 /// (`block32_gemm::matvec`: 8 rows a pass, `vpdpbusd` where the CPU has AVX-512 VNNI).
-fn block32(ty: GgmlType, raw: &[u8], x: block32_gemm::Activation<'_>) -> f64 {
+fn block32(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8_0]) -> f64 {
     let mut out = vec![0f32; ROWS];
     let t = Instant::now();
     for _ in 0..REPS {
@@ -174,35 +173,14 @@ fn main() {
     report("Q6_K, integer product of 64 tokens (per token)", (s, b), integer_product(GgmlType::Q6K, &raw, &xk));
     let x8 = qdot::quantize_q8_0(&x);
     let (s, b, raw) = candle::<ck::BlockQ4_0>(&w, &x);
-    report(
-        "Q4_0, 8 rows a pass (decode)",
-        (s, b),
-        Some(block32(GgmlType::Q4_0, &raw, block32_gemm::Activation::Q8_0(&x8))),
-    );
+    report("Q4_0, 8 rows a pass (decode)", (s, b), Some(block32(GgmlType::Q4_0, &raw, &x8)));
     let (s, b, raw) = candle::<ck::BlockQ8_0>(&w, &x);
-    report(
-        "Q8_0, 8 rows a pass (decode)",
-        (s, b),
-        Some(block32(GgmlType::Q8_0, &raw, block32_gemm::Activation::Q8_0(&x8))),
-    );
+    report("Q8_0, 8 rows a pass (decode)", (s, b), Some(block32(GgmlType::Q8_0, &raw, &x8)));
     let (s, b, raw) = candle::<ck::BlockQ4_1>(&w, &x);
     let xa = qdot::quantize_q8_1(&x);
-    report(
-        "Q4_1, one row (decode without AVX-512 VNNI)",
-        (s, b),
-        Some(ours(&raw, |row| qdot::dot_q4_1_q8_1(row, &xa))),
-    );
-    report(
-        "Q4_1, 8 rows a pass (decode)",
-        (s, b),
-        Some(block32(GgmlType::Q4_1, &raw, block32_gemm::Activation::Q8_1(&xa))),
-    );
+    report("Q4_1", (s, b), Some(ours(&raw, |row| qdot::dot_q4_1_q8_1(row, &xa))));
     let (s, b, raw) = candle::<ck::BlockQ5_0>(&w, &x);
-    report(
-        "Q5_0, 8 rows a pass (decode)",
-        (s, b),
-        Some(block32(GgmlType::Q5_0, &raw, block32_gemm::Activation::Q8_0(&x8))),
-    );
+    report("Q5_0, 8 rows a pass (decode)", (s, b), Some(block32(GgmlType::Q5_0, &raw, &x8)));
     // the sparse MLP's down sum: ROWS down rows of COLS values (a Qwen2.5-1.5B layer's W_down
     // columns), each scaled by its coefficient and added, per records' down type, against Q8_0
     let coef: Vec<f32> = (0..ROWS).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();

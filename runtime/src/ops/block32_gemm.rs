@@ -8,8 +8,8 @@
 //! Each block's integer sum of 32 products is exact; it is scaled by `d_w x d_x` with one fused
 //! multiply-add per block, row and token, block after block (Q4_1 adds its min times the
 //! token's block sum `s` with a second one, as its one-token kernel's terms; the order of the
-//! f32 operations differs from `qdot`'s one-token kernel, so Q4_1's last bits do). Decode
-//! computes each row the same
+//! f32 operations differs from that kernel's, so Q4_1's last bits do). Decode computes each
+//! Q8_0-activation row the same
 //! way ([`dot_row`], [`matvec`]), so a token's products are the same bits whether it went
 //! through the product with 15 others or alone: a reply does not depend on how its tokens were
 //! batched (a chat's cached prefix, a short continuation). `vpdpbusd` multiplies unsigned by
@@ -23,50 +23,20 @@ use formats::ggml_quants::GgmlType;
 /// Values per block.
 const QK: usize = 32;
 
-/// Whether `ty` decodes and multiplies here ([`dot_row`], [`matvec`], [`product`]).
+/// Whether `ty` decodes and multiplies here against Q8_0 activations ([`dot_row`],
+/// [`matvec`], [`product`]).
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
 }
 
-/// One token's activation blocks: Q8_0 (for Q4_0, Q5_0 and Q8_0 weights) or Q8_1 (for Q4_1,
-/// whose mins multiply each block's sum `s`).
-#[derive(Clone, Copy)]
-pub enum Activation<'a> {
-    Q8_0(&'a [BlockQ8_0]),
-    Q8_1(&'a [BlockQ8_1]),
-}
-
-impl<'a> Activation<'a> {
-    /// Blocks in the row.
-    pub fn len(&self) -> usize {
-        match self {
-            Activation::Q8_0(x) => x.len(),
-            Activation::Q8_1(x) => x.len(),
-        }
-    }
-
-    /// Whether the row has no blocks.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Block b's bytes, scale and `s` (`d` x the sum of its bytes; 0 for Q8_0).
-    fn block(&self, b: usize) -> (&'a [i8; QK], f32, f32) {
-        match self {
-            Activation::Q8_0(x) => (&x[b].qs, x[b].d.to_f32(), 0.0),
-            Activation::Q8_1(x) => (&x[b].qs, x[b].d.to_f32(), x[b].s.to_f32()),
-        }
-    }
-
-    /// Every block's bytes, scale and `s` (the 8-row decode kernels' input).
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-    fn blocks(&self) -> Vec<(&'a [i8; QK], f32, f32)> {
-        (0..self.len()).map(|b| self.block(b)).collect()
-    }
+/// Whether `ty` has an integer product here: the [`supports`] types, and Q4_1 against Q8_1
+/// activations ([`TokenTile::of_q8_1`]).
+pub fn has_product(ty: GgmlType) -> bool {
+    supports(ty) || ty == GgmlType::Q4_1
 }
 
 /// Up to 16 tokens' rows laid out for the product: per block, 8 groups of the 16 tokens' 4
-/// bytes side by side, each token's scale and, from Q8_1 rows, each token's block sums `s`.
+/// bytes side by side, each token's scale and, from Q8_1 rows, each token's block sum.
 pub struct TokenTile {
     /// `[n_blocks][8][TOKENS][4]`
     qs: Vec<i8>,
@@ -78,16 +48,31 @@ pub struct TokenTile {
 }
 
 impl TokenTile {
-    /// Up to 16 tokens' rows of the same length; missing tokens are zeros.
-    pub fn new(xs: &[Activation<'_>]) -> Self {
-        assert!(xs.len() <= TOKENS && !xs.is_empty());
-        let nb = xs[0].len();
+    /// Up to 16 tokens' Q8_0 rows of the same length; missing tokens are zeros.
+    pub fn new(xs: &[&[BlockQ8_0]]) -> Self {
+        Self::build(xs.len(), xs[0].len(), |t, b| {
+            assert_eq!(xs[t].len(), xs[0].len(), "token rows of different lengths");
+            (&xs[t][b].qs, xs[t][b].d.to_f32(), 0.0)
+        })
+    }
+
+    /// Up to 16 tokens' Q8_1 rows (Q4_1's activations) of the same length.
+    pub fn of_q8_1(xs: &[&[BlockQ8_1]]) -> Self {
+        Self::build(xs.len(), xs[0].len(), |t, b| {
+            assert_eq!(xs[t].len(), xs[0].len(), "token rows of different lengths");
+            (&xs[t][b].qs, xs[t][b].d.to_f32(), xs[t][b].s.to_f32())
+        })
+    }
+
+    /// `n_tokens` rows of `nb` blocks, `block(t, b)` giving token t's block b as its bytes,
+    /// scale and sum.
+    fn build<'a>(n_tokens: usize, nb: usize, block: impl Fn(usize, usize) -> (&'a [i8; QK], f32, f32)) -> Self {
+        assert!(n_tokens <= TOKENS && n_tokens > 0);
         let mut tile =
             TokenTile { qs: vec![0; nb * QK * TOKENS], d: vec![0.0; nb * TOKENS], s: vec![0.0; nb * TOKENS] };
-        for (t, x) in xs.iter().enumerate() {
-            assert_eq!(x.len(), nb, "token rows of different lengths");
+        for t in 0..n_tokens {
             for b in 0..nb {
-                let (qs, d, s) = x.block(b);
+                let (qs, d, s) = block(t, b);
                 for g in 0..QK / 4 {
                     let at = ((b * QK / 4 + g) * TOKENS + t) * 4;
                     tile.qs[at..at + 4].copy_from_slice(&qs[4 * g..4 * g + 4]);
@@ -182,26 +167,21 @@ fn unpack_block(ty: GgmlType, blk: &[u8], w: &mut [i8; QK]) -> (f32, f32) {
 }
 
 /// One row of `ty` blocks against one token, with the arithmetic of one lane of [`product`]:
-/// each block's exact integer sum, then `sum = fma(isum, d_w x d_x, sum)` (and Q4_1's
-/// `sum = fma(m, s, sum)`), block after block.
-pub fn dot_row(ty: GgmlType, row: &[u8], x: Activation<'_>) -> f32 {
+/// each block's exact integer sum, then `sum = fma(isum, d_w x d_x, sum)`, block after block.
+pub fn dot_row(ty: GgmlType, row: &[u8], x: &[BlockQ8_0]) -> f32 {
     assert_eq!(row.len(), x.len() * ty.block_bytes());
     let mut sum = 0f32;
-    for (b, blk) in row.chunks_exact(ty.block_bytes()).enumerate() {
-        let (xq, dx, s) = x.block(b);
+    for (blk, y) in row.chunks_exact(ty.block_bytes()).zip(x) {
         #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
         // SAFETY: AVX2 is a target feature of this build; `blk` is one whole block of `ty`.
-        let (isum, d) = unsafe { x86::block_sum(ty, blk, xq) };
+        let (isum, d) = unsafe { x86::block_sum(ty, blk, &y.qs) };
         #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
         let (isum, d) = {
             let mut w = [0i8; QK];
             let (d, _) = unpack_block(ty, blk, &mut w);
-            (w.iter().zip(xq).map(|(&a, &b)| a as i32 * b as i32).sum::<i32>(), d)
+            (w.iter().zip(&y.qs).map(|(&a, &b)| a as i32 * b as i32).sum::<i32>(), d)
         };
-        sum = (isum as f32).mul_add(d * dx, sum);
-        if ty == GgmlType::Q4_1 {
-            sum = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32().mul_add(s, sum);
-        }
+        sum = (isum as f32).mul_add(d * y.d.to_f32(), sum);
     }
     sum
 }
@@ -209,7 +189,7 @@ pub fn dot_row(ty: GgmlType, row: &[u8], x: Activation<'_>) -> f32 {
 /// `rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty` blocks,
 /// `row_bytes` a row in `bytes`, and every tile's tokens, handed to `put(t0, r0, acc)` as
 /// [`crate::ops::kquant_gemm::product`] hands them. Only where [`available`] and
-/// [`supports`]`(ty)`, the tiles built from the type's activations (Q4_1: Q8_1).
+/// [`has_product`]`(ty)`, the tiles built from the type's activations (Q4_1: Q8_1).
 pub fn product(
     ty: GgmlType,
     bytes: &[u8],
@@ -219,7 +199,7 @@ pub fn product(
     put: &mut impl FnMut(usize, usize, &[[f32; TOKENS]; ROWS]),
 ) {
     assert!(available(), "the integer product needs AVX-512 VNNI or the dot-product extension");
-    assert!(supports(ty), "no 32-value integer product for {}", ty.name());
+    assert!(has_product(ty), "no 32-value integer product for {}", ty.name());
     let nb = tiles[0].d.len() / TOKENS;
     assert!(n_rows.is_multiple_of(ROWS) && row_bytes == nb * ty.block_bytes() && bytes.len() >= n_rows * row_bytes);
     let mut unpacked = RowTile::new(nb);
@@ -243,16 +223,16 @@ pub fn product(
 
 /// `out[i] = row i . x` for the rows of `ty` blocks in `rows` (`row_bytes` each), each the
 /// bits of [`dot_row`]: 8 rows at a time where the build has AVX2 and FMA.
-pub fn matvec(ty: GgmlType, rows: &[u8], row_bytes: usize, x: Activation<'_>, out: &mut [f32]) {
+pub fn matvec(ty: GgmlType, rows: &[u8], row_bytes: usize, x: &[BlockQ8_0], out: &mut [f32]) {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     let done = {
-        let xs = x.blocks();
+        let xs: Vec<(&[i8; QK], f32)> = x.iter().map(|y| (&y.qs, y.d.to_f32())).collect();
         assert_eq!(row_bytes, xs.len() * ty.block_bytes());
         // with VNNI the 4- and 5-bit weights multiply unsigned, their offset taken off once per
         // block through the activations' sum
         let vnni = available();
         let x_sums: Vec<i32> =
-            if vnni { xs.iter().map(|(q, _, _)| q.iter().map(|&v| v as i32).sum()).collect() } else { Vec::new() };
+            if vnni { x.iter().map(|y| y.qs.iter().map(|&v| v as i32).sum()).collect() } else { Vec::new() };
         let whole = out.len() / 8 * 8;
         for r in (0..whole).step_by(8) {
             let rows8 = &rows[r * row_bytes..(r + 8) * row_bytes];
@@ -320,11 +300,11 @@ mod x86 {
     /// # Safety
     /// AVX2 and FMA available; `rows` holds 8 rows of `xs.len()` blocks of `ty`.
     #[cfg(all(target_feature = "avx2", target_feature = "fma"))]
-    pub unsafe fn dot_rows8(ty: GgmlType, rows: &[u8], row_bytes: usize, xs: &[(&[i8; QK], f32, f32)]) -> [f32; 8] {
+    pub unsafe fn dot_rows8(ty: GgmlType, rows: &[u8], row_bytes: usize, xs: &[(&[i8; QK], f32)]) -> [f32; 8] {
         let bytes = ty.block_bytes();
         assert!(rows.len() >= 7 * row_bytes + xs.len() * bytes);
         let mut acc = _mm256_setzero_ps();
-        for (b, &(xq, dx, s)) in xs.iter().enumerate() {
+        for (b, &(xq, dx)) in xs.iter().enumerate() {
             prefetch_next_rows(rows.as_ptr(), row_bytes, xs.len(), b);
             // SAFETY: `xq` is 32 bytes; unaligned load.
             let xv = unsafe { _mm256_loadu_si256(xq.as_ptr() as *const __m256i) };
@@ -339,10 +319,6 @@ mod x86 {
             });
             // SAFETY: AVX2, FMA and F16C (the caller's contract).
             acc = unsafe { add_scaled(acc, row_sums8(r.each_ref().map(|x| x.0)), r.map(|x| x.1), dx) };
-            if ty == GgmlType::Q4_1 {
-                // SAFETY: block b of each row is in bounds (asserted above); F16C and FMA.
-                acc = unsafe { add_mins(acc, rows.as_ptr().add(b * bytes), row_bytes, s) };
-            }
         }
         let mut out = [0f32; 8];
         // SAFETY: 8 f32; unaligned store.
@@ -379,22 +355,6 @@ mod x86 {
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc)
     }
 
-    /// `acc + m x s`, lane i row i's Q4_1 block min `m` (f16 at byte 2 of the block at
-    /// `blk + i row_bytes`) and `s` the token's block sum.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C available; the 8 blocks are in bounds.
-    #[cfg(all(target_feature = "avx2", target_feature = "fma"))]
-    #[inline(always)]
-    unsafe fn add_mins(acc: __m256, blk: *const u8, row_bytes: usize, s: f32) -> __m256 {
-        let m: [i16; 8] = std::array::from_fn(|i| {
-            // SAFETY (caller): bytes 2..4 of row i's block.
-            unsafe { (blk.add(i * row_bytes + 2) as *const i16).read_unaligned() }
-        });
-        let m = _mm256_cvtph_ps(_mm_setr_epi16(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]));
-        _mm256_fmadd_ps(m, _mm256_set1_ps(s), acc)
-    }
-
     /// Lane i: the sum of `r[i]`'s 8 lanes (8 rows' block sums side by side).
     ///
     /// # Safety
@@ -422,7 +382,7 @@ mod x86 {
         ty: GgmlType,
         rows: &[u8],
         row_bytes: usize,
-        xs: &[(&[i8; QK], f32, f32)],
+        xs: &[(&[i8; QK], f32)],
         x_sums: &[i32],
     ) -> [f32; 8] {
         let bytes = ty.block_bytes();
@@ -432,7 +392,6 @@ mod x86 {
             GgmlType::Q8_0 => unsafe { rows8_vnni::<Q8_0>(rows.as_ptr(), row_bytes, xs, x_sums) },
             GgmlType::Q4_0 => unsafe { rows8_vnni::<Q4_0>(rows.as_ptr(), row_bytes, xs, x_sums) },
             GgmlType::Q5_0 => unsafe { rows8_vnni::<Q5_0>(rows.as_ptr(), row_bytes, xs, x_sums) },
-            GgmlType::Q4_1 => unsafe { rows8_vnni::<Q4_1>(rows.as_ptr(), row_bytes, xs, x_sums) },
             t => panic!("no 32-value decode kernel for {}", t.name()),
         }
     }
@@ -441,7 +400,6 @@ mod x86 {
     const Q8_0: u8 = 0;
     const Q4_0: u8 = 1;
     const Q5_0: u8 = 2;
-    const Q4_1: u8 = 3;
 
     /// [`dot_rows8_vnni`] for one type (`KIND`, a constant: no branch on the type per block).
     ///
@@ -453,19 +411,18 @@ mod x86 {
     unsafe fn rows8_vnni<const KIND: u8>(
         rows: *const u8,
         row_bytes: usize,
-        xs: &[(&[i8; QK], f32, f32)],
+        xs: &[(&[i8; QK], f32)],
         x_sums: &[i32],
     ) -> [f32; 8] {
         // the type and the offset its stored weights carry
         let (ty, offset) = match KIND {
             Q8_0 => (GgmlType::Q8_0, 0),
             Q4_0 => (GgmlType::Q4_0, 8),
-            Q5_0 => (GgmlType::Q5_0, 16),
-            _ => (GgmlType::Q4_1, 0),
+            _ => (GgmlType::Q5_0, 16),
         };
         let bytes = ty.block_bytes();
         let mut acc = _mm256_setzero_ps();
-        for (b, (&(xq, dx, s), &sx)) in xs.iter().zip(x_sums).enumerate() {
+        for (b, (&(xq, dx), &sx)) in xs.iter().zip(x_sums).enumerate() {
             prefetch_next_rows(rows, row_bytes, xs.len(), b);
             // SAFETY: `xq` is 32 bytes; unaligned load.
             let xv = unsafe { _mm256_loadu_si256(xq.as_ptr() as *const __m256i) };
@@ -478,7 +435,7 @@ mod x86 {
                         let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                         _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(xv, w))
                     } else {
-                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned_block(blk, ty), xv)
+                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), unsigned_block(blk, KIND == Q5_0), xv)
                     }
                 }
             });
@@ -490,10 +447,6 @@ mod x86 {
             // SAFETY: AVX2 (the caller's contract).
             let isum = unsafe { _mm256_sub_epi32(row_sums8(sums), _mm256_set1_epi32(offset * sx)) };
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scales, _mm256_set1_ps(dx)), acc);
-            if KIND == Q4_1 {
-                // SAFETY: block b of each row is inside the caller's rows; F16C and FMA.
-                acc = unsafe { add_mins(acc, rows.add(b * bytes), row_bytes, s) };
-            }
         }
         let mut out = [0f32; 8];
         // SAFETY: 8 f32; unaligned store.
@@ -501,29 +454,35 @@ mod x86 {
         out
     }
 
-    /// The 32 stored weights of the Q4_0, Q4_1 or Q5_0 block (`ty`) at `blk`, unsigned (0..15,
-    /// 0..31: before Q4_0's and Q5_0's offset of 8 or 16): bytes 0..16 the low nibbles
-    /// (weights j), 16..32 the high (weights j + 16), Q5_0's fifth bit from bit j of its `qh`.
+    /// One Q4_0 or Q5_0 block as its 32 stored weights, unsigned (0..15, 0..31: before their
+    /// offset of 8 or 16), and its scale (f16 bits).
     ///
     /// # Safety
-    /// AVX2 available; `blk` points at a whole block of `ty`.
+    /// AVX2 available; `blk` is one whole block of `ty` (Q4_0 or Q5_0).
     #[cfg(target_feature = "avx2")]
     #[inline(always)]
-    unsafe fn unsigned_block(blk: *const u8, ty: GgmlType) -> __m256i {
-        // where the 16 bytes of nibbles start: after the scale (Q4_0), the scale and the min
-        // (Q4_1), the scale and qh (Q5_0)
-        let at = match ty {
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 4,
-            GgmlType::Q5_0 => 6,
-            t => panic!("no unsigned 32-value weights for {}", t.name()),
-        };
-        // SAFETY (caller): the nibbles and Q5_0's qh are inside the block; unaligned loads.
+    unsafe fn unsigned_weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
+        assert!(matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0) && blk.len() == ty.block_bytes());
+        // SAFETY: a whole block of `ty` (asserted); AVX2 (the caller's contract).
+        (unsafe { unsigned_block(blk.as_ptr(), ty == GgmlType::Q5_0) }, u16::from_le_bytes([blk[0], blk[1]]))
+    }
+
+    /// The 32 unsigned weights of the Q4_0 block (`five_bit` false) or Q5_0 block at `blk`:
+    /// bytes 0..16 the low nibbles (weights j), 16..32 the high (weights j + 16), Q5_0's fifth
+    /// bit from bit j of its `qh`.
+    ///
+    /// # Safety
+    /// AVX2 available; `blk` points at a whole block of that type.
+    #[cfg(target_feature = "avx2")]
+    #[inline(always)]
+    unsafe fn unsigned_block(blk: *const u8, five_bit: bool) -> __m256i {
+        // SAFETY (caller): the nibbles (16 bytes after the scale, and qh for Q5_0) and qh's 4
+        // bytes are inside the block; unaligned loads.
         unsafe {
-            let q = _mm_loadu_si128(blk.add(at) as *const __m128i);
+            let q = _mm_loadu_si128(blk.add(if five_bit { 6 } else { 2 }) as *const __m128i);
             let low = _mm_set1_epi8(0x0F);
             let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
-            if ty != GgmlType::Q5_0 {
+            if !five_bit {
                 return nibbles;
             }
             let qh = (blk.add(2) as *const i32).read_unaligned();
@@ -551,15 +510,10 @@ mod x86 {
         // SAFETY (caller): one whole block of `ty`; unaligned loads inside it.
         unsafe {
             match ty {
-                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => {
-                    assert_eq!(blk.len(), ty.block_bytes());
-                    let q = unsigned_block(blk.as_ptr(), ty);
-                    let offset = match ty {
-                        GgmlType::Q4_0 => 8,
-                        GgmlType::Q5_0 => 16,
-                        _ => 0,
-                    };
-                    (_mm256_sub_epi8(q, _mm256_set1_epi8(offset)), u16::from_le_bytes([blk[0], blk[1]]))
+                GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                    let (q, d) = unsigned_weights(ty, blk);
+                    let offset = if ty == GgmlType::Q4_0 { 8 } else { 16 };
+                    (_mm256_sub_epi8(q, _mm256_set1_epi8(offset)), d)
                 }
                 GgmlType::Q8_0 => {
                     (_mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i), u16::from_le_bytes([blk[0], blk[1]]))
@@ -659,8 +613,7 @@ mod tests {
     use super::*;
 
     /// Decode's two x86-64 kernels (AVX2, and `vpdpbusd` where the CPU has AVX-512 VNNI) give
-    /// the same bits on random blocks of each type, every byte value in the weights, and each
-    /// row the bits of [`dot_row`].
+    /// the same bits on random blocks of each type, every byte value in the weights.
     #[test]
     fn both_decode_kernels_give_the_same_bits() {
         if !available() {
@@ -676,22 +629,15 @@ mod tests {
             s
         };
         let x: Vec<f32> = (0..nb * QK).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
-        let (x8_0, x8_1) = (crate::ops::qdot::quantize_q8_0(&x), crate::ops::qdot::quantize_q8_1(&x));
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1] {
-            let act = if ty == GgmlType::Q4_1 { Activation::Q8_1(&x8_1) } else { Activation::Q8_0(&x8_0) };
-            let xs = act.blocks();
-            let sums: Vec<i32> = xs.iter().map(|(q, _, _)| q.iter().map(|&v| v as i32).sum()).collect();
+        let xb = crate::ops::qdot::quantize_q8_0(&x);
+        let xs: Vec<(&[i8; QK], f32)> = xb.iter().map(|y| (&y.qs, y.d.to_f32())).collect();
+        let sums: Vec<i32> = xb.iter().map(|y| y.qs.iter().map(|&v| v as i32).sum()).collect();
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
             let bytes = ty.block_bytes();
             let mut rows: Vec<u8> = (0..8 * nb * bytes).map(|_| next() as u8).collect();
             for blk in rows.chunks_exact_mut(bytes) {
-                // a scale (and Q4_1's min, of either sign) of 2^-7 .. 2^-4: finite and normal
-                let (d, m) = (next(), next());
-                let scale = |r: u64| half::f16::from_f32(1.0 / (16 << (r % 4)) as f32);
-                blk[..2].copy_from_slice(&scale(d).to_le_bytes());
-                if ty == GgmlType::Q4_1 {
-                    let sign = if m & 16 == 0 { 1.0 } else { -1.0 };
-                    blk[2..4].copy_from_slice(&half::f16::from_f32(sign * scale(m).to_f32()).to_le_bytes());
-                }
+                // a scale of 2^-7 .. 2^-4: finite and normal
+                blk[..2].copy_from_slice(&half::f16::from_f32(1.0 / (16 << (next() % 4)) as f32).to_le_bytes());
             }
             // SAFETY: AVX2 and FMA are target features of this build, AVX-512 VNNI detected;
             // 8 rows of nb blocks, a sum per block.
@@ -700,7 +646,7 @@ mod tests {
             };
             assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits), "{}", ty.name());
             for (i, v) in a.iter().enumerate() {
-                let one = dot_row(ty, &rows[i * nb * bytes..(i + 1) * nb * bytes], act);
+                let one = dot_row(ty, &rows[i * nb * bytes..(i + 1) * nb * bytes], &xb);
                 assert_eq!(v.to_bits(), one.to_bits(), "{}: row {i}", ty.name());
             }
         }

@@ -170,20 +170,13 @@ pub(crate) fn candle_dot_q8_k(ty: GgmlType, row: &[u8], x: &[BlockQ8K]) -> f32 {
     }
 }
 
-/// `x`'s blocks where `ty`'s products go through [`block32_gemm`] (the CPU runs its integer
-/// product, so one token computes as one of its lanes, whatever the batch).
-fn block32_activation(ty: GgmlType, x: &QActivation) -> Option<block32_gemm::Activation<'_>> {
-    (block32_gemm::supports(ty) && kquant_gemm::available()).then(|| block32_blocks(ty, x))
-}
-
-/// `x` as the blocks `ty`'s 32-value kernels take: Q8_1 for Q4_1, Q8_0 for the others.
-fn block32_blocks(ty: GgmlType, x: &QActivation) -> block32_gemm::Activation<'_> {
-    let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", ty.name()) };
-    if ty == GgmlType::Q4_1 {
-        block32_gemm::Activation::Q8_1(x.as_q8_1().unwrap_or_else(|| wrong("Q8_1")))
-    } else {
-        block32_gemm::Activation::Q8_0(x.as_q8_0().unwrap_or_else(|| wrong("Q8_0")))
+/// `x`'s Q8_0 blocks where `ty`'s products go through [`block32_gemm`] (the CPU runs its
+/// integer product, so one token computes as one of its lanes, whatever the batch).
+fn block32_activation(ty: GgmlType, x: &QActivation) -> Option<&[BlockQ8_0]> {
+    if !(block32_gemm::supports(ty) && kquant_gemm::available()) {
+        return None;
     }
+    Some(x.as_q8_0().unwrap_or_else(|| panic!("{} weights need Q8_0 activations", ty.name())))
 }
 
 /// `dst[i] = row r0 + i . x` over `rows`, rows of `row_bytes` bytes of `ty` blocks.
@@ -247,8 +240,7 @@ enum TokenBlocks<'a> {
 impl<'a> TokenBlocks<'a> {
     fn of(ty: GgmlType, group: &'a [QActivation]) -> Self {
         match ty {
-            // where Q4_1 runs block32's kernels, each token computes as one of their lanes
-            GgmlType::Q4_1 if !kquant_gemm::available() => group
+            GgmlType::Q4_1 => group
                 .iter()
                 .map(QActivation::as_q8_1)
                 .collect::<Option<_>>()
@@ -287,7 +279,7 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
 
 /// Whether `w` times `n_tokens` rows runs as an integer matrix product.
 fn integer_product_runs(w: &QMatrix, n_tokens: usize) -> bool {
-    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
+    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || block32_gemm::has_product(w.ty))
         && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
         && w.rows.is_multiple_of(kquant_gemm::ROWS)
         && kquant_gemm::available()
@@ -370,8 +362,11 @@ fn qmatmul_one(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
 /// of one output.
 fn integer_product(xs: &[QActivation], ws: &[&QMatrix], outs: &mut [&mut [f32]]) {
     let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", ws[0].ty.name()) };
-    let tiles = if block32_gemm::supports(ws[0].ty) {
-        let rows: Vec<block32_gemm::Activation> = xs.iter().map(|x| block32_blocks(ws[0].ty, x)).collect();
+    let tiles = if ws[0].ty == GgmlType::Q4_1 {
+        let rows: Vec<&[BlockQ8_1]> = xs.iter().map(|x| x.as_q8_1().unwrap_or_else(|| wrong("Q8_1"))).collect();
+        Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::of_q8_1).collect())
+    } else if block32_gemm::supports(ws[0].ty) {
+        let rows: Vec<&[BlockQ8_0]> = xs.iter().map(|x| x.as_q8_0().unwrap_or_else(|| wrong("Q8_0"))).collect();
         Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
     } else {
         let rows: Vec<&[BlockQ8K]> = xs.iter().map(|x| x.as_q8k().unwrap_or_else(|| wrong("Q8_K"))).collect();
