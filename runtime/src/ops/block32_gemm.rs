@@ -1,15 +1,12 @@
 //! A prompt's product with weights in 32-value blocks against Q8_0 activations (Q4_0, Q5_0,
-//! Q8_0), or Q4_1's against Q8_1, as an integer matrix product, where
-//! [`kquant_gemm::available`] (AVX-512 VNNI, or the aarch64 dot-product extension):
-//! `out[t, o] = w[o, :] . x[t, :]` for many tokens at once, the tokens' rows laid out once per
-//! product in tiles of 16 and each task's rows unpacked once, 8 at a time, into one signed byte
-//! per weight (Q4_0 `q - 8`, Q5_0 `q - 16`, Q8_0 and Q4_1 as stored).
+//! Q8_0) as an integer matrix product, where [`kquant_gemm::available`] (AVX-512 VNNI, or the
+//! aarch64 dot-product extension): `out[t, o] = w[o, :] . x[t, :]` for many tokens at once, the
+//! tokens' Q8_0 rows laid out once per product in tiles of 16 and each task's rows unpacked
+//! once, 8 at a time, into one signed byte per weight (Q4_0 `q - 8`, Q5_0 `q - 16`, Q8_0 as
+//! stored).
 //!
 //! Each block's integer sum of 32 products is exact; it is scaled by `d_w x d_x` with one fused
-//! multiply-add per block, row and token, block after block (Q4_1 adds its min times the
-//! token's block sum `s` with a second one, as its one-token kernel's terms; the order of the
-//! f32 operations differs from that kernel's, so Q4_1's last bits do). Decode computes each
-//! Q8_0-activation row the same
+//! multiply-add per block, row and token, block after block. Decode computes each row the same
 //! way ([`dot_row`], [`matvec`]), so a token's products are the same bits whether it went
 //! through the product with 15 others or alone: a reply does not depend on how its tokens were
 //! batched (a chat's cached prefix, a short continuation). `vpdpbusd` multiplies unsigned by
@@ -17,97 +14,59 @@
 //! `128 x` each block's weight sum comes off; `SDOT` multiplies signed bytes as they are.
 
 use crate::ops::kquant_gemm::{available, ROWS, TOKENS};
-use crate::ops::qdot::{BlockQ8_0, BlockQ8_1};
+use crate::ops::qdot::BlockQ8_0;
 use formats::ggml_quants::GgmlType;
 
 /// Values per block.
 const QK: usize = 32;
 
-/// Whether `ty` decodes and multiplies here against Q8_0 activations ([`dot_row`],
-/// [`matvec`], [`product`]).
+/// Whether `ty` has an integer product here.
 pub fn supports(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
 }
 
-/// Whether `ty` has an integer product here: the [`supports`] types, and Q4_1 against Q8_1
-/// activations ([`TokenTile::of_q8_1`]).
-pub fn has_product(ty: GgmlType) -> bool {
-    supports(ty) || ty == GgmlType::Q4_1
-}
-
 /// Up to 16 tokens' rows laid out for the product: per block, 8 groups of the 16 tokens' 4
-/// bytes side by side, each token's scale and, from Q8_1 rows, each token's block sum.
+/// bytes side by side, and each token's scale.
 pub struct TokenTile {
     /// `[n_blocks][8][TOKENS][4]`
     qs: Vec<i8>,
     /// `[n_blocks][TOKENS]`
     d: Vec<f32>,
-    /// `[n_blocks][TOKENS]`: Q8_1's `s` (`d` x the sum of the block's bytes), for Q4_1's mins;
-    /// zeros from Q8_0 rows
-    s: Vec<f32>,
 }
 
 impl TokenTile {
-    /// Up to 16 tokens' Q8_0 rows of the same length; missing tokens are zeros.
+    /// Up to 16 tokens' rows of the same length; missing tokens are zeros.
     pub fn new(xs: &[&[BlockQ8_0]]) -> Self {
-        Self::build(xs.len(), xs[0].len(), |t, b| {
-            assert_eq!(xs[t].len(), xs[0].len(), "token rows of different lengths");
-            (&xs[t][b].qs, xs[t][b].d.to_f32(), 0.0)
-        })
-    }
-
-    /// Up to 16 tokens' Q8_1 rows (Q4_1's activations) of the same length.
-    pub fn of_q8_1(xs: &[&[BlockQ8_1]]) -> Self {
-        Self::build(xs.len(), xs[0].len(), |t, b| {
-            assert_eq!(xs[t].len(), xs[0].len(), "token rows of different lengths");
-            (&xs[t][b].qs, xs[t][b].d.to_f32(), xs[t][b].s.to_f32())
-        })
-    }
-
-    /// `n_tokens` rows of `nb` blocks, `block(t, b)` giving token t's block b as its bytes,
-    /// scale and sum.
-    fn build<'a>(n_tokens: usize, nb: usize, block: impl Fn(usize, usize) -> (&'a [i8; QK], f32, f32)) -> Self {
-        assert!(n_tokens <= TOKENS && n_tokens > 0);
-        let mut tile =
-            TokenTile { qs: vec![0; nb * QK * TOKENS], d: vec![0.0; nb * TOKENS], s: vec![0.0; nb * TOKENS] };
-        for t in 0..n_tokens {
-            for b in 0..nb {
-                let (qs, d, s) = block(t, b);
+        assert!(xs.len() <= TOKENS && !xs.is_empty());
+        let nb = xs[0].len();
+        let mut tile = TokenTile { qs: vec![0; nb * QK * TOKENS], d: vec![0.0; nb * TOKENS] };
+        for (t, x) in xs.iter().enumerate() {
+            assert_eq!(x.len(), nb, "token rows of different lengths");
+            for (b, y) in x.iter().enumerate() {
                 for g in 0..QK / 4 {
                     let at = ((b * QK / 4 + g) * TOKENS + t) * 4;
-                    tile.qs[at..at + 4].copy_from_slice(&qs[4 * g..4 * g + 4]);
+                    tile.qs[at..at + 4].copy_from_slice(&y.qs[4 * g..4 * g + 4]);
                 }
-                tile.d[b * TOKENS + t] = d;
-                tile.s[b * TOKENS + t] = s;
+                tile.d[b * TOKENS + t] = y.d.to_f32();
             }
         }
         tile
     }
 }
 
-/// 8 weight rows unpacked: one signed byte per weight, each block's scale, min and weight sum.
+/// 8 weight rows unpacked: one signed byte per weight, each block's scale and weight sum.
 struct RowTile {
     /// `[n_blocks][8][ROWS][4]`: each 4 consecutive weights of the 8 rows side by side
     q: Vec<i8>,
     /// `[ROWS][n_blocks]`
     d: Vec<f32>,
-    /// `[ROWS][n_blocks]`: Q4_1's min (each weight is `d q + m`)
-    m: Vec<f32>,
-    /// Whether the rows have mins (Q4_1)
-    mins: bool,
     /// `[ROWS][n_blocks]`: the sum of the block's 32 weights (x86-64's correction)
     sum: Vec<i32>,
 }
 
 impl RowTile {
     fn new(nb: usize) -> Self {
-        RowTile {
-            q: vec![0; nb * QK * ROWS],
-            d: vec![0.0; ROWS * nb],
-            m: vec![0.0; ROWS * nb],
-            mins: false,
-            sum: vec![0; ROWS * nb],
-        }
+        RowTile { q: vec![0; nb * QK * ROWS], d: vec![0.0; ROWS * nb], sum: vec![0; ROWS * nb] }
     }
 
     /// Unpacks `rows[i]` (whole blocks of `ty`) into row i.
@@ -115,10 +74,9 @@ impl RowTile {
         let nb = self.d.len() / ROWS;
         let bytes = ty.block_bytes();
         let mut w = [0i8; QK];
-        self.mins = ty == GgmlType::Q4_1;
         for (i, row) in rows.iter().enumerate() {
             for b in 0..nb {
-                (self.d[i * nb + b], self.m[i * nb + b]) = unpack_block(ty, &row[b * bytes..(b + 1) * bytes], &mut w);
+                self.d[i * nb + b] = unpack_block(ty, &row[b * bytes..(b + 1) * bytes], &mut w);
                 self.sum[i * nb + b] = w.iter().map(|&v| v as i32).sum();
                 for g in 0..QK / 4 {
                     let at = b * QK * ROWS + (g * ROWS + i) * 4;
@@ -129,10 +87,9 @@ impl RowTile {
     }
 }
 
-/// One block of `ty` as 32 signed weights into `w`; returns its scale and min (Q4_1; 0 for
-/// the others).
+/// One block of `ty` as 32 signed weights into `w`; returns its scale.
 #[inline]
-fn unpack_block(ty: GgmlType, blk: &[u8], w: &mut [i8; QK]) -> (f32, f32) {
+fn unpack_block(ty: GgmlType, blk: &[u8], w: &mut [i8; QK]) -> f32 {
     let f16 = |at: usize| half::f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
     match ty {
         GgmlType::Q4_0 => {
@@ -140,14 +97,7 @@ fn unpack_block(ty: GgmlType, blk: &[u8], w: &mut [i8; QK]) -> (f32, f32) {
                 w[j] = (q & 0xF) as i8 - 8;
                 w[j + 16] = (q >> 4) as i8 - 8;
             }
-            (f16(0), 0.0)
-        }
-        GgmlType::Q4_1 => {
-            for (j, &q) in blk[4..20].iter().enumerate() {
-                w[j] = (q & 0xF) as i8;
-                w[j + 16] = (q >> 4) as i8;
-            }
-            (f16(0), f16(2))
+            f16(0)
         }
         GgmlType::Q5_0 => {
             let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
@@ -156,11 +106,11 @@ fn unpack_block(ty: GgmlType, blk: &[u8], w: &mut [i8; QK]) -> (f32, f32) {
                 w[j] = ((q & 0xF) | hi(j)) as i8 - 16;
                 w[j + 16] = ((q >> 4) | hi(j + 16)) as i8 - 16;
             }
-            (f16(0), 0.0)
+            f16(0)
         }
         GgmlType::Q8_0 => {
             w.iter_mut().zip(&blk[2..34]).for_each(|(w, &q)| *w = q as i8);
-            (f16(0), 0.0)
+            f16(0)
         }
         t => panic!("no 32-value integer product for {}", t.name()),
     }
@@ -178,7 +128,7 @@ pub fn dot_row(ty: GgmlType, row: &[u8], x: &[BlockQ8_0]) -> f32 {
         #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
         let (isum, d) = {
             let mut w = [0i8; QK];
-            let (d, _) = unpack_block(ty, blk, &mut w);
+            let d = unpack_block(ty, blk, &mut w);
             (w.iter().zip(&y.qs).map(|(&a, &b)| a as i32 * b as i32).sum::<i32>(), d)
         };
         sum = (isum as f32).mul_add(d * y.d.to_f32(), sum);
@@ -189,7 +139,7 @@ pub fn dot_row(ty: GgmlType, row: &[u8], x: &[BlockQ8_0]) -> f32 {
 /// `rows[r] . token t` for the first `n_rows` (a multiple of [`ROWS`]) rows of `ty` blocks,
 /// `row_bytes` a row in `bytes`, and every tile's tokens, handed to `put(t0, r0, acc)` as
 /// [`crate::ops::kquant_gemm::product`] hands them. Only where [`available`] and
-/// [`has_product`]`(ty)`, the tiles built from the type's activations (Q4_1: Q8_1).
+/// [`supports`]`(ty)`.
 pub fn product(
     ty: GgmlType,
     bytes: &[u8],
@@ -199,7 +149,7 @@ pub fn product(
     put: &mut impl FnMut(usize, usize, &[[f32; TOKENS]; ROWS]),
 ) {
     assert!(available(), "the integer product needs AVX-512 VNNI or the dot-product extension");
-    assert!(has_product(ty), "no 32-value integer product for {}", ty.name());
+    assert!(supports(ty), "no 32-value integer product for {}", ty.name());
     let nb = tiles[0].d.len() / TOKENS;
     assert!(n_rows.is_multiple_of(ROWS) && row_bytes == nb * ty.block_bytes() && bytes.len() >= n_rows * row_bytes);
     let mut unpacked = RowTile::new(nb);
@@ -552,13 +502,6 @@ mod x86 {
                 let d = _mm512_mul_ps(_mm512_set1_ps(rows.d[i * nb + b]), yd);
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*isum), d, *acc);
             }
-            if rows.mins {
-                // SAFETY: 16 f32 in bounds (b < nb); unaligned load.
-                let ys = unsafe { _mm512_loadu_ps(tile.s.as_ptr().add(b * TOKENS)) };
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(rows.m[i * nb + b]), ys, *acc);
-                }
-            }
         }
         for (o, a) in out.iter_mut().zip(&acc) {
             // SAFETY: o is 16 f32; unaligned store.
@@ -581,14 +524,8 @@ mod neon {
         for b in 0..nb {
             let q = rows.q[b * QK * ROWS..].as_ptr();
             let d: [f32; ROWS] = std::array::from_fn(|i| rows.d[i * nb + b]);
-            let m: [f32; ROWS] = std::array::from_fn(|i| rows.m[i * nb + b]);
-            // SAFETY: 8 values each; unaligned loads of 4 at 0 and 4.
-            let (d, m) = unsafe {
-                (
-                    [vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4))],
-                    [vld1q_f32(m.as_ptr()), vld1q_f32(m.as_ptr().add(4))],
-                )
-            };
+            // SAFETY: 8 values; unaligned loads of 4 at 0 and 4.
+            let d = unsafe { [vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4))] };
             for (quad, acc) in acc.iter_mut().enumerate() {
                 let xq = tile.qs[b * QK * TOKENS + 16 * quad..].as_ptr();
                 // SAFETY: the caller's contract; the block's 8 groups.
@@ -597,9 +534,6 @@ mod neon {
                     let token = b * TOKENS + 4 * quad + t;
                     for h in 0..2 {
                         acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(s[h]), vmulq_n_f32(d[h], tile.d[token]));
-                        if rows.mins {
-                            acc[h] = vfmaq_n_f32(acc[h], m[h], tile.s[token]);
-                        }
                     }
                 }
             }

@@ -279,7 +279,7 @@ pub fn qmatmul(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
 
 /// Whether `w` times `n_tokens` rows runs as an integer matrix product.
 fn integer_product_runs(w: &QMatrix, n_tokens: usize) -> bool {
-    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || block32_gemm::has_product(w.ty))
+    (matches!(w.ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) || block32_gemm::supports(w.ty))
         && n_tokens >= INTEGER_PRODUCT_MIN_TOKENS
         && w.rows.is_multiple_of(kquant_gemm::ROWS)
         && kquant_gemm::available()
@@ -356,16 +356,13 @@ fn qmatmul_one(xs: &[QActivation], w: &QMatrix, out: &mut [f32]) {
     });
 }
 
-/// [`qmatmul_many`] as integer matrix products: Q4_K, Q5_K and Q6_K by [`kquant_gemm`], Q4_0, Q4_1,
-/// Q5_0 and Q8_0 by [`block32_gemm`] (every matrix of one of the two); the tokens laid out once in
+/// [`qmatmul_many`] as integer matrix products: Q4_K, Q5_K and Q6_K by [`kquant_gemm`], Q4_0, Q5_0
+/// and Q8_0 by [`block32_gemm`] (every matrix of one of the two); the tokens laid out once in
 /// tiles of 16, each task's rows unpacked once for all of them, each task writing its columns
 /// of one output.
 fn integer_product(xs: &[QActivation], ws: &[&QMatrix], outs: &mut [&mut [f32]]) {
     let wrong = |want: &str| -> ! { panic!("{} weights need {want} activations", ws[0].ty.name()) };
-    let tiles = if ws[0].ty == GgmlType::Q4_1 {
-        let rows: Vec<&[BlockQ8_1]> = xs.iter().map(|x| x.as_q8_1().unwrap_or_else(|| wrong("Q8_1"))).collect();
-        Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::of_q8_1).collect())
-    } else if block32_gemm::supports(ws[0].ty) {
+    let tiles = if block32_gemm::supports(ws[0].ty) {
         let rows: Vec<&[BlockQ8_0]> = xs.iter().map(|x| x.as_q8_0().unwrap_or_else(|| wrong("Q8_0"))).collect();
         Tiles::Block32(rows.par_chunks(kquant_gemm::TOKENS).map(block32_gemm::TokenTile::new).collect())
     } else {
@@ -661,7 +658,6 @@ mod tests {
         for group in [
             vec![(GgmlType::Q4K, 96), (GgmlType::Q4K, 16), (GgmlType::Q6K, 16)],
             vec![(GgmlType::Q8_0, 40), (GgmlType::Q4_0, 72)],
-            vec![(GgmlType::Q4_1, 48), (GgmlType::Q4_1, 16)],
             vec![(GgmlType::Q4K, 64), (GgmlType::Q5K, 32)],
             vec![(GgmlType::Q4K, 64), (GgmlType::Q5K, 36)],
         ] {
