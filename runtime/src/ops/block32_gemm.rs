@@ -389,32 +389,20 @@ mod x86 {
                     }
                 }
             });
-            let d: [i16; 8] = std::array::from_fn(|i| {
+            let scales: [u16; 8] = std::array::from_fn(|i| {
                 // SAFETY: the block's first 2 bytes, its f16 scale, are inside the rows.
-                unsafe { (rows.add(i * row_bytes + b * bytes) as *const i16).read_unaligned() }
+                unsafe { (rows.add(i * row_bytes + b * bytes) as *const u16).read_unaligned() }
             });
-            let scales = _mm256_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
-            // SAFETY: AVX2 (the caller's contract).
-            let isum = unsafe { _mm256_sub_epi32(row_sums8(sums), _mm256_set1_epi32(offset * sx)) };
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scales, _mm256_set1_ps(dx)), acc);
+            // SAFETY: AVX2, FMA and F16C (the caller's contract).
+            acc = unsafe {
+                let isum = _mm256_sub_epi32(row_sums8(sums), _mm256_set1_epi32(offset * sx));
+                add_scaled(acc, isum, scales, dx)
+            };
         }
         let mut out = [0f32; 8];
         // SAFETY: 8 f32; unaligned store.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
         out
-    }
-
-    /// One Q4_0 or Q5_0 block as its 32 stored weights, unsigned (0..15, 0..31: before their
-    /// offset of 8 or 16), and its scale (f16 bits).
-    ///
-    /// # Safety
-    /// AVX2 available; `blk` is one whole block of `ty` (Q4_0 or Q5_0).
-    #[cfg(target_feature = "avx2")]
-    #[inline(always)]
-    unsafe fn unsigned_weights(ty: GgmlType, blk: &[u8]) -> (__m256i, u16) {
-        assert!(matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0) && blk.len() == ty.block_bytes());
-        // SAFETY: a whole block of `ty` (asserted); AVX2 (the caller's contract).
-        (unsafe { unsigned_block(blk.as_ptr(), ty == GgmlType::Q5_0) }, u16::from_le_bytes([blk[0], blk[1]]))
     }
 
     /// The 32 unsigned weights of the Q4_0 block (`five_bit` false) or Q5_0 block at `blk`:
@@ -461,9 +449,9 @@ mod x86 {
         unsafe {
             match ty {
                 GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                    let (q, d) = unsigned_weights(ty, blk);
+                    let q = unsigned_block(blk.as_ptr(), ty == GgmlType::Q5_0);
                     let offset = if ty == GgmlType::Q4_0 { 8 } else { 16 };
-                    (_mm256_sub_epi8(q, _mm256_set1_epi8(offset)), d)
+                    (_mm256_sub_epi8(q, _mm256_set1_epi8(offset)), u16::from_le_bytes([blk[0], blk[1]]))
                 }
                 GgmlType::Q8_0 => {
                     (_mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i), u16::from_le_bytes([blk[0], blk[1]]))

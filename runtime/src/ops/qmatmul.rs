@@ -465,6 +465,10 @@ enum Tiles {
 mod tests {
     use super::*;
     use memmap2::MmapMut;
+
+    /// Every type with a block kernel here.
+    const BLOCK_TYPES: [GgmlType; 7] =
+        [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0];
     use std::sync::Arc;
 
     fn quantize_blocks<T: Blocks>(x: &[f32]) -> Vec<T> {
@@ -519,15 +523,7 @@ mod tests {
         let (rows, cols) = (4, 1024);
         let w = random(rows * cols, 5);
         let x: Vec<f32> = random(cols, 13).iter().map(|v| v * 3.0).collect();
-        for ty in [
-            GgmlType::Q4K,
-            GgmlType::Q5K,
-            GgmlType::Q6K,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-        ] {
+        for ty in BLOCK_TYPES {
             let m = quantized(ty, &w, rows, cols);
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let xd = xa.dequantize();
@@ -553,15 +549,7 @@ mod tests {
         let (rows, cols) = (8, 512);
         let w = random(rows * cols, 7);
         let x = random(cols, 11);
-        for ty in [
-            GgmlType::Q4K,
-            GgmlType::Q5K,
-            GgmlType::Q6K,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-        ] {
+        for ty in BLOCK_TYPES {
             let m = quantized(ty, &w, rows, cols);
             let xa = QActivation::quantize(activation_type(ty).unwrap(), &x);
             let mut out = vec![0f32; rows];
@@ -605,15 +593,7 @@ mod tests {
         let x: Vec<f32> = (0..n_tokens)
             .flat_map(|t| random(cols, 100 + t as u64).into_iter().map(move |v| v * [1e-3, 1.0, 1e3][t % 3]))
             .collect();
-        for ty in [
-            GgmlType::Q4K,
-            GgmlType::Q5K,
-            GgmlType::Q6K,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-        ] {
+        for ty in BLOCK_TYPES {
             let m = quantized(ty, &w, rows, cols);
             let xs = quantize_rows(activation_type(ty).unwrap(), &x, cols);
             let mut out = vec![0f32; n_tokens * rows];
