@@ -175,17 +175,15 @@ pub(crate) fn row_block_tasks<'a>(
     tasks
 }
 
-/// `dst[i] = w[r0 + i, :] . x`.
+/// `dst[i] = w[r0 + i, :] . x`: 8 rows a pass, a last group of fewer one row at a time.
 fn matvec_rows(x: &[f32], w: &F16Matrix, r0: usize, dst: &mut [f32]) {
-    let mut i = 0;
-    while i + 2 <= dst.len() {
-        let (a, b) = simd::dot2_f16_f32(w.row(r0 + i), w.row(r0 + i + 1), x);
-        dst[i] = a;
-        dst[i + 1] = b;
-        i += 2;
+    let done = dst.len() / 8 * 8;
+    for (g, out) in dst[..done].chunks_exact_mut(8).enumerate() {
+        let r = r0 + 8 * g;
+        out.copy_from_slice(&simd::dot8_f16_f32(&w.as_slice()[r * w.cols..(r + 8) * w.cols], x));
     }
-    if i < dst.len() {
-        dst[i] = simd::dot_f16_f32(w.row(r0 + i), x);
+    for (i, o) in dst[done..].iter_mut().enumerate() {
+        *o = simd::dot_f16_f32(w.row(r0 + done + i), x);
     }
 }
 

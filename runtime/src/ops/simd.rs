@@ -38,6 +38,26 @@ pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
     }
 }
 
+/// Eight dot products sharing `x`: `out[r] = rows[r cols..(r + 1) cols] . x` for the 8
+/// contiguous rows of `rows` (`8 x.len()` values), decode's f16 kernel. It asks for the next
+/// 8 rows' cache lines (those after `rows` in memory) while computing these: 8 rows a row apart
+/// are 8 short streams the hardware prefetchers do not run ahead of. A prefetch reads nothing
+/// and never faults, so past the matrix's end it is harmless.
+#[inline]
+pub fn dot8_f16_f32(rows: &[f16], x: &[f32]) -> [f32; 8] {
+    assert_eq!(rows.len(), 8 * x.len());
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot8_f16_f32(rows, x) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        std::array::from_fn(|r| dot_f16_f32(&rows[r * x.len()..(r + 1) * x.len()], x))
+    }
+}
+
 /// `sum_i a[i] * b[i]` in f32.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
@@ -604,6 +624,36 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot8_f16_f32(rows: &[f16], x: &[f32]) -> [f32; 8] {
+        let n = x.len();
+        let rows = &rows[..8 * n];
+        let mut acc = [_mm256_setzero_ps(); 8];
+        // the next 8 rows' lines, a share per pass of 8 columns
+        let next = rows.as_ptr().wrapping_add(8 * n) as *const u8;
+        let lines = (16 * n).div_ceil(64);
+        let per_pass = lines.div_ceil((n / 8).max(1));
+        let mut i = 0;
+        while i + 8 <= n {
+            for k in (i / 8) * per_pass..((i / 8 + 1) * per_pass).min(lines) {
+                // a hint: it dereferences nothing
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * k) as *const i8);
+            }
+            let xv = load_f32x8(x, i);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load_f16x8(rows, r * n + i), xv, *a);
+            }
+            i += 8;
+        }
+        let mut out = acc.map(|a| hsum(a));
+        for (r, o) in out.iter_mut().enumerate() {
+            for j in i..n {
+                *o += rows[r * n + j].to_f32() * x[j];
+            }
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot2_f16_f32(w0: &[f16], w1: &[f16], x: &[f32]) -> (f32, f32) {
         let n = x.len().min(w0.len()).min(w1.len());
         let (w0, w1, x) = (&w0[..n], &w1[..n], &x[..n]);
@@ -769,6 +819,14 @@ mod tests {
             let exact1: f64 = w1.iter().zip(&x).map(|(a, b)| a.to_f32() as f64 * *b as f64).sum();
             assert!((dot_f16_f32(&w, &x) as f64 - exact).abs() < 1e-3, "n={n}");
             let (d0, d1) = dot2_f16_f32(&w, &w1, &x);
+            // 8 rows: w, w1 and six more, each within the bound of its f64 sum
+            let rows: Vec<f16> = (0..8 * n).map(|i| f16::from_f32(((i * 29 % 31) as f32 - 15.0) / 16.0)).collect();
+            let d8 = dot8_f16_f32(&rows, &x);
+            for (r, d) in d8.iter().enumerate() {
+                let row = &rows[r * n..(r + 1) * n];
+                let exact: f64 = row.iter().zip(&x).map(|(a, b)| a.to_f32() as f64 * *b as f64).sum();
+                assert!((*d as f64 - exact).abs() < 1e-3, "n={n} row {r}: {d} against {exact}");
+            }
             assert!((d0 as f64 - exact).abs() < 1e-3 && (d1 as f64 - exact1).abs() < 1e-3);
             let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
             assert!((dot_f32(&wf, &x) as f64 - exact).abs() < 1e-3);
