@@ -27,10 +27,10 @@ const TOKENS_PER_TASK: usize = 4;
 const KEYS_PER_CHUNK: usize = 16;
 
 /// `out += sum_k weights[k] values[k]` (`values` rows of `hd`), each element's sum in key order
-/// with one fused multiply-add per key (the bits of one `axpy` per key), 32 elements at a time
+/// with one fused multiply-add per key (the bits of one `axpy` per key), 64 elements at a time
 /// in registers.
 fn weighted_sum(weights: &[f32], values: &[f32], hd: usize, out: &mut [f32]) {
-    const W: usize = 32;
+    const W: usize = 64;
     let whole = hd / W * W;
     for c in (0..whole).step_by(W) {
         let mut acc = [0f32; W];
@@ -62,27 +62,42 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
             let nt = TOKENS_PER_TASK.min(n_tokens - t0);
             // query i: token t0 + i / group, head kvh * group + i % group
             let nq = nt * group;
-            let query = |i: usize| {
-                let (t, h) = (t0 + i / group, kvh * group + i % group);
-                &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
-            };
-            let visible = |i: usize| pos0 + t0 + i / group + 1; // causal: keys 0..=own position
+            // query i: its row of q and the keys it sees (causal: 0..=its own position)
+            let queries: Vec<&[f32]> = (0..nq)
+                .map(|i| {
+                    let (t, h) = (t0 + i / group, kvh * group + i % group);
+                    &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
+                })
+                .collect();
+            let visible: Vec<usize> = (0..nq).map(|i| pos0 + t0 + i / group + 1).collect();
             let n_keys = pos0 + t0 + nt; // keys visible to the block's last token
                                          // scores: [nq, n_keys]
+                                         // the key rows converted KEYS_PER_CHUNK at a time (rows past the last key zero),
+                                         // each query's scores 8 keys a pass; a chunk starts at a multiple of KEYS_PER_CHUNK
+                                         // whatever the block, so a (query, key) score has the same bits in any block
             let mut scores = vec![0f32; nq * n_keys];
-            let mut row = vec![0f32; hd];
-            for p in 0..n_keys {
-                k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(&mut row);
-                for c in (0..nq).step_by(4) {
-                    let qi = |j: usize| query((c + j).min(nq - 1));
-                    let d = simd::dot4_f32(&row, qi(0), qi(1), qi(2), qi(3));
-                    for (j, dj) in d.iter().enumerate().take(nq - c) {
-                        scores[(c + j) * n_keys + p] = dj * scale;
+            let mut keys = vec![0f32; KEYS_PER_CHUNK * hd];
+            for p0 in (0..n_keys).step_by(KEYS_PER_CHUNK) {
+                let n = KEYS_PER_CHUNK.min(n_keys - p0);
+                for (k, row) in keys.chunks_exact_mut(hd).enumerate() {
+                    if k < n {
+                        let p = p0 + k;
+                        k_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(row);
+                    } else {
+                        row.fill(0.0);
+                    }
+                }
+                for (i, qi) in queries.iter().take(nq).enumerate() {
+                    for (g, rows) in keys.chunks_exact(8 * hd).enumerate().take(n.div_ceil(8)) {
+                        let d = simd::dot8_f32(rows, qi);
+                        let first = p0 + 8 * g;
+                        let dst = &mut scores[i * n_keys + first..i * n_keys + (first + 8).min(n_keys)];
+                        dst.iter_mut().zip(d).for_each(|(s, v)| *s = v * scale);
                     }
                 }
             }
-            for i in 0..nq {
-                softmax(&mut scores[i * n_keys..i * n_keys + visible(i)]);
+            for (i, &seen) in visible.iter().enumerate() {
+                softmax(&mut scores[i * n_keys..i * n_keys + seen]);
             }
             // o_i = sum_p score_ip v_p, each element a fused multiply-add per key in key order;
             // the value rows converted KEYS_PER_CHUNK at a time, each query's output held in
@@ -96,7 +111,7 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
                     v_cache[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd].convert_to_f32_slice(v);
                 }
                 for (i, oi) in o.chunks_exact_mut(hd).enumerate() {
-                    let seen = visible(i).saturating_sub(p0).min(keys);
+                    let seen = visible[i].saturating_sub(p0).min(keys);
                     let weights = &scores[i * n_keys + p0..i * n_keys + p0 + seen];
                     weighted_sum(weights, &values, hd, oi);
                 }

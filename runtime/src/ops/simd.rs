@@ -58,6 +58,62 @@ pub fn dot8_f16_f32(rows: &[f16], x: &[f32]) -> [f32; 8] {
     }
 }
 
+/// Eight dot products of contiguous f32 rows with one `x`: `out[r] = rows[r n..(r + 1) n] . x`,
+/// `n = x.len()`. Each row's sum is the same tree of the same operations whichever lane it
+/// takes, so a row's result depends on its own values only.
+#[inline]
+pub fn dot8_f32(rows: &[f32], x: &[f32]) -> [f32; 8] {
+    assert_eq!(rows.len(), 8 * x.len());
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::dot8_f32(rows, x) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        std::array::from_fn(|r| dot_f32(&rows[r * x.len()..(r + 1) * x.len()], x))
+    }
+}
+
+/// `exp(v)` for `v <= 0` (softmax's shifted inputs), from `2^n exp(r)`: `n = round(v log2 e)`,
+/// `r = v - n ln 2` (ln 2 in two parts), `exp(r)` its Taylor polynomial to `r^7` (error below
+/// 1e-8 for `|r| <= ln 2 / 2`), within 2 ulp of the exact value. Below -87 (2^-126) it gives
+/// `exp(-87)`; a NaN stays NaN. [`exp_shifted_sum`]'s vector lanes run the same operations, so
+/// a value's bits do not depend on where it sits in a slice.
+#[inline]
+pub fn exp_nonpositive(v: f32) -> f32 {
+    let v = if v < EXP_FLOOR { EXP_FLOOR } else { v };
+    let n = (v * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, v));
+    let p = EXP_TAYLOR.iter().fold(0f32, |p, &c| p.mul_add(r, c));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+const EXP_FLOOR: f32 = -87.0;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// 1/7!, 1/6!, ..., 1/1!, 1/0!: Horner's order
+const EXP_TAYLOR: [f32; 8] = [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
+
+/// `x[i] = exp(x[i] - shift)` ([`exp_nonpositive`]; `shift >= max x`); returns their sum.
+#[inline]
+pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    {
+        // SAFETY: this branch is compiled only when AVX2, FMA and F16C are enabled for the whole
+        // build (x86-64-v3, .cargo/config.toml), so the CPU running this binary has them.
+        unsafe { x86::exp_shifted_sum(x, shift) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    {
+        x.iter_mut().fold(0f32, |sum, v| {
+            *v = exp_nonpositive(*v - shift);
+            sum + *v
+        })
+    }
+}
+
 /// `sum_i a[i] * b[i]` in f32.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
@@ -624,6 +680,67 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+        use super::{exp_nonpositive, EXP_FLOOR, EXP_TAYLOR, LN2_HI, LN2_LO};
+        let (floor, log2e, shift_v) =
+            (_mm256_set1_ps(EXP_FLOOR), _mm256_set1_ps(std::f32::consts::LOG2_E), _mm256_set1_ps(shift));
+        let (hi, lo) = (_mm256_set1_ps(LN2_HI), _mm256_set1_ps(LN2_LO));
+        let mut sum = _mm256_setzero_ps();
+        let mut chunks = x.chunks_exact_mut(8);
+        for c in chunks.by_ref() {
+            // SAFETY: c is 8 f32; unaligned load and store.
+            let v = _mm256_sub_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, shift_v);
+            // max(floor, v): v where v is NaN, as the scalar comparison leaves it
+            let v = _mm256_max_ps(floor, v);
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, log2e));
+            let r = _mm256_fnmadd_ps(n, lo, _mm256_fnmadd_ps(n, hi, v));
+            let mut p = _mm256_setzero_ps();
+            for c in EXP_TAYLOR {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+            }
+            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+            let y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), y) };
+            sum = _mm256_add_ps(sum, y);
+        }
+        let mut total = hsum(sum);
+        for v in chunks.into_remainder() {
+            *v = exp_nonpositive(*v - shift);
+            total += *v;
+        }
+        total
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
+    pub fn dot8_f32(rows: &[f32], x: &[f32]) -> [f32; 8] {
+        let n = x.len();
+        let rows = &rows[..8 * n];
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i + 8 <= n {
+            let xv = load_f32x8(x, i);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load_f32x8(rows, r * n + i), xv, *a);
+            }
+            i += 8;
+        }
+        // the 8 sums side by side: pairs, then quads, then the two halves of each row
+        let q0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        let q1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+        let sums = _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+        let mut out = [0f32; 8];
+        // SAFETY: out is 8 f32; unaligned store.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sums) };
+        for (r, o) in out.iter_mut().enumerate() {
+            for j in i..n {
+                *o += rows[r * n + j] * x[j];
+            }
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub fn dot8_f16_f32(rows: &[f16], x: &[f32]) -> [f32; 8] {
         let n = x.len();
         let rows = &rows[..8 * n];
@@ -840,6 +957,31 @@ mod tests {
             axpy_f16(2.0, &w, &mut y);
             assert!(y.iter().zip(&w).all(|(yi, wi)| (yi - (1.0 + 2.0 * wi.to_f32())).abs() < 1e-6));
         }
+    }
+
+    /// The vector exp gives the scalar one's bits, whatever a value's place in the slice, and
+    /// both are within 2 ulp of f64's exp; NaN stays NaN.
+    #[test]
+    fn exp_matches_f64_and_its_lanes_match_the_scalar() {
+        let xs: Vec<f32> = (0..2000).map(|i| -(i as f32) * 0.0537 - (i % 7) as f32 * 1e-3).collect();
+        for len in [xs.len(), 13, 8, 3] {
+            let mut v = xs[..len].to_vec();
+            let sum = exp_shifted_sum(&mut v, 0.0);
+            let mut want_sum = 0f32;
+            for (x, y) in xs.iter().zip(&v) {
+                assert_eq!(y.to_bits(), exp_nonpositive(*x).to_bits(), "exp({x})");
+                want_sum += y;
+                let exact = (*x as f64).exp().max((-87f64).exp());
+                assert!(
+                    ((*y as f64) - exact).abs() <= 2.0 * exact * f32::EPSILON as f64,
+                    "exp({x}) = {y}, f64 {exact}"
+                );
+            }
+            assert!((sum - want_sum).abs() <= 1e-5 * want_sum);
+        }
+        assert!(exp_nonpositive(f32::NAN).is_nan());
+        let mut v = [0.0, f32::NAN, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0];
+        assert!(exp_shifted_sum(&mut v, 0.0).is_nan() && v[1].is_nan());
     }
 
     /// The Q4_K row axpy gives the portable loop's bits (the same operations per element) and

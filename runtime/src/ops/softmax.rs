@@ -2,11 +2,7 @@
 
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
+    let sum = crate::ops::simd::exp_shifted_sum(x, max);
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;
