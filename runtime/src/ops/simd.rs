@@ -78,12 +78,14 @@ pub fn dot8_f32(rows: &[f32], x: &[f32]) -> [f32; 8] {
 
 /// `exp(v)` for `v <= 0` (softmax's shifted inputs), from `2^n exp(r)`: `n = round(v log2 e)`,
 /// `r = v - n ln 2` (ln 2 in two parts), `exp(r)` its Taylor polynomial to `r^7` (error below
-/// 1e-8 for `|r| <= ln 2 / 2`), within 2 ulp of the exact value. Below -87 (2^-126) it gives
-/// `exp(-87)`; a NaN stays NaN. [`exp_shifted_sum`]'s vector lanes run the same operations, so
-/// a value's bits do not depend on where it sits in a slice.
+/// 1e-8 for `|r| <= ln 2 / 2`), within 2 ulp of the exact value. Below -87 (near f32's
+/// smallest normal) it gives 0, so does -inf; a NaN stays NaN. [`exp_shifted_sum`]'s vector
+/// lanes run the same operations, so a value's bits do not depend on where it sits in a slice.
 #[inline]
 pub fn exp_nonpositive(v: f32) -> f32 {
-    let v = if v < EXP_FLOOR { EXP_FLOOR } else { v };
+    if v < EXP_FLOOR {
+        return 0.0;
+    }
     let n = (v * std::f32::consts::LOG2_E).round_ties_even();
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, v));
     let p = EXP_TAYLOR.iter().fold(0f32, |p, &c| p.mul_add(r, c));
@@ -690,7 +692,8 @@ mod x86 {
         for c in chunks.by_ref() {
             // SAFETY: c is 8 f32; unaligned load and store.
             let v = _mm256_sub_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, shift_v);
-            // max(floor, v): v where v is NaN, as the scalar comparison leaves it
+            // lanes below the floor give 0 (an ordered comparison: a NaN lane is not below it)
+            let below = _mm256_cmp_ps::<_CMP_LT_OQ>(v, floor);
             let v = _mm256_max_ps(floor, v);
             let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, log2e));
             let r = _mm256_fnmadd_ps(n, lo, _mm256_fnmadd_ps(n, hi, v));
@@ -699,7 +702,7 @@ mod x86 {
                 p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
             }
             let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-            let y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+            let y = _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
             // SAFETY: as above.
             unsafe { _mm256_storeu_ps(c.as_mut_ptr(), y) };
             sum = _mm256_add_ps(sum, y);
@@ -971,7 +974,7 @@ mod tests {
             for (x, y) in xs.iter().zip(&v) {
                 assert_eq!(y.to_bits(), exp_nonpositive(*x).to_bits(), "exp({x})");
                 want_sum += y;
-                let exact = (*x as f64).exp().max((-87f64).exp());
+                let exact = if *x < -87.0 { 0.0 } else { (*x as f64).exp() };
                 assert!(
                     ((*y as f64) - exact).abs() <= 2.0 * exact * f32::EPSILON as f64,
                     "exp({x}) = {y}, f64 {exact}"
@@ -980,6 +983,9 @@ mod tests {
             assert!((sum - want_sum).abs() <= 1e-5 * want_sum);
         }
         assert!(exp_nonpositive(f32::NAN).is_nan());
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        let mut v = [f32::NEG_INFINITY; 9];
+        assert_eq!(exp_shifted_sum(&mut v, 0.0), 0.0);
         let mut v = [0.0, f32::NAN, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0];
         assert!(exp_shifted_sum(&mut v, 0.0).is_nan() && v[1].is_nan());
     }
