@@ -780,8 +780,9 @@ mod x86 {
         let (mut a0, mut a1, mut b0, mut b1) =
             (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
-        // Rows are contiguous: the rows this call's successors read start `2n` and `3n` values
-        // on. Prefetching them hides DRAM latency that the hardware prefetcher leaves exposed.
+        // Asks for the lines `8n` values past each row: where rows follow each other (a slot
+        // buffer's records), those a later call reads, which hides DRAM latency the hardware
+        // prefetcher leaves exposed; a prefetch never faults, past the buffer's end too.
         let (p0, p1) = (w0.as_ptr().wrapping_add(8 * n), w1.as_ptr().wrapping_add(8 * n));
         while i + 16 <= n {
             _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(i) as *const i8);
