@@ -70,11 +70,12 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
                 })
                 .collect();
             let visible: Vec<usize> = (0..nq).map(|i| pos0 + t0 + i / group + 1).collect();
-            let n_keys = pos0 + t0 + nt; // keys visible to the block's last token
-                                         // scores: [nq, n_keys]
-                                         // the key rows converted KEYS_PER_CHUNK at a time (rows past the last key zero),
-                                         // each query's scores 8 keys a pass; a chunk starts at a multiple of KEYS_PER_CHUNK
-                                         // whatever the block, so a (query, key) score has the same bits in any block
+            // keys visible to the block's last token
+            let n_keys = pos0 + t0 + nt;
+            // scores `[nq, n_keys]`: the key rows converted KEYS_PER_CHUNK at a time (rows past
+            // the last key zero), each query's scores 8 keys a pass; a chunk starts at a multiple
+            // of KEYS_PER_CHUNK whatever the block, so a (query, key) score has the same bits in
+            // any block
             let mut scores = vec![0f32; nq * n_keys];
             let mut keys = vec![0f32; KEYS_PER_CHUNK * hd];
             for p0 in (0..n_keys).step_by(KEYS_PER_CHUNK) {
