@@ -39,10 +39,9 @@ build() { # <build dir> <bin dir> <cmake options...>
   mkdir -p "$bin"
   for t in "${tools[@]}"; do cp "$dir/bin/$t" "$bin/"; done
 }
-build baseline/build baseline/bin
-# llama.cpp's own kernel benchmark (`test-backend-ops perf`, for make bench-kernels): the same
-# build with its tests on
-cmake -S "$src" -B baseline/build -DLLAMA_BUILD_TESTS=ON >/dev/null
+# as it ships, with its tests on for llama.cpp's own kernel benchmark (`test-backend-ops perf`,
+# for make bench-kernels; the later -D wins over common's)
+build baseline/build baseline/bin -DLLAMA_BUILD_TESTS=ON
 cmake --build baseline/build -j"$(nproc)" --target test-backend-ops
 cp baseline/build/bin/test-backend-ops baseline/bin/
 build baseline/build-mmap baseline/bin-mmap "${simd[@]}" \

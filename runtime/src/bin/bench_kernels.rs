@@ -36,8 +36,7 @@ fn weights(n: usize) -> Vec<f32> {
 
 /// Seconds per matvec with candle's kernel for `T`, and the weight bytes.
 fn candle<T: Blocks>(w: &[f32], x: &[f32]) -> (f64, usize, Vec<u8>) {
-    let mut q = vec![T::zeros(); w.len() / T::BLCK_SIZE];
-    T::from_float(w, &mut q);
+    let q = quantized::<T>(w);
     let mut xa = vec![T::VecDotType::zeros(); x.len() / T::VecDotType::BLCK_SIZE];
     T::VecDotType::from_float(x, &mut xa);
     let nb = COLS / T::BLCK_SIZE;
@@ -48,11 +47,28 @@ fn candle<T: Blocks>(w: &[f32], x: &[f32]) -> (f64, usize, Vec<u8>) {
             *o = T::vec_dot(COLS, &q[r * nb..(r + 1) * nb], &xa);
         }
     }
-    let bytes = std::mem::size_of::<T>() * q.len();
-    // SAFETY: candle's blocks are #[repr(C)] plain data; viewed as bytes for our kernels' input.
-    let raw = unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, bytes) }.to_vec();
+    let sec = t.elapsed().as_secs_f64() / REPS as f64;
     std::hint::black_box(&out);
-    (t.elapsed().as_secs_f64() / REPS as f64, bytes, raw)
+    let raw = as_bytes(&q);
+    (sec, raw.len(), raw)
+}
+
+/// `w` as `T`'s blocks (candle-core's quantizer).
+fn quantized<T: Blocks>(w: &[f32]) -> Vec<T> {
+    let mut q = vec![T::zeros(); w.len() / T::BLCK_SIZE];
+    T::from_float(w, &mut q);
+    q
+}
+
+/// candle's blocks as the GGUF's bytes, our kernels' input.
+fn as_bytes<T: Blocks>(q: &[T]) -> Vec<u8> {
+    // SAFETY: candle's blocks are #[repr(C)] plain data; viewed as bytes.
+    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, std::mem::size_of_val(q)) }.to_vec()
+}
+
+/// The activations every product here multiplies: `n` values in [-1, 1).
+fn activations(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect()
 }
 
 fn ours(raw: &[u8], dot: impl Fn(&[u8]) -> f32) -> f64 {
@@ -142,7 +158,7 @@ fn block32(ty: GgmlType, raw: &[u8], x: &[qdot::BlockQ8_0]) -> f64 {
 
 fn main() {
     let w = weights(ROWS * COLS);
-    let x: Vec<f32> = (0..COLS).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+    let x = activations(COLS);
     let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
     let mut rows = Vec::new();
     let mut report = |name: &str, (s, bytes): (f64, usize), own: Option<f64>| {
@@ -230,14 +246,6 @@ fn main() {
     println!("-> bench/results/kernels.json");
 }
 
-/// `w` as `T`'s blocks (candle-core's quantizer), as bytes.
-fn blocks_of<T: Blocks>(w: &[f32]) -> Vec<u8> {
-    let mut q = vec![T::zeros(); w.len() / T::BLCK_SIZE];
-    T::from_float(w, &mut q);
-    // SAFETY: candle's blocks are #[repr(C)] plain data; viewed as bytes.
-    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, std::mem::size_of_val(q.as_slice())) }.to_vec()
-}
-
 /// llama.cpp's matrix-vector product per type (`test-backend-ops perf`, which `make baseline`
 /// builds with llama.cpp as it ships: native SIMD; the test computes from plain ggml buffers, so
 /// without the repacking a loaded model gets) against ours through the runtime's own decode
@@ -255,7 +263,7 @@ fn against_llama_cpp() -> Vec<serde_json::Value> {
     let threads = (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let w = weights(M * K);
-    let x: Vec<f32> = (0..K).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
+    let x = activations(K);
     println!("against llama.cpp's kernels ({TOOL} perf), {M} x {K}, one token, {threads} thread(s):");
     let mut rows = Vec::new();
     for (ty, name) in [
@@ -274,12 +282,12 @@ fn against_llama_cpp() -> Vec<serde_json::Value> {
             }
             _ => {
                 let b = match ty {
-                    GgmlType::Q4_0 => blocks_of::<ck::BlockQ4_0>(&w),
-                    GgmlType::Q4_1 => blocks_of::<ck::BlockQ4_1>(&w),
-                    GgmlType::Q5_0 => blocks_of::<ck::BlockQ5_0>(&w),
-                    GgmlType::Q8_0 => blocks_of::<ck::BlockQ8_0>(&w),
-                    GgmlType::Q4K => blocks_of::<ck::BlockQ4K>(&w),
-                    _ => blocks_of::<ck::BlockQ6K>(&w),
+                    GgmlType::Q4_0 => as_bytes(&quantized::<ck::BlockQ4_0>(&w)),
+                    GgmlType::Q4_1 => as_bytes(&quantized::<ck::BlockQ4_1>(&w)),
+                    GgmlType::Q5_0 => as_bytes(&quantized::<ck::BlockQ5_0>(&w)),
+                    GgmlType::Q8_0 => as_bytes(&quantized::<ck::BlockQ8_0>(&w)),
+                    GgmlType::Q4K => as_bytes(&quantized::<ck::BlockQ4K>(&w)),
+                    _ => as_bytes(&quantized::<ck::BlockQ6K>(&w)),
                 };
                 let q = QMatrix::interleaved(ty, M, K, &b).unwrap_or_else(|| QMatrix::owned(ty, M, K, &b));
                 (Matrix::Quant(q), b.len())

@@ -88,7 +88,7 @@ pub fn attention(q: &[f32], k_cache: &[f16], v_cache: &[f16], pos0: usize, s: &A
                         row.fill(0.0);
                     }
                 }
-                for (i, qi) in queries.iter().take(nq).enumerate() {
+                for (i, qi) in queries.iter().enumerate() {
                     for (g, rows) in keys.chunks_exact(8 * hd).enumerate().take(n.div_ceil(8)) {
                         let d = simd::dot8_f32(rows, qi);
                         let first = p0 + 8 * g;
